@@ -1,0 +1,89 @@
+"""What an action is: typed parameters, a target, and what firing and resolved mean for it.
+
+The engine guarantees, for every action:
+- one run at a time per target (``target()``), and at most ``concurrency`` runs of the action
+  at once across targets;
+- ``fire`` and ``resolve`` alternate per (route, alert): a duplicate or a reconcile never runs
+  the same transition twice;
+- the cooldown (from the route) delays a new ``fire`` on the same target, never a ``resolve``:
+  undoing an action (resuming a paused copy) is always allowed at once;
+- ``shutdown`` runs when the controller stops, so an action can undo what must not outlive it.
+
+Alert label values reach an action as data (``ctx.labels``). An action must never execute them,
+interpolate them into a shell command, or use them as a path.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from controllers.models import Alert
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class ActionContext:
+    """Everything an action may look at for one transition."""
+
+    route: str
+    alert: Alert
+    params: BaseModel
+    services: dict[str, Any] = field(default_factory=dict)  # shared clients: "prometheus", "alertmanager", "session"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.alert.labels
+
+
+class Action(abc.ABC):
+    """Base class; subclasses set ``name`` and ``Params`` and implement fire/resolve."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]] = NoParams
+    concurrency: ClassVar[int] = 1
+    resolved_means: ClassVar[str] = "nothing"
+
+    def __init__(self) -> None:
+        self.log = logging.getLogger(f"promreflex.action.{self.name}")
+
+    def target(self, ctx: ActionContext) -> str:
+        """What two runs must not touch at once. Default: one target per route and alert."""
+        return f"{ctx.route}/{ctx.alert.fingerprint}"
+
+    @abc.abstractmethod
+    async def fire(self, ctx: ActionContext) -> str:
+        """Act on a firing alert; return a short description of what was done."""
+
+    async def resolve(self, ctx: ActionContext) -> str:
+        """Act on the alert's resolution (default: nothing to undo)."""
+        return "nothing to undo"
+
+    async def start(self, services: dict[str, Any]) -> None:
+        """Called once when the controller starts (e.g. recover from a state file)."""
+
+    async def shutdown(self) -> None:
+        """Called once when the controller stops."""
+
+
+_REGISTRY: dict[str, type[Action]] = {}
+
+
+def register(cls: type[Action]) -> type[Action]:
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"two actions are named {cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Action]]:
+    from controllers.actions import builtin  # noqa: F401 - registers the built-in actions
+
+    return dict(_REGISTRY)

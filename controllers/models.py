@@ -1,0 +1,110 @@
+"""Typed models of the Alertmanager webhook payload (version 4).
+
+Alertmanager's own shape: https://prometheus.io/docs/alerting/latest/configuration/#webhook_config
+Unknown extra fields are ignored (newer Alertmanagers add some); anything missing or mistyped
+that a controller relies on is a rejection that names the field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, UTC
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Status = Literal["firing", "resolved"]
+
+_FNV_OFFSET = 14695981039346656037
+_FNV_PRIME = 1099511628211
+_SEPARATOR = 0xFF
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """Alertmanager's alert fingerprint: FNV-1a 64 over sorted label pairs, each part followed
+    by the separator byte 0xff (prometheus/common ``labelSetToFingerprint``), as 16 hex digits.
+
+    Payloads that carry an empty fingerprint (older senders, hand-made tests) get the one
+    Alertmanager would have computed, so they deduplicate and reconcile like the real thing.
+    """
+    h = _FNV_OFFSET
+    for name in sorted(labels):
+        for part in (name, labels[name]):
+            for byte in part.encode():
+                h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+            h = ((h ^ _SEPARATOR) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+class Alert(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    status: Status
+    labels: dict[str, str] = Field(min_length=1)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    startsAt: datetime
+    endsAt: datetime | None = None
+    generatorURL: str = ""
+    fingerprint: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _status_from_ends_at(cls, data: object) -> object:
+        """Alertmanagers before per-alert ``status`` (still in some receivers' fixtures) send
+        only ``endsAt``; derive the status as Alertmanager itself does: an alert whose end is
+        unset or in the future is firing, one whose end has passed is resolved."""
+        if isinstance(data, dict) and "status" not in data and isinstance(data.get("endsAt"), str):
+            try:
+                ends = datetime.fromisoformat(data["endsAt"].replace("Z", "+00:00"))
+            except ValueError:
+                return data  # the field validator reports the bad timestamp
+            ended = ends.year > 1 and ends <= datetime.now(UTC)
+            data = {**data, "status": "resolved" if ended else "firing"}
+        return data
+
+    @field_validator("startsAt", "endsAt")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("timestamps must carry a time zone (RFC 3339)")
+        return value.astimezone(UTC) if value is not None else None
+
+    def model_post_init(self, __context: object) -> None:
+        if not self.fingerprint:
+            object.__setattr__(self, "fingerprint", fingerprint(self.labels))
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    @property
+    def dedupe_key(self) -> tuple[str, str, str]:
+        return (self.fingerprint, self.status, self.startsAt.isoformat())
+
+
+class WebhookPayload(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: Literal["4"]
+    groupKey: str
+    truncatedAlerts: int = Field(default=0, ge=0)
+    status: Status
+    receiver: str
+    groupLabels: dict[str, str] = Field(default_factory=dict)
+    commonLabels: dict[str, str] = Field(default_factory=dict)
+    commonAnnotations: dict[str, str] = Field(default_factory=dict)
+    externalURL: str = ""
+    alerts: list[Alert] = Field(min_length=1)
+
+
+def alert_from_api(item: dict) -> Alert:
+    """An alert from Alertmanager's ``GET /api/v2/alerts`` in the webhook's shape (always firing:
+    the API is asked for active alerts only)."""
+    return Alert(
+        status="firing",
+        labels=item["labels"],
+        annotations=item.get("annotations") or {},
+        startsAt=item["startsAt"],
+        endsAt=item.get("endsAt"),
+        generatorURL=item.get("generatorURL") or "",
+        fingerprint=item.get("fingerprint") or "",
+    )

@@ -1,0 +1,96 @@
+"""``promreflex rca``: ``offline DIR`` analyses a folder of metric CSVs, ``explain`` prints the
+chain of reasoning of the latest report (the online controller writes it).
+
+:func:`register` adds the subcommand to an argparse parser; each handler is stored as
+``args.func`` and returns the exit status (0 ok, 1 nothing to show, 2 unusable input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from promreflex.config import parse_duration
+
+DEFAULT_REPORT = Path(".promreflex/rca/latest.json")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    if value <= 0:
+        raise argparse.ArgumentTypeError("the threshold must be above 0")
+    return value
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from controllers.rca.offline import OfflineDataError, analyse_dir
+
+    try:
+        finding = analyse_dir(args.dir, threshold=args.threshold)
+    except OfflineDataError as e:
+        print(f"rca offline: {e}", file=sys.stderr)
+        return 2
+    if args.save:
+        finding.save(args.save)
+    if args.json:
+        print(finding.to_json())
+    else:
+        print(finding.table())
+        print()
+        print(finding.explain())
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from controllers.rca.models import Finding
+
+    path = Path(args.report)
+    try:
+        finding = Finding.load(path)
+    except FileNotFoundError:
+        print(f"rca explain: no report at {path} (the online analysis writes one when it runs)", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, ValidationError) as e:
+        first = str(e).splitlines()[0]
+        print(f"rca explain: {path} is not an RCA report: {first}", file=sys.stderr)
+        return 2
+    print(finding.explain())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``rca offline`` and ``rca explain`` to a CLI's subcommands."""
+    rca = subparsers.add_parser("rca", help="root-cause analysis of slow services")
+    sub = rca.add_subparsers(dest="rca_command", metavar="{offline,explain}")
+    sub.required = True
+
+    off = sub.add_parser("offline", help="analyse a folder of MicroRCA-style metric CSVs")
+    off.add_argument("dir", help="folder with *_mpg.csv, *_latency_*.csv and <prefix>_<service>.csv")
+    off.add_argument("--threshold", type=_seconds, default=3.0, metavar="SECONDS",
+                     help="absolute candidate line: 3, 3s, 500ms (default 3s)")
+    off.add_argument("--json", action="store_true", help="print the finding as JSON")
+    off.add_argument("--save", metavar="FILE", help="also write the finding as a JSON report")
+    off.set_defaults(func=_offline)
+
+    exp = sub.add_parser("explain", help="print the chain of reasoning of the latest report")
+    exp.add_argument("--report", default=str(DEFAULT_REPORT), metavar="FILE",
+                     help=f"report to read (default {DEFAULT_REPORT})")
+    exp.set_defaults(func=_explain)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m controllers.rca.cli``) until the lead's CLI wires it."""
+    parser = argparse.ArgumentParser(prog="promreflex")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Offline mode: analyse a folder of MicroRCA-style metric CSVs.
+
+The layout is the one MicroRCA's collector writes (elastisys/MicroRCA, ``MicroRCA_online.py``),
+all files sharing one prefix:
+
+- ``<prefix>_mpg.csv``: ``source,destination[,weight]``. Service -> service rows are calls;
+  service -> node rows say where a container runs. A node that never calls anything and has
+  neither latency nor resource data is taken as a host, not a service.
+- ``<prefix>_latency_*.csv``: ``timestamp`` plus one column per call edge, ``caller_callee``,
+  in milliseconds (the collector multiplies Istio's seconds by 1000). ``destination`` files
+  are measured by the callee's sidecar (the service's own time); ``source`` files add the
+  network and the caller's sidecar. Per edge the first file in ``latency_preference`` wins.
+  Edges to TCP-only services (databases, RabbitMQ) carry no HTTP durations: the collector
+  overwrites those columns with ``istio_tcp_sent_bytes_total`` byte rates, so they are skipped
+  (``throughput_callee``), exactly the columns MicroRCA itself leaves out.
+- ``<prefix>_<service>.csv``: ``timestamp,ctn_cpu,ctn_network,ctn_memory,node_*`` resource
+  series of one service.
+
+The prefix (which in the published data names the injected fault) is never read for meaning:
+a service's latency is the element-wise maximum over the edges it receives, and the file name
+of a resource series is only matched against service names the graph and latency files
+already gave.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections import defaultdict
+from datetime import datetime, UTC
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from controllers.rca.engine import analyse
+from controllers.rca.models import AnalysisConfig, AnalysisInput, Finding, LatencyStats, Resource, ServiceData, TimeSeries
+
+
+class OfflineDataError(ValueError):
+    """The folder cannot be analysed (no graph file, a file without its required columns)."""
+
+
+class OfflineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    latency_unit_s: float = Field(default=0.001, gt=0)
+    latency_preference: list[str] = ["latency_destination", "latency_source"]
+    throughput_callee: str = r"(?:^|[-_])db$|^rabbitmq$"
+    resource_columns: dict[Resource, str] = {"cpu": "ctn_cpu", "memory": "ctn_memory", "disk_io": "ctn_disk_io"}
+    # The collector's units, not base units: ctn_cpu is cores, ctn_memory is
+    # rate(container_memory_working_set_bytes)/1000 (kB/s). The floors follow them.
+    resource_scale_floor: dict[Resource, float] = {"cpu": 0.001, "memory": 1.0, "disk_io": 1.0}
+
+
+class _Notes:
+    """Counted rejections: bad cells are skipped, counted per file and said in the explanation."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.bad_cells: dict[str, int] = defaultdict(int)
+
+    def finish(self) -> list[str]:
+        for name, n in sorted(self.bad_cells.items()):
+            self.lines.append(f"{name}: skipped {n} cell(s) that were not numbers.")
+        return self.lines
+
+
+def _read(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[str, str]]]:
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in reader.fieldnames or []]
+            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise OfflineDataError(f"{path.name}: cannot read as CSV: {e}") from e
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise OfflineDataError(f"{path.name}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
+    return header, rows
+
+
+def _timestamp(text: str, where: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        ts = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise OfflineDataError(f"{where}: {text!r} is neither a unix time nor an ISO date") from e
+    return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
+
+
+def _series(path: Path, rows: list[dict[str, str]], column: str, unit: float, notes: _Notes) -> TimeSeries:
+    points = []
+    for line, row in enumerate(rows, 2):
+        cell = row.get(column, "")
+        if cell == "":
+            continue
+        try:
+            value = float(cell)
+        except ValueError:
+            notes.bad_cells[path.name] += 1
+            continue
+        points.append((_timestamp(row["timestamp"], f"{path.name}:{line}"), value * unit))
+    return TimeSeries(points=points)
+
+
+def _split_edge(column: str, known: set[str]) -> tuple[str, str] | None:
+    """``front-end_carts`` -> (front-end, carts). Names may hold ``_`` themselves, so the split
+    whose both halves are known services wins; a single ``_`` is accepted as is."""
+    cuts = [i for i, ch in enumerate(column) if ch == "_"]
+    for i in cuts:
+        a, b = column[:i], column[i + 1:]
+        if a in known and b in known:
+            return a, b
+    if len(cuts) == 1 and 0 < cuts[0] < len(column) - 1:
+        return column[:cuts[0]], column[cuts[0] + 1:]
+    return None
+
+
+def load_dir(path: str | Path, options: OfflineOptions | None = None) -> AnalysisInput:
+    """Read a MicroRCA-style folder into analysis inputs (see the module docstring)."""
+    opts = options or OfflineOptions()
+    folder = Path(path)
+    if not folder.is_dir():
+        raise OfflineDataError(f"{folder}: not a folder")
+    files = sorted(folder.glob("*.csv"))
+    graphs = [f for f in files if f.stem == "mpg" or f.stem.endswith("_mpg")]
+    if len(graphs) != 1:
+        raise OfflineDataError(f"{folder}: expected one *_mpg.csv dependency file, found {len(graphs)}")
+    notes = _Notes()
+
+    _, graph_rows = _read(graphs[0], ("source", "destination"))
+    raw_edges = [(r["source"], r["destination"]) for r in graph_rows if r["source"] and r["destination"]]
+
+    latency_files = [f for f in files if "latency" in f.stem]
+    rank = {p: i for i, p in enumerate(opts.latency_preference)}
+    latency_files.sort(key=lambda f: (min((rank[p] for p in rank if p in f.stem), default=len(rank)), f.name))
+    tables = {f: _read(f, ("timestamp",)) for f in latency_files}
+
+    known = {n for e in raw_edges for n in e}
+    callers = {a for a, _ in raw_edges}
+    named_in_latency: set[str] = set()
+    edge_columns: dict[tuple[str, str], tuple[Path, list[dict[str, str]], str]] = {}
+    unparsed: list[str] = []
+    for f, (header, rows) in tables.items():
+        for col in header:
+            if col in ("", "timestamp") or col.startswith("Unnamed"):
+                continue
+            edge = _split_edge(col, known)
+            if edge is None:
+                unparsed.append(f"{f.name}:{col}")
+                continue
+            named_in_latency.update(edge)
+            edge_columns.setdefault(edge, (f, rows, col))
+    if unparsed:
+        notes.lines.append(f"Columns not of the form caller_callee, skipped: {', '.join(unparsed)}.")
+
+    resource_files = [f for f in files if f not in graphs and f not in tables]
+    services_seen = callers | named_in_latency
+    resource_of: dict[str, Path] = {}
+    for f in resource_files:
+        parts = f.stem.split("_")
+        suffixes = ["_".join(parts[i:]) for i in range(len(parts))]
+        match = next((s for s in suffixes if s in services_seen or s in known), None)
+        if match is None:
+            notes.lines.append(f"{f.name}: no service of the graph matches the file name, skipped.")
+            continue
+        resource_of[match] = f
+    services_seen |= set(resource_of)
+    hosts = sorted(known - services_seen)
+    if hosts:
+        notes.lines.append(f"Treated as hosts (placement, not calls): {', '.join(hosts)}.")
+    edges = sorted({(a, b) for a, b in raw_edges if a in services_seen and b in services_seen})
+
+    throughput = re.compile(opts.throughput_callee)
+    skipped_tcp = sorted(f"{a}_{b}" for a, b in edge_columns if throughput.search(b))
+    if skipped_tcp:
+        notes.lines.append(
+            "Latency columns of TCP-only callees hold byte rates in MicroRCA's collector, not "
+            f"durations, skipped: {', '.join(skipped_tcp)}."
+        )
+    incoming: dict[str, list[TimeSeries]] = defaultdict(list)
+    for (_, b), (f, rows, col) in sorted(edge_columns.items()):
+        if not throughput.search(b):
+            incoming[b].append(_series(f, rows, col, opts.latency_unit_s, notes))
+
+    data: dict[str, ServiceData] = {}
+    for svc in sorted(services_seen):
+        latency = None
+        if svc in incoming:
+            latency = LatencyStats(series=TimeSeries.max_of(incoming[svc]))
+        resources: dict[Resource, TimeSeries] = {}
+        if svc in resource_of:
+            f = resource_of[svc]
+            header, rows = _read(f, ("timestamp",))
+            for res, col in opts.resource_columns.items():
+                if col in header:
+                    resources[res] = _series(f, rows, col, 1.0, notes)
+        data[svc] = ServiceData(latency=latency, resources=resources)
+    return AnalysisInput(edges=edges, services=data, source=str(folder), notes=notes.finish())
+
+
+def analyse_dir(
+    path: str | Path,
+    threshold: float = 3.0,
+    *,
+    config: AnalysisConfig | None = None,
+    options: OfflineOptions | None = None,
+) -> Finding:
+    """Analyse a MicroRCA-style folder; ``threshold`` (seconds) is the absolute candidate line.
+
+    Without ``config`` the resource spread floors follow the collector's units
+    (``options.resource_scale_floor``); a given ``config`` is used as is, threshold aside."""
+    opts = options or OfflineOptions()
+    base = config.model_dump() if config else {"resource_scale_floor": opts.resource_scale_floor}
+    cfg = AnalysisConfig.model_validate({**base, "threshold_s": threshold})
+    return analyse(load_dir(path, opts), cfg)

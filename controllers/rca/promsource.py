@@ -1,0 +1,281 @@
+"""Build analysis inputs from a Prometheus server.
+
+Every query is a configurable PromQL template. Grouped queries (edges, latency, alerts) return
+one series per service label; resource templates are per service and name it as ``"$service"``,
+which is replaced by a properly quoted and escaped PromQL string: service names come from
+label values (data), so they are never pasted into an expression as raw text. A template may
+only use ``$service`` as the whole value of an equality matcher (``container="$service"``),
+checked when the configuration loads. ``$window`` is the recent window and ``$span`` the whole
+analysed period, both as Prometheus durations.
+
+The time range is ``[end - baseline - window, end]``; the engine scores the last ``window``
+against the ``baseline`` before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from typing import Any
+
+import aiohttp
+from pydantic import Field, field_validator, model_validator
+
+from controllers.rca.engine import analyse
+from controllers.rca.models import AnalysisConfig, AnalysisInput, Finding, LatencyStats, Resource, ServiceData, TimeSeries
+from promreflex.clients import APIError, PrometheusClient
+from promreflex.config import Duration, Strict, format_duration
+
+CADVISOR_RESOURCES: dict[Resource, str] = {
+    "cpu": 'sum(rate(container_cpu_usage_seconds_total{container="$service"}[1m]))',
+    "memory": 'sum(container_memory_working_set_bytes{container="$service"})',
+    "disk_io": 'sum(rate({__name__=~"container_fs_(reads|writes)_bytes_total",container="$service"}[1m]))',
+}
+# prometheus-process-exporter (ncabatoff), one process group per service.
+PROCESS_RESOURCES: dict[Resource, str] = {
+    "cpu": 'sum(rate(namedprocess_namegroup_cpu_seconds_total{groupname="$service"}[1m]))',
+    "memory": 'sum(namedprocess_namegroup_memory_bytes{groupname="$service",memtype="resident"})',
+    "disk_io": 'sum(rate({__name__=~"namedprocess_namegroup_(read|write)_bytes_total",groupname="$service"}[1m]))',
+}
+RESOURCE_PRESETS = {"cadvisor": CADVISOR_RESOURCES, "process": PROCESS_RESOURCES}
+
+_PLACEHOLDER = re.compile(r"\$([A-Za-z_]\w*)")
+_SERVICE_SLOT = re.compile(r'(?:=|!=)\s*"\$service"')
+
+
+_QUERY_ERRORS = (APIError, aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError)
+
+
+class PromSourceError(RuntimeError):
+    """The graph or the latencies could not be read; without them there is nothing to analyse."""
+
+
+def promql_string(value: str) -> str:
+    """``value`` as a double-quoted PromQL string literal. PromQL strings take Go's escapes, of
+    which JSON's (``\\"``, ``\\\\``, ``\\n``, ``\\uXXXX``) are a subset."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _check_template(template: str, per_service: bool) -> str:
+    names = set(_PLACEHOLDER.findall(template))
+    unknown = names - {"service", "window", "span"}
+    if unknown:
+        raise ValueError(f"unknown placeholder(s) {', '.join('$' + n for n in sorted(unknown))} (use $service, $window, $span)")
+    if not per_service and "service" in names:
+        raise ValueError("this query is grouped by a label and cannot use $service")
+    if per_service:
+        total = template.count("$service")
+        slots = len(_SERVICE_SLOT.findall(template))
+        if total == 0:
+            raise ValueError('a per-service template must select its service, e.g. container="$service"')
+        if slots != total:
+            raise ValueError('$service may only be the whole value of an equality matcher: label="$service"')
+    return template
+
+
+_SUBSTITUTION = re.compile(r'"\$service"|\$(window|span)\b')
+
+
+def render(template: str, *, service: str | None = None, window: float = 0.0, span: float = 0.0) -> str:
+    """Fill a template in one pass (so a service name containing ``$window`` stays itself):
+    ``"$service"`` becomes a quoted, escaped string literal."""
+    durations = {"window": format_duration(window), "span": format_duration(span)}
+
+    def fill(m: re.Match[str]) -> str:
+        if m.group(1):
+            return durations[m.group(1)]
+        if service is None:
+            raise ValueError("this template needs a service")
+        return promql_string(service)
+
+    return _SUBSTITUTION.sub(fill, template)
+
+
+class PromQueries(Strict):
+    edges: str = "group by (source, destination) (last_over_time(promreflex_mesh_edge_info[$span]))"
+    edge_caller_label: str = "source"
+    edge_callee_label: str = "destination"
+    # Range query, one series per service: the p99 the mesh exporter's histogram gives.
+    latency: str = (
+        "histogram_quantile(0.99, sum by (destination, le) "
+        "(rate(promreflex_mesh_request_duration_seconds_bucket[1m])))"
+    )
+    latency_service_label: str = "destination"
+    # Optional instant query for the per-service maximum over the recent window, e.g.
+    # 'max by (destination) (max_over_time(<recorded per-service max>[$window]))'. Without it
+    # the maximum of the latency series is used.
+    latency_max: str | None = None
+    resources: dict[Resource, str] = Field(default_factory=lambda: dict(CADVISOR_RESOURCES))
+    alerts: str | None = 'ALERTS{alertname="ServiceResponseTimeHigh",alertstate="firing"}'
+    alert_service_labels: list[str] = Field(default_factory=lambda: ["service", "destination"])
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _preset(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in RESOURCE_PRESETS:
+                raise ValueError(f"unknown preset {value!r} (use {', '.join(RESOURCE_PRESETS)} or a mapping)")
+            return dict(RESOURCE_PRESETS[value])
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _per_service(cls, value: dict[Resource, str]) -> dict[Resource, str]:
+        for res, template in value.items():
+            try:
+                _check_template(template, per_service=True)
+            except ValueError as e:
+                raise ValueError(f"{res}: {e}") from e
+        return value
+
+    @field_validator("edges", "latency", "latency_max", "alerts")
+    @classmethod
+    def _grouped(cls, value: str | None) -> str | None:
+        return None if value is None else _check_template(value, per_service=False)
+
+
+class PromSourceConfig(Strict):
+    queries: PromQueries = PromQueries()
+    window: Duration = 300.0
+    baseline: Duration = 900.0
+    step: Duration = 15.0
+    concurrency: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _positive(self) -> PromSourceConfig:
+        if self.window <= 0 or self.step <= 0:
+            raise ValueError("window and step must be above 0")
+        return self
+
+
+def _labels(result: Any) -> dict[str, str]:
+    """A result's label set, or nothing for a malformed entry (skipped, never a crash)."""
+    labels = result.get("metric") if isinstance(result, dict) else None
+    return labels if isinstance(labels, dict) else {}
+
+
+def _value(result: Any) -> float | None:
+    """An instant-query sample's finite value, or None."""
+    try:
+        value = float(result["value"][1])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _series(result: Any) -> TimeSeries:
+    """A range-query result's values; unparsable samples are dropped like NaN ones."""
+    points = []
+    values = result.get("values") if isinstance(result, dict) else None
+    for pair in values if isinstance(values, list) else []:
+        try:
+            points.append((float(pair[0]), float(pair[1])))
+        except (TypeError, ValueError, IndexError):
+            continue
+    return TimeSeries(points=points)
+
+
+async def collect(
+    client: PrometheusClient,
+    config: PromSourceConfig | None = None,
+    *,
+    end: float | None = None,
+) -> AnalysisInput:
+    """Query edges, latencies, firing alerts and per-service resources into analysis inputs."""
+    cfg = config or PromSourceConfig()
+    q = cfg.queries
+    end = time.time() if end is None else end
+    span = cfg.window + cfg.baseline
+    start = end - span
+    fill = {"window": cfg.window, "span": span}
+    notes: list[str] = []
+
+    try:
+        edge_rows = await client.query(render(q.edges, **fill), time=end)
+        latency_rows = await client.query_range(render(q.latency, **fill), start, end, cfg.step)
+    except _QUERY_ERRORS as e:
+        raise PromSourceError(f"cannot read the call graph or latencies from {client.base_url}: {e}") from e
+
+    edges = sorted({
+        (m[q.edge_caller_label], m[q.edge_callee_label])
+        for m in map(_labels, edge_rows)
+        if m.get(q.edge_caller_label) and m.get(q.edge_callee_label)
+    })
+    by_service: dict[str, list[TimeSeries]] = {}
+    for row in latency_rows:
+        name = _labels(row).get(q.latency_service_label)
+        if name:
+            by_service.setdefault(name, []).append(_series(row))
+    maxima: dict[str, float] = {}
+    if q.latency_max:
+        try:
+            for row in await client.query(render(q.latency_max, **fill), time=end):
+                name = _labels(row).get(q.latency_service_label)
+                value = _value(row)
+                if name and value is not None and value >= 0:
+                    maxima[name] = max(value, maxima.get(name, 0.0))
+        except _QUERY_ERRORS as e:
+            notes.append(f"latency maxima query failed ({e}); using the maximum of the latency series.")
+
+    alerting: set[str] = set()
+    if q.alerts:
+        try:
+            for row in await client.query(render(q.alerts, **fill), time=end):
+                labels = _labels(row)
+                name = next((labels[k] for k in q.alert_service_labels if labels.get(k)), None)
+                if name:
+                    alerting.add(name)
+        except _QUERY_ERRORS as e:
+            notes.append(f"alerts query failed ({e}); deciding on latencies only.")
+
+    services = sorted({n for e in edges for n in e} | set(by_service) | alerting)
+    limit = asyncio.Semaphore(cfg.concurrency)
+    failures: list[str] = []
+
+    async def resource(service: str, res: Resource, template: str) -> tuple[str, Resource, TimeSeries | None]:
+        async with limit:
+            try:
+                rows = await client.query_range(render(template, service=service, **fill), start, end, cfg.step)
+            except _QUERY_ERRORS as e:
+                failures.append(f"{service}/{res}: {e}")
+                return service, res, None
+        series = [_series(r) for r in rows]
+        return service, res, (TimeSeries.max_of(series) if series else None)
+
+    results = await asyncio.gather(*(resource(s, r, t) for s in services for r, t in q.resources.items()))
+    if failures:
+        notes.append(f"{len(failures)} resource queries failed, treated as missing data: {'; '.join(failures[:5])}.")
+    resources: dict[str, dict[Resource, TimeSeries]] = {s: {} for s in services}
+    for service, res, series in results:
+        if series is not None and series.points:
+            resources[service][res] = series
+
+    data = {}
+    for s in services:
+        latency = None
+        if s in by_service or s in maxima:
+            latency = LatencyStats(
+                max_s=maxima.get(s),
+                series=TimeSeries.max_of(by_service[s]) if s in by_service else None,
+            )
+        data[s] = ServiceData(latency=latency, resources=resources[s])
+    return AnalysisInput(
+        edges=edges, services=data, alerting=sorted(alerting),
+        baseline_end=end - cfg.window, source=client.base_url, notes=notes,
+    )
+
+
+async def analyse_prometheus(
+    base_url: str,
+    source: PromSourceConfig | None = None,
+    analysis: AnalysisConfig | None = None,
+    *,
+    end: float | None = None,
+) -> Finding:
+    """Collect from the Prometheus at ``base_url`` and analyse, in one call."""
+    async with aiohttp.ClientSession() as session:
+        inputs = await collect(PrometheusClient(base_url, session), source, end=end)
+    return analyse(inputs, analysis)

@@ -1,0 +1,92 @@
+"""Robust scores: how far the recent peak of a series stands above its normal level.
+
+Why not the paper's "gap between maximum and average" alone: a max/mean ratio has no idea of a
+series' normal spread (a bursty but healthy service always looks anomalous), it explodes when
+the mean is near zero, and the mean itself is pulled up by the very anomaly it should expose.
+The score here is the modified z-score of Iglewicz and Hoaglin, the scaling BARO (FSE 2024)
+uses for multi-source RCA, with the median absolute deviation instead of BARO's IQR:
+
+    z = (max(recent) - median(baseline)) / (1.4826 * MAD(baseline))
+
+Median and MAD tolerate up to half of the baseline being anomalous (the IQR only a quarter),
+which matters when no clean baseline exists and a window is scored against itself. The
+paper's ratio is still computed and reported as evidence.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from controllers.rca.models import TimeSeries
+
+MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of a normal distribution times this is its sigma
+_TINY = 1e-12  # keeps z finite (and JSON-serialisable) even with every floor set to 0
+
+
+@dataclass(frozen=True)
+class RobustScore:
+    max: float
+    mean: float
+    baseline_median: float
+    scale: float
+    z: float
+    whole_window: bool  # True when the series was scored against itself
+
+    @property
+    def peak_to_mean(self) -> float | None:
+        return self.max / self.mean if self.mean > 0 else None
+
+    @property
+    def ratio_to_typical(self) -> float | None:
+        return self.max / self.baseline_median if self.baseline_median > 0 else None
+
+
+def split(series: TimeSeries, baseline_end: float | None, min_baseline_points: int) -> tuple[list[float], list[float], bool]:
+    """(baseline values, recent values, whole_window). Falls back to the whole series as both
+    when there is no split time or either side would be too thin to trust."""
+    values = series.values
+    if baseline_end is not None:
+        base = [v for t, v in series.points if t <= baseline_end]
+        recent = [v for t, v in series.points if t > baseline_end]
+        if len(base) >= min_baseline_points and recent:
+            return base, recent, False
+    return values, values, True
+
+
+def robust_score(
+    series: TimeSeries,
+    baseline_end: float | None = None,
+    *,
+    min_baseline_points: int = 3,
+    floor_abs: float = 0.0,
+    floor_ratio: float = 0.0,
+) -> RobustScore | None:
+    """Score the recent peak of ``series``; ``None`` for an empty series.
+
+    The spread is floored at ``floor_abs`` (in the series' unit) and at ``floor_ratio`` times
+    the baseline median, so a flat baseline does not turn noise into an infinite score.
+    """
+    if not series.points:
+        return None
+    base, recent, whole = split(series, baseline_end, min_baseline_points)
+    median = statistics.median(base)
+    mad = statistics.median(abs(v - median) for v in base)
+    scale = max(MAD_TO_SIGMA * mad, floor_ratio * abs(median), floor_abs, _TINY)
+    peak = max(recent)
+    z = (peak - median) / scale
+    return RobustScore(
+        max=peak,
+        mean=statistics.fmean(series.values),
+        baseline_median=median,
+        scale=scale,
+        z=z,
+        whole_window=whole,
+    )
+
+
+def p99(values: list[float]) -> float:
+    """The 99th percentile of samples (inclusive method: stays within the observed range)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]

@@ -1,0 +1,394 @@
+"""Generate the Grafana dashboards with the Grafana Foundation SDK and write them as JSON.
+
+Why generated: hand-edited dashboard JSON drifts from the metrics and rules it shows. Here each
+panel is a few lines naming a PromQL expression and a unit; the committed JSON is what Grafana
+provisions, and ``--check`` fails CI when the code and the committed files disagree.
+
+Adding a dashboard for a new capability::
+
+    @register("copy-guard.json")
+    def copy_guard() -> dashboard.Dashboard:
+        return new_dashboard("promreflex-copy-guard", "promreflex / copy guard", "...").with_row(
+            dashboard.Row("Copy guard")
+        ).with_panel(
+            timeseries_panel("Site requests", "reqps", Query("site:promreflex_http_requests:rate5s"))
+        )
+
+Every panel reads from the ``${datasource}`` dashboard variable (type prometheus), so the same
+JSON works against any Prometheus data source. Panel ids are numbered at render time, in order,
+so they stay stable as long as the panel order does.
+
+Usage: ``uv run python -m dashboards.build [--check] [--dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    ValueMap,
+    ValueMappingResult,
+)
+
+DASHBOARD_DIR = Path(__file__).resolve().parent
+
+#: Name of the dashboard variable every panel and annotation reads its data source from.
+DATASOURCE_VARIABLE = "datasource"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${" + DATASOURCE_VARIABLE + "}")
+
+#: Filename -> function returning the dashboard builder. Filled by :func:`register`.
+DASHBOARDS: dict[str, Callable[[], dashboard.Dashboard]] = {}
+
+
+def register(filename: str) -> Callable[[Callable[[], dashboard.Dashboard]], Callable[[], dashboard.Dashboard]]:
+    """Register a dashboard factory under the JSON file name it is written to."""
+
+    def decorator(factory: Callable[[], dashboard.Dashboard]) -> Callable[[], dashboard.Dashboard]:
+        if filename in DASHBOARDS:
+            raise ValueError(f"dashboard file {filename} registered twice")
+        DASHBOARDS[filename] = factory
+        return factory
+
+    return decorator
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL expression of a panel and the legend Grafana shows for its series."""
+
+    expr: str
+    legend: str = ""
+
+
+def _targets(queries: Sequence[Query | str], instant: bool) -> list[prometheus.Dataquery]:
+    """Prometheus targets with refIds A, B, C...: Grafana needs them unique within a panel."""
+    if not queries:
+        raise ValueError("a panel needs at least one query")
+    targets = []
+    for i, q in enumerate(queries):
+        q = Query(q) if isinstance(q, str) else q
+        target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + i)).datasource(DATASOURCE)
+        if q.legend:
+            target = target.legend_format(q.legend)
+        targets.append(target.instant() if instant else target.range())
+    return targets
+
+
+def _thresholds(steps: Sequence[tuple[float | None, str]]) -> dashboard.ThresholdsConfig:
+    """Absolute thresholds; the first step's value is None (Grafana's "base" = -Infinity)."""
+    return (
+        dashboard.ThresholdsConfig()
+        .mode(ThresholdsMode.ABSOLUTE)
+        .steps([Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def timeseries_panel(
+    title: str,
+    unit: str,
+    *queries: Query | str,
+    description: str = "",
+    width: int = 8,
+    height: int = 8,
+    max_value: float | None = None,
+) -> timeseries.Panel:
+    """A time series panel of ``queries`` in ``unit`` (a Grafana unit id: ``s``, ``reqps``, ``short``).
+
+    The y axis starts at 0 (every series here is a count, rate, ratio or duration);
+    ``max_value`` fixes its top, e.g. 1 for ratios.
+    """
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries, instant=False))
+        .unit(unit)
+        .min(0)
+        .span(width)
+        .height(height)
+        .fill_opacity(10)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING))
+    )
+    if max_value is not None:
+        panel = panel.max(max_value)
+    return panel
+
+
+def stat_panel(
+    title: str,
+    unit: str,
+    *queries: Query | str,
+    description: str = "",
+    width: int = 4,
+    height: int = 4,
+    thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),),
+    value_text: Mapping[str, tuple[str, str]] | None = None,
+) -> stat.Panel:
+    """A single-value panel of the latest value of ``queries`` (instant queries).
+
+    ``value_text`` maps exact values to (text, color), e.g. ``{"0": ("MISSING", "red")}``.
+    """
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(_targets(queries, instant=True))
+        .unit(unit)
+        .span(width)
+        .height(height)
+        .thresholds(_thresholds(thresholds))
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .color_mode(common.BigValueColorMode.VALUE)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
+    if value_text:
+        panel = panel.mappings(
+            [ValueMap(options={v: ValueMappingResult(text=t, color=c) for v, (t, c) in value_text.items()})]
+        )
+    return panel
+
+
+def new_dashboard(uid: str, title: str, description: str, tags: Sequence[str] = ()) -> dashboard.Dashboard:
+    """A dashboard with the ``${datasource}`` variable, a firing-alerts annotation and sane defaults."""
+    return (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["promreflex", *tags])
+        .editable()
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .time("now-30m", "now")
+        .refresh("10s")
+        .timezone("browser")
+        .with_variable(
+            dashboard.DatasourceVariable(DATASOURCE_VARIABLE).label("Data source").type("prometheus")
+        )
+        # Grafana's dashboard model expects annotations.list; this one marks alert transitions
+        # on every time series panel (the alert -> action story at a glance).
+        .annotation(
+            dashboard.AnnotationQuery()
+            .name("Firing alerts")
+            .datasource(DATASOURCE)
+            .enable(True)
+            .icon_color("red")
+            .expr('ALERTS{alertstate="firing", alertname!="Watchdog"}')
+        )
+    )
+
+
+@register("overview.json")
+def overview() -> dashboard.Dashboard:
+    """Stack health, controller activity and the demo nginx: the first page to open."""
+    return (
+        new_dashboard(
+            "promreflex-overview",
+            "promreflex / overview",
+            "Is the monitoring loop alive (targets, alerts, Watchdog), what is the controller doing, "
+            "and how busy is nginx.",
+        )
+        .with_row(dashboard.Row("Stack health"))
+        .with_panel(
+            timeseries_panel(
+                "Targets up by job",
+                "percentunit",
+                Query("job:up:ratio", "{{job}}"),
+                description="Share of each job's scrape targets answering (1 = all up).",
+                width=10,
+                max_value=1,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Targets down",
+                "short",
+                # `up == 0` returns nothing when every target answers: that empty result is
+                # a legitimate zero, so `or vector(0)` shows 0 instead of "No data".
+                "count(up == 0) or vector(0)",
+                description="Scrape targets not answering right now.",
+                thresholds=((None, "green"), (1, "red")),
+                height=8,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Watchdog",
+                "short",
+                # The Watchdog alert always fires; its absence is the failure this panel shows,
+                # so an empty result is a legitimate 0 ("MISSING"), not missing data.
+                'sum(ALERTS{alertname="Watchdog", alertstate="firing"}) or vector(0)',
+                description="The always-firing Watchdog alert is present: rule evaluation works.",
+                thresholds=((None, "red"), (1, "green")),
+                value_text={"0": ("MISSING", "red"), "1": ("OK", "green")},
+                height=8,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Firing alerts by name",
+                "short",
+                Query('sum by (alertname) (ALERTS{alertstate="firing"})', "{{alertname}}"),
+                description="Alerts firing in Prometheus, by alert name (Watchdog always included).",
+                width=6,
+            )
+        )
+        .with_row(dashboard.Row("Controller"))
+        .with_panel(
+            timeseries_panel(
+                "Notifications by status and result",
+                "ops",
+                Query(
+                    "sum by (status, result) (status_result:promreflex_controller_notifications:rate1m)",
+                    "{{status}} {{result}}",
+                ),
+                description="Alerts received in webhook notifications per second: accepted, "
+                "duplicate (Alertmanager delivers at least once) or stale.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Actions by action and result",
+                "ops",
+                Query(
+                    "sum by (action, result) (action_result:promreflex_controller_actions:rate1m)",
+                    "{{action}} {{result}}",
+                ),
+                description="Action transitions per second, by action and result (ok, error, skipped, cooldown).",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Action duration p95",
+                "s",
+                Query("action:promreflex_controller_action_duration_seconds:p95_5m", "{{action}}"),
+                description="95th percentile time an action transition took, over 5 minutes.",
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Time since last reconcile",
+                "s",
+                "time() - max(promreflex_controller_last_reconcile_timestamp_seconds)",
+                description="Seconds since the controller last reconciled against Alertmanager's "
+                "active alerts (a huge value means never).",
+                thresholds=((None, "green"), (60, "orange"), (300, "red")),
+                width=6,
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Applied alerts",
+                "short",
+                "sum(promreflex_controller_applied_alerts)",
+                description="Alerts whose firing transition the controller has applied and not yet resolved.",
+                width=6,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Payload rejections by reason",
+                "ops",
+                Query(
+                    "sum by (reason) (rate(promreflex_controller_payload_rejections_total[$__rate_interval]))",
+                    "{{reason}}",
+                ),
+                description="Webhook bodies rejected per second (unauthorized, too large, invalid...).",
+                width=12,
+                height=4,
+            )
+        )
+        .with_row(dashboard.Row("nginx"))
+        .with_panel(
+            timeseries_panel(
+                "nginx request rate",
+                "reqps",
+                Query("sum(rate(nginx_http_requests_total[$__rate_interval]))", "requests"),
+                description="HTTP requests per second served by nginx (stub_status).",
+                width=12,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "nginx connections",
+                "short",
+                Query("sum(nginx_connections_active)", "active"),
+                Query("sum(nginx_connections_reading)", "reading"),
+                Query("sum(nginx_connections_writing)", "writing"),
+                Query("sum(nginx_connections_waiting)", "waiting"),
+                description="Client connections by state (stub_status).",
+                width=12,
+            )
+        )
+    )
+
+
+def iter_panels(panels: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """Every panel of a dashboard JSON, rows and the panels nested in collapsed rows included."""
+    for panel in panels:
+        yield panel
+        yield from iter_panels(panel.get("panels") or [])
+
+
+def render(board: dashboard.Dashboard) -> str:
+    """The dashboard as stable, sorted JSON text with panel ids numbered 1..n in order."""
+    data = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    for number, panel in enumerate(iter_panels(data["panels"]), start=1):
+        panel["id"] = number
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def generate() -> dict[str, str]:
+    """Filename -> JSON text for every registered dashboard."""
+    return {filename: render(factory()) for filename, factory in sorted(DASHBOARDS.items())}
+
+
+def stale_files(directory: Path = DASHBOARD_DIR) -> list[str]:
+    """Names of dashboards whose file in ``directory`` is missing or differs from the generated JSON."""
+    stale = []
+    for filename, text in generate().items():
+        path = directory / filename
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            stale.append(filename)
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.build", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard differs from the generated one")
+    parser.add_argument("--dir", type=Path, default=DASHBOARD_DIR, help="folder of the dashboard JSON files")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files(args.dir)
+        for filename in stale:
+            print(f"{args.dir / filename}: differs from the generated dashboard; run: uv run python -m dashboards.build", file=sys.stderr)
+        return 1 if stale else 0
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for filename, text in generate().items():
+        (args.dir / filename).write_text(text, encoding="utf-8")
+        print(f"wrote {args.dir / filename}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Run the mesh exporter: follow every configured sidecar log, serve ``/metrics``.
+
+``python -m exporters.mesh --config.file mesh.yml`` or, wired into the main CLI through
+:func:`register`, ``promreflex exporter-mesh --config.file mesh.yml``. ``--oneshot`` reads the
+logs once from the start, prints the metrics and exits (a dry run for a new format string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from promreflex.config import ConfigError, split_host_port
+from promreflex.follow import LogFollower, follow
+
+from exporters.mesh.collector import MeshExporter, MeshStream
+from exporters.mesh.config import MeshExporterConfig, load_mesh_config
+
+log = logging.getLogger("promreflex.exporter.mesh")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config.file", dest="config_file", required=True, help="mesh exporter YAML configuration")
+    parser.add_argument(
+        "--web.listen-address", dest="listen_address", default=None, help="override listen_address (HOST:PORT)"
+    )
+    parser.add_argument(
+        "--oneshot", action="store_true", help="read every log once from the start, print the metrics and exit"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``exporter-mesh`` subcommand; its ``func`` default takes the parsed args, returns an exit code."""
+    p = subparsers.add_parser("exporter-mesh", help="per-edge metrics from Istio/Envoy sidecar access logs")
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def build(
+    cfg: MeshExporterConfig, registry: CollectorRegistry, *, from_start: bool | None = None
+) -> tuple[MeshExporter, list[tuple[LogFollower, MeshStream]]]:
+    """The exporter and one (follower, stream) pair per configured log (``from_start`` overrides each log's)."""
+    exporter = MeshExporter(
+        registry=registry,
+        namespaces=cfg.namespaces,
+        max_services=cfg.max_services,
+        max_line_bytes=cfg.max_line_bytes,
+    )
+    pairs = []
+    for src in cfg.logs:
+        stream = exporter.add_stream(
+            src.workload,
+            src.format,
+            src.format_string,
+            json_format=src.json_format,
+            workload_field=src.workload_field,
+            name=str(src.path),
+        )
+        state = None
+        if cfg.state_dir is not None:
+            digest = hashlib.blake2b(str(src.path).encode(), digest_size=6).hexdigest()
+            state = cfg.state_dir / f"mesh-{src.workload}-{digest}.json"
+        follower = LogFollower(
+            src.path,
+            state_file=state,
+            from_start=src.from_start if from_start is None else from_start,
+            max_line_bytes=cfg.max_line_bytes,
+        )
+        log.info("%s", follower.resume_info())
+        pairs.append((follower, stream))
+    return exporter, pairs
+
+
+class _Feeder:
+    """Hands each poll's lines to the right stream; oversized lines the follower dropped count as too_long."""
+
+    def __init__(self, pairs: list[tuple[LogFollower, MeshStream]]):
+        self.streams = {id(f): s for f, s in pairs}
+        self.oversized = {id(f): 0 for f, _ in pairs}
+
+    def __call__(self, follower: LogFollower, lines: list[str]) -> None:
+        stream = self.streams[id(follower)]
+        dropped = follower.stats.oversized_lines - self.oversized[id(follower)]
+        if dropped:
+            self.oversized[id(follower)] = follower.stats.oversized_lines
+            stream.reject("too_long", dropped)
+        stream.feed(lines)
+
+
+def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
+    """Read every log from the start once; the exposition text of the result."""
+    _, pairs = build(cfg.model_copy(update={"state_dir": None}), registry, from_start=True)
+    feed = _Feeder(pairs)
+    for follower, stream in pairs:
+        while True:
+            feed(follower, follower.poll())
+            if not follower.behind:
+                break
+        stream.flush()
+        follower.close()
+    return generate_latest(registry)
+
+
+async def serve(cfg: MeshExporterConfig, registry: CollectorRegistry, stop: asyncio.Event | None = None) -> None:
+    """Follow the logs and serve ``/metrics`` until ``stop`` is set.
+
+    Without a ``stop`` event (the command line), SIGINT and SIGTERM stop it.
+    """
+    loop = asyncio.get_running_loop()
+    signals: list[int] = []
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+            signals.append(sig)
+    _, pairs = build(cfg, registry)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = await asyncio.to_thread(generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def index(_: web.Request) -> web.Response:
+        return web.Response(text="promreflex mesh exporter: see /metrics\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", index)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, port = split_host_port(cfg.listen_address)
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("serving /metrics on %s", cfg.listen_address)
+        await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop)
+    finally:
+        for f, _ in pairs:
+            f.close()
+        await runner.cleanup()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point for parsed arguments (used by ``promreflex exporter-mesh`` and ``python -m``)."""
+    try:
+        cfg = load_mesh_config(Path(args.config_file))
+        if args.listen_address:
+            cfg = MeshExporterConfig.model_validate({**cfg.model_dump(), "listen_address": args.listen_address})
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except ValueError as e:  # a bad --web.listen-address
+        print(f"--web.listen-address: {e}", file=sys.stderr)
+        return 2
+    if args.oneshot:
+        sys.stdout.write(oneshot(cfg, CollectorRegistry()).decode())
+        return 0
+    disable_created_metrics()  # _created series only double the output of a log exporter
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(cfg, REGISTRY))
+    except OSError as e:
+        print(f"cannot listen on {cfg.listen_address}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporters.mesh", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+__all__ = ["add_arguments", "build", "main", "oneshot", "register", "run", "serve"]

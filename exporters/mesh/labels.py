@@ -1,0 +1,249 @@
+"""Turn a parsed access-log record into bounded label values: the edge, code class and flags.
+
+Label values come only from small sets: mesh service names (DNS labels, at most
+``max_services`` distinct ones), a few reserved words, status classes and Envoy's documented
+response flags. Paths, IPs, request ids and arbitrary hostnames never become label values,
+because every distinct value is a new series in Prometheus.
+
+Edge derivation, for a record written by workload ``W``'s sidecar:
+
+* ``upstream_cluster`` ``outbound|PORT|SUBSET|HOST``: the request left ``W`` for the service
+  in ``HOST`` (``carts.sock-shop.svc.cluster.local`` -> ``carts``): edge ``W -> carts``.
+* ``inbound|PORT|...``: the request arrived at ``W``; the caller is not in Istio's default
+  format, so the source is the caller's SPIFFE service account when the format logs
+  ``%DOWNSTREAM_PEER_URI_SAN%``, else ``unknown``: edge ``unknown -> W``.
+* ``PassthroughCluster`` / ``BlackHoleCluster``: ``W -> external`` / ``W -> blackhole``.
+* otherwise (``-``, no route): the ``authority`` (``carts:80``, ``carts.sock-shop.svc.cluster.local``).
+
+A host that is not a mesh service (an FQDN outside ``*.svc*``, unless its second label is a
+configured namespace) is ``external``; an IP literal or nothing is ``unknown``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+UNKNOWN = "unknown"
+EXTERNAL = "external"
+BLACKHOLE = "blackhole"
+OTHER = "other"
+NONE = "none"
+RESERVED = frozenset({UNKNOWN, EXTERNAL, BLACKHOLE, OTHER})
+
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_SPIFFE_SA = re.compile(r"spiffe://[^/]+/ns/[^/]+/sa/([^/]+)")
+
+# Envoy's short response flags (source/common/stream_info/utility.h) and their long names.
+RESPONSE_FLAGS_LONG: dict[str, str] = {
+    "DC": "DownstreamConnectionTermination",
+    "LH": "FailedLocalHealthCheck",
+    "UH": "NoHealthyUpstream",
+    "UT": "UpstreamRequestTimeout",
+    "LR": "LocalReset",
+    "UR": "UpstreamRemoteReset",
+    "UF": "UpstreamConnectionFailure",
+    "UC": "UpstreamConnectionTermination",
+    "UO": "UpstreamOverflow",
+    "URX": "UpstreamRetryLimitExceeded",
+    "NR": "NoRouteFound",
+    "DI": "DelayInjected",
+    "FI": "FaultInjected",
+    "RL": "RateLimited",
+    "UAEX": "UnauthorizedExternalService",
+    "RLSE": "RateLimitServiceError",
+    "SI": "StreamIdleTimeout",
+    "IH": "InvalidEnvoyRequestHeaders",
+    "DPE": "DownstreamProtocolError",
+    "UMSDR": "UpstreamMaxStreamDurationReached",
+    "RFCF": "ResponseFromCacheFilter",
+    "NFCF": "NoFilterConfigFound",
+    "DT": "DurationTimeout",
+    "UPE": "UpstreamProtocolError",
+    "NC": "NoClusterFound",
+    "OM": "OverloadManagerTerminated",
+    "DF": "DnsResolutionFailed",
+    "DO": "DropOverload",
+    "DR": "DownstreamRemoteReset",
+}
+KNOWN_FLAGS = frozenset(RESPONSE_FLAGS_LONG)
+_LONG_TO_SHORT = {v: k for k, v in RESPONSE_FLAGS_LONG.items()}
+MAX_FLAGS_IN_LABEL = 2
+
+# gRPC status names as Envoy's %GRPC_STATUS% writes them, by number.
+GRPC_STATUS_NAMES = (
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+)
+_GRPC_BY_LOWER = {n.lower(): n for n in GRPC_STATUS_NAMES} | {"cancelled": "Canceled"}
+
+
+def flags_label(flags: Iterable[str] | None) -> str:
+    """Bounded label for a record's response flags.
+
+    ``-``/none -> ``none``; known flags (short or long names) sorted and joined with ``,``
+    (``URX,UF`` and ``UF,URX`` are one series); an unknown flag, or more than
+    :data:`MAX_FLAGS_IN_LABEL` flags at once, -> ``other``. So the value set is ``none``,
+    ``other``, each flag and each pair: bounded, and in practice a handful.
+    """
+    if not flags:
+        return NONE
+    short = set()
+    for f in flags:
+        f = _LONG_TO_SHORT.get(f, f)
+        if f not in KNOWN_FLAGS:
+            return OTHER
+        short.add(f)
+    if len(short) > MAX_FLAGS_IN_LABEL:
+        return OTHER
+    return ",".join(sorted(short))
+
+
+def code_class(code: int | None) -> str:
+    """``2xx`` .. ``5xx``; ``none`` for 0 or missing (Envoy logs 0 when no response was sent)."""
+    if not code:
+        return NONE
+    if 100 <= code <= 599:
+        return f"{code // 100}xx"
+    return OTHER
+
+
+def grpc_status_label(status: Any) -> str | None:
+    """Canonical gRPC status name, ``other`` for junk, None when the record has none."""
+    if status is None or status == "-" or status == "":
+        return None
+    if isinstance(status, int) or (isinstance(status, str) and status.isdigit()):
+        n = int(status)
+        return GRPC_STATUS_NAMES[n] if 0 <= n < len(GRPC_STATUS_NAMES) else OTHER
+    return _GRPC_BY_LOWER.get(str(status).lower(), OTHER)
+
+
+def service_name(value: Any) -> str | None:
+    """``value`` as a label when it is a DNS label (lower-cased); else None."""
+    if not isinstance(value, str):
+        return None
+    v = value.strip().lower()
+    return v if _DNS_LABEL.fullmatch(v) else None
+
+
+def authority_host(authority: str | None) -> str | None:
+    """Host part of an authority: ``carts:80`` -> ``carts``, ``[::1]:8080`` -> ``::1``."""
+    if not authority or authority == "-":
+        return None
+    a = authority.strip()
+    if a.startswith("["):
+        end = a.find("]")
+        return a[1:end] if end > 0 else None
+    if a.count(":") > 1:  # a bare IPv6 address, no port
+        return a
+    return a.partition(":")[0] or None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def service_of_host(host: str | None, namespaces: frozenset[str] = frozenset()) -> str:
+    """Mesh service for a hostname, or ``external`` / ``unknown`` (never the raw host)."""
+    if not host or host == "-":
+        return UNKNOWN
+    h = host.strip().rstrip(".").lower()
+    if _is_ip(h):
+        return UNKNOWN
+    labels = h.split(".")
+    if len(labels) == 1:
+        return service_name(h) or UNKNOWN
+    if "svc" in labels[2:] or labels[1] == "svc" or labels[1] in namespaces:
+        return service_name(labels[0]) or UNKNOWN
+    return EXTERNAL
+
+
+def peer_service_account(san: Any) -> str | None:
+    """Service account from a SPIFFE id (``spiffe://cluster.local/ns/x/sa/sleep`` -> ``sleep``)."""
+    if not isinstance(san, str):
+        return None
+    m = _SPIFFE_SA.match(san)
+    return service_name(m.group(1)) if m else None
+
+
+def derive_edge(
+    record: Mapping[str, Any], workload: str, namespaces: frozenset[str] = frozenset()
+) -> tuple[str, str]:
+    """``(source, destination)`` for a record written by ``workload``'s sidecar."""
+    cluster = record.get("upstream_cluster")
+    if isinstance(cluster, str) and cluster not in ("", "-"):
+        parts = cluster.split("|")
+        if (len(parts) == 4 and parts[0] == "inbound") or cluster.startswith("InboundPassthroughCluster"):
+            peer = peer_service_account(record.get("downstream_peer_uri_san"))
+            return peer or UNKNOWN, workload
+        if len(parts) == 4 and parts[0] == "outbound" and parts[3]:
+            return workload, service_of_host(parts[3], namespaces)
+        if cluster == "PassthroughCluster":
+            return workload, EXTERNAL
+        if cluster == "BlackHoleCluster":
+            return workload, BLACKHOLE
+    return workload, service_of_host(authority_host(record.get("authority")), namespaces)
+
+
+class LabelBudget:
+    """At most ``limit`` distinct service names; later newcomers become ``other``.
+
+    The guarantee that a misconfigured mesh (or a hostile ``authority`` header) cannot create
+    unbounded series, whatever the derivation rules let through.
+    """
+
+    def __init__(self, limit: int = 200):
+        self.limit = limit
+        self.seen: set[str] = set()
+        self.overflowed = 0
+
+    def admit(self, name: str) -> str:
+        if name in RESERVED or name in self.seen:
+            return name
+        if len(self.seen) >= self.limit:
+            self.overflowed += 1
+            return OTHER
+        self.seen.add(name)
+        return name
+
+
+__all__ = [
+    "BLACKHOLE",
+    "EXTERNAL",
+    "GRPC_STATUS_NAMES",
+    "KNOWN_FLAGS",
+    "LabelBudget",
+    "NONE",
+    "OTHER",
+    "RESPONSE_FLAGS_LONG",
+    "UNKNOWN",
+    "authority_host",
+    "code_class",
+    "derive_edge",
+    "flags_label",
+    "grpc_status_label",
+    "peer_service_account",
+    "service_name",
+    "service_of_host",
+]

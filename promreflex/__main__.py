@@ -1,0 +1,3 @@
+from promreflex.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Shared fixtures. ``live_stack`` starts the real local stack (Prometheus, Alertmanager,
+node_exporter, nginx, nginx exporter, controller) on free loopback ports, once per session,
+and stops every process it started."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from promreflex.config import load_config
+from promreflex.proc import free_port, pid_alive, wait_until
+from promreflex.stack import Stack
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def stack_config(state_dir: Path, **controller: Any):
+    ports = {name: free_port() for name in
+             ("prometheus", "alertmanager", "node_exporter", "nginx", "nginx_stub_status", "nginx_exporter", "controller")}
+    overrides = {
+        "stack.state_dir": str(state_dir),
+        "stack.ports": ports,
+        "controller.reconcile_interval": "1s",
+        "controller.routes": [
+            {"name": "selftest-log", "matchers": ['alertname="PromreflexSelftest"'], "action": "log"},
+            {"name": "nginx-down-log", "matchers": ['alertname="NginxDown"'], "action": "log"},
+        ],
+    }
+    overrides.update({f"controller.{k}": v for k, v in controller.items()})
+    return load_config(None, overrides)
+
+
+class LiveStack:
+    def __init__(self, stack: Stack):
+        self.stack = stack
+
+    def __getattr__(self, name):
+        return getattr(self.stack, name)
+
+    @property
+    def prometheus_url(self) -> str:
+        return self.stack.url("prometheus")
+
+    @property
+    def alertmanager_url(self) -> str:
+        return self.stack.url("alertmanager")
+
+    @property
+    def controller_url(self) -> str:
+        return self.stack.url("controller")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def am_alerts(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(f"{self.alertmanager_url}/api/v2/alerts?active=true", timeout=5) as resp:  # noqa: S310
+            return json.load(resp)
+
+    def pids(self) -> dict[str, int]:
+        return {n: i["pid"] for n, i in json.loads(self.stack.pids_file.read_text())["components"].items()}
+
+
+@pytest.fixture(scope="session")
+def live_stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    stack = Stack(stack_config(state))
+    stack.up(progress=lambda *_: None)
+    live = LiveStack(stack)
+    try:
+        wait_until(lambda: live.query('up{job="selftest"} == 1'), timeout=60, what="first selftest scrape")
+        yield live
+    finally:
+        pids = list(json.loads(stack.pids_file.read_text())["components"].values()) if stack.pids_file.exists() else []
+        stack.down(quiet=True)
+        for info in pids:
+            assert not pid_alive(info["pid"]), f"pid {info['pid']} survived stack down"

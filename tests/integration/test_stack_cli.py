@@ -1,0 +1,78 @@
+"""`promreflex stack up/status/down` as a user runs them, against the real binaries."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from promreflex.config import load_config
+from promreflex.proc import free_port, pid_alive
+from promreflex.stack import Stack, StackError
+
+pytestmark = pytest.mark.integration
+
+PORTS = ("prometheus", "alertmanager", "node_exporter", "nginx", "nginx_stub_status", "nginx_exporter", "controller")
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "promreflex", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_up_status_second_up_and_down(tmp_path):
+    cfg = tmp_path / "promreflex.yml"
+    cfg.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state"),
+                                             "ports": {p: free_port() for p in PORTS}}}))
+    up = cli("stack", "up", "--config.file", str(cfg), "--detach")
+    pids = {}
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "The stack is up" in up.stdout and "/classic/alerts" in up.stdout
+        pids = {n: i["pid"] for n, i in json.loads((tmp_path / "state" / "pids.json").read_text())["components"].items()}
+        assert sorted(pids) == sorted(["prometheus", "alertmanager", "node_exporter", "nginx", "nginx_exporter", "controller"])
+        assert all(pid_alive(p) for p in pids.values())
+
+        again = cli("stack", "up", "--config.file", str(cfg), "--detach")
+        assert again.returncode == 1
+        assert "already running" in again.stderr and "promreflex stack down" in again.stderr
+        assert all(pid_alive(p) for p in pids.values()), "a refused second `up` must not disturb the first"
+
+        status = cli("stack", "status", "--config.file", str(cfg))
+        assert status.returncode == 0 and status.stdout.count(" up ") == 6
+    finally:
+        down = cli("stack", "down", "--config.file", str(cfg))
+    assert down.returncode == 0 and "stopped 6 component(s)" in down.stdout
+    assert not any(pid_alive(p) for p in pids.values())
+    assert not (tmp_path / "state" / "pids.json").exists()
+    assert cli("stack", "status", "--config.file", str(cfg)).returncode == 1
+
+
+def test_a_busy_port_is_named_before_anything_starts(tmp_path):
+    ports = {p: free_port() for p in PORTS}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports["alertmanager"]))
+        holder.listen()
+        stack = Stack(load_config(None, {"stack.state_dir": str(tmp_path), "stack.ports": ports}))
+        with pytest.raises(StackError, match=rf"{ports['alertmanager']} \(alertmanager\)"):
+            stack.up(progress=lambda *_: None)
+    assert not (tmp_path / "pids.json").exists()
+
+
+def test_rendered_configs_pass_the_tools_own_checks(tmp_path):
+    stack = Stack(load_config(None, {"stack.state_dir": str(tmp_path)}))
+    stack.render()
+    prom = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus" / "prometheus.yml")],
+                          capture_output=True, text=True)
+    assert prom.returncode == 0, prom.stdout + prom.stderr
+    assert "SUCCESS" in prom.stdout and "rules found" in prom.stdout
+    am = subprocess.run(["amtool", "check-config", str(tmp_path / "alertmanager" / "alertmanager.yml")],
+                        capture_output=True, text=True)
+    assert am.returncode == 0, am.stdout + am.stderr
+    ngx = subprocess.run(["/usr/sbin/nginx", "-t", "-c", str(tmp_path / "nginx" / "nginx.conf"), "-p", str(tmp_path / "nginx")],
+                         capture_output=True, text=True)
+    assert ngx.returncode == 0, ngx.stderr
+    assert (tmp_path / "webhook-token").stat().st_mode & 0o777 == 0o600

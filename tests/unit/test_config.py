@@ -1,0 +1,84 @@
+from pathlib import Path
+
+import pytest
+
+from promreflex.config import ConfigError, format_duration, load_config, parse_duration
+
+FIX = Path(__file__).parent.parent / "fixtures" / "config"
+
+
+def test_valid_example_loads_with_every_value():
+    cfg = load_config(FIX / "valid.yml")
+    assert cfg.controller.listen_address == "0.0.0.0:9095"
+    assert cfg.controller.reconcile_interval == 30.0
+    route = cfg.controller.routes[0]
+    assert route.cooldown == 60.0
+    assert [str(m) for m in route.parsed_matchers()] == ['alertname="CopyGuardSiteOverloaded"', 'severity=~"warning|critical"']
+    assert cfg.stack.ports.prometheus == 19090 and cfg.stack.ports.alertmanager == 9093
+    assert cfg.stack.fast_interval == pytest.approx(0.2)
+
+
+def test_invalid_example_reports_every_problem_naming_its_key():
+    with pytest.raises(ConfigError) as exc:
+        load_config(FIX / "invalid.yml")
+    text = "\n".join(exc.value.problems)
+    for key in (
+        "controller.reconcile_interval",
+        "controller.routes[0].name",
+        "controller.routes[0].matchers",
+        "controller.routes[0].colldown",
+        "stack.host",
+    ):
+        assert key in text, f"{key} missing from:\n{text}"
+    assert len(exc.value.problems) >= 5
+
+
+def test_beyond_loopback_requires_a_token(tmp_path):
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("controller: {listen_address: '0.0.0.0:9095'}\n")
+    with pytest.raises(ConfigError, match="token_file"):
+        load_config(cfg)
+    cfg.write_text("controller: {listen_address: '127.0.0.2:9095'}\n")
+    assert load_config(cfg).controller.token_file is None
+
+
+def test_unknown_action_and_bad_params_are_reported_together(tmp_path):
+    from controllers.engine import bind_routes
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        "controller:\n  routes:\n"
+        "    - {name: a, matchers: ['x=\"1\"'], action: nope}\n"
+        "    - {name: b, matchers: ['x=\"1\"'], action: log, params: {mesage: hi}}\n"
+    )
+    with pytest.raises(ConfigError) as exc:
+        bind_routes(load_config(cfg).controller)
+    text = "\n".join(exc.value.problems)
+    assert "routes[0].action: unknown action 'nope'" in text
+    assert "routes[1].params.mesage" in text
+
+
+@pytest.mark.parametrize("text, seconds", [("200ms", 0.2), ("15s", 15), ("1m", 60), (5, 5), ("1.5h", 5400)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["soon", "-1s", True, "5 parsecs"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_format_duration_round_trips():
+    for s in (0.2, 1, 15, 60, 120, 0.05):
+        assert parse_duration(format_duration(s)) == pytest.approx(s)
+
+
+def test_not_yaml_and_not_a_mapping(tmp_path):
+    p = tmp_path / "c.yml"
+    p.write_text("controller: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    p.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)

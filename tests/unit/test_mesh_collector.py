@@ -1,0 +1,291 @@
+"""Metrics from fixture logs: runtime wrappers, edges, bounded labels, self-metrics, golden /metrics."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.mesh.collector import DURATION_BUCKETS, PARSE_ERROR_REASONS, MeshExporter
+from exporters.mesh.envoy_format import ISTIO_TEXT
+from exporters.mesh.labels import (
+    LabelBudget,
+    authority_host,
+    code_class,
+    derive_edge,
+    flags_label,
+    grpc_status_label,
+    service_of_host,
+)
+from exporters.mesh.runtime import RuntimeUnwrapper, wrap_cri, wrap_docker
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "mesh"
+GOLDEN = FIXTURES / "golden-metrics.prom"
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+
+
+def fixture_exporter() -> tuple[CollectorRegistry, MeshExporter, dict]:
+    """The three Sock-Shop-like fixture logs, fed through one exporter."""
+    reg = CollectorRegistry()
+    ex = MeshExporter(registry=reg, namespaces=["sock-shop"])
+    streams = {
+        "front-end.log": ex.add_stream("front-end"),
+        "carts-cri.log": ex.add_stream("carts"),
+        "orders-docker.log": ex.add_stream("orders-pod", "istio_json", workload_field="workload"),
+    }
+    stats = {}
+    for name, stream in streams.items():
+        st = stream.feed((FIXTURES / name).read_text().splitlines())
+        st.add(stream.flush())
+        stats[name] = st
+    return reg, ex, stats
+
+
+def sample(reg: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return reg.get_sample_value(name, labels)
+
+
+# ---------------------------------------------------------------- runtime wrappers
+
+
+def test_cri_partial_pieces_are_joined_and_stderr_is_its_own_reason() -> None:
+    u = RuntimeUnwrapper()
+    ts = "2024-01-01T00:00:00.000000000Z"
+    assert u.push(f"{ts} stdout P first half, ") == []
+    assert u.push(f"{ts} stderr F envoy warning") [0].reason == "other_stream"
+    [done] = u.push(f"{ts} stdout F second half")
+    assert (done.text, done.reason) == ("first half, second half", None)
+    [empty] = u.push(f"{ts} stdout F ")
+    assert empty.text == ""
+
+
+def test_cri_split_round_trip_and_overflow() -> None:
+    msg = "x" * 250
+    pieces = wrap_cri(msg, "2024-01-01T00:00:00Z", max_piece=100)
+    assert [p.split(" ")[2] for p in pieces] == ["P", "P", "F"]
+    u = RuntimeUnwrapper(max_bytes=1000)
+    out = [r for p in pieces for r in u.push(p)]
+    assert [r.text for r in out] == [msg]
+    small = RuntimeUnwrapper(max_bytes=120)
+    out = [r for p in pieces for r in small.push(p)]
+    assert [(r.text, r.reason) for r in out] == [(None, "too_long")]
+
+
+def test_docker_json_file_wrapper() -> None:
+    u = RuntimeUnwrapper()
+    line = wrap_docker('[2024] "GET / HTTP/1.1"', "2024-01-01T00:00:00Z", attrs={"workload": "carts"})
+    [r] = u.push(line)
+    assert r.text == '[2024] "GET / HTTP/1.1"' and r.fields == {"workload": "carts"}
+    # a piece without the final newline continues in the next line (Docker splits at 16 KiB)
+    assert u.push('{"log":"abc","stream":"stdout","time":"t"}') == []
+    [r] = u.push('{"log":"def\\n","stream":"stdout","time":"t"}')
+    assert r.text == "abcdef"
+    [bad] = u.push('{"log":"cut')
+    assert bad.reason == "bad_wrapper"
+
+
+def test_plain_line_after_dangling_partial_flushes_it_as_truncated() -> None:
+    u = RuntimeUnwrapper()
+    u.push("2024-01-01T00:00:00Z stdout P never finished")
+    out = u.push("a plain line")
+    assert [(r.text, r.reason) for r in out] == [(None, "truncated"), ("a plain line", None)]
+
+
+# ---------------------------------------------------------------- label derivation
+
+
+@pytest.mark.parametrize(
+    ("record", "edge"),
+    [
+        ({"upstream_cluster": "outbound|80||carts.sock-shop.svc.cluster.local"}, ("front-end", "carts")),
+        ({"upstream_cluster": "outbound|9080|v2|reviews.default.svc.cluster.local"}, ("front-end", "reviews")),
+        ({"upstream_cluster": "inbound|8080||", "authority": "carts:80"}, ("unknown", "front-end")),
+        ({"upstream_cluster": "inbound|9080|http|productpage.default.svc.cluster.local"}, ("unknown", "front-end")),
+        (
+            {"upstream_cluster": "inbound|8080||", "downstream_peer_uri_san": "spiffe://cluster.local/ns/x/sa/sleep"},
+            ("sleep", "front-end"),
+        ),
+        ({"upstream_cluster": "InboundPassthroughClusterIpv4"}, ("unknown", "front-end")),
+        ({"upstream_cluster": "PassthroughCluster", "authority": "api.stripe.com"}, ("front-end", "external")),
+        ({"upstream_cluster": "BlackHoleCluster"}, ("front-end", "blackhole")),
+        ({"upstream_cluster": None, "authority": "carts:80"}, ("front-end", "carts")),
+        ({"upstream_cluster": None, "authority": "carts.sock-shop.svc.cluster.local"}, ("front-end", "carts")),
+        ({"upstream_cluster": None, "authority": "carts.sock-shop"}, ("front-end", "carts")),  # configured ns
+        ({"upstream_cluster": None, "authority": "www.example.com:443"}, ("front-end", "external")),
+        ({"upstream_cluster": None, "authority": "10.0.0.7:8080"}, ("front-end", "unknown")),
+        ({"upstream_cluster": None, "authority": "[fd00::12]:8080"}, ("front-end", "unknown")),
+        ({"upstream_cluster": "outbound|80||10.0.0.7"}, ("front-end", "unknown")),
+        ({}, ("front-end", "unknown")),
+    ],
+)
+def test_derive_edge(record: dict, edge: tuple[str, str]) -> None:
+    assert derive_edge(record, "front-end", frozenset({"sock-shop"})) == edge
+
+
+def test_authority_host_and_service_of_host() -> None:
+    assert authority_host("carts:80") == "carts"
+    assert authority_host("[::1]:8080") == "::1"
+    assert authority_host("fd00::1") == "fd00::1"
+    assert authority_host("-") is None
+    assert service_of_host("Carts") == "carts"
+    assert service_of_host("carts.sock-shop") == "external"  # namespace not configured
+    assert service_of_host("under_score") == "unknown"
+
+
+def test_flags_code_class_and_grpc_are_bounded() -> None:
+    assert flags_label(()) == "none" and flags_label(None) == "none"
+    assert flags_label(("URX", "UF")) == flags_label(("UF", "URX")) == "UF,URX"
+    assert flags_label(("UpstreamConnectionFailure",)) == "UF"  # %RESPONSE_FLAGS_LONG%
+    assert flags_label(("XYZ",)) == "other"
+    assert flags_label(("UF", "URX", "UH")) == "other"
+    assert [code_class(c) for c in (None, 0, 101, 200, 302, 404, 503, 999)] == [
+        "none", "none", "1xx", "2xx", "3xx", "4xx", "5xx", "other",
+    ]
+    assert [grpc_status_label(s) for s in ("-", "OK", "14", 14, "unavailable", "Cancelled", "bogus", "99")] == [
+        None, "OK", "Unavailable", "Unavailable", "Unavailable", "Canceled", "other", "other",
+    ]
+
+
+def test_label_budget_caps_service_names() -> None:
+    b = LabelBudget(limit=2)
+    assert [b.admit(n) for n in ("a", "b", "a", "c", "unknown", "external")] == ["a", "b", "a", "other", "unknown", "external"]
+    assert b.overflowed == 1
+
+
+def test_hostile_input_keeps_label_values_bounded() -> None:
+    """Random paths, IPs and authorities: label values stay service names or reserved words."""
+    reg = CollectorRegistry()
+    ex = MeshExporter(registry=reg, max_services=5)
+    stream = ex.add_stream("front-end")
+    rnd = random.Random(7)
+    base = ISTIO_TEXT.parse(
+        '[2024-01-01T00:00:00.000Z] "GET / HTTP/1.1" 200 - via_upstream - "-" 0 1 1 1 "-" "-" "-" "a" "-" - - - - - -'
+    )
+    for i in range(400):
+        authority = rnd.choice([f"10.{i % 250}.0.1:80", f"host{i}.example.com", f"svc{i}", f"[fd00::{i:x}]:80"])
+        cluster = rnd.choice(["-", f"outbound|80||svc{i}.ns.svc.cluster.local", "inbound|80||"])
+        rec = dict(base, path=f"/items/{i}?q={rnd.random()}", authority=authority, upstream_cluster=cluster,
+                   response_code=rnd.choice([200, 404, 503, 0, 777]),
+                   response_flags=rnd.choice([(), ("UH",), ("UF", "URX"), ("ZZ",)]))
+        stream.observe(ISTIO_TEXT.format(rec))
+    values = {
+        (k, v)
+        for m in reg.collect()
+        for s in m.samples
+        for k, v in s.labels.items()
+        if k in ("source", "destination")
+    }
+    names = {v for _, v in values}
+    assert names <= {"front-end", "svc0", "svc1", "svc2", "svc3", "svc4", "svc5", "svc6", "unknown", "external", "other"} | {
+        f"svc{i}" for i in range(400)
+    }
+    assert len(names - {"unknown", "external", "other"}) <= 5
+    assert "other" in names
+    assert not any("/" in v or "." in v or ":" in v for v in names)
+    flags = {s.labels["response_flags"] for m in reg.collect() for s in m.samples if "response_flags" in s.labels}
+    assert flags <= {"none", "UH", "UF,URX", "other"}
+    assert stream.stats.parsed == 400
+
+
+# ---------------------------------------------------------------- fixture logs -> metrics
+
+
+def test_fixture_line_accounting() -> None:
+    reg, _, stats = fixture_exporter()
+    fe, carts, orders = stats["front-end.log"], stats["carts-cri.log"], stats["orders-docker.log"]
+    assert (fe.lines, fe.parsed, dict(fe.rejected)) == (13, 8, {"empty": 1, "truncated": 1, "format_mismatch": 3})
+    assert (carts.lines, carts.parsed, dict(carts.rejected)) == (6, 4, {"other_stream": 1, "truncated": 1})
+    assert (orders.lines, orders.parsed, dict(orders.rejected)) == (
+        10,
+        4,
+        {"other_stream": 1, "bad_wrapper": 1, "bad_value": 1, "missing_field": 1, "invalid_json": 1, "truncated": 1},
+    )
+    for workload, st in (("front-end", fe), ("carts", carts), ("orders-pod", orders)):
+        assert sample(reg, "promreflex_mesh_lines_total", workload=workload) == st.lines
+        errors = sum(sample(reg, "promreflex_mesh_parse_errors_total", workload=workload, reason=r) for r in PARSE_ERROR_REASONS)
+        assert st.lines == st.parsed + errors
+
+
+def test_parse_error_reasons_exist_at_zero_before_any_line() -> None:
+    reg = CollectorRegistry()
+    MeshExporter(registry=reg).add_stream("carts")
+    for r in PARSE_ERROR_REASONS:
+        assert sample(reg, "promreflex_mesh_parse_errors_total", workload="carts", reason=r) == 0.0
+    assert sample(reg, "promreflex_mesh_lines_total", workload="carts") == 0.0
+
+
+def test_fixture_edges_and_values() -> None:
+    reg, ex, _ = fixture_exporter()
+    assert ex.edges() == {
+        ("front-end", "catalogue"),
+        ("front-end", "carts"),
+        ("front-end", "orders"),
+        ("front-end", "user"),
+        ("front-end", "payment"),
+        ("front-end", "external"),
+        ("carts", "carts-db"),
+        ("orders", "payment"),
+        ("orders", "shipping"),
+        ("orders-pod", "shipping"),  # attr "Orders_V2!" is no DNS label: the stream's workload
+    }
+    r = "promreflex_mesh_requests_total"
+    assert sample(reg, r, source="front-end", destination="user", code_class="5xx", response_flags="UF,URX") == 1
+    assert sample(reg, r, source="front-end", destination="carts", code_class="5xx", response_flags="UT") == 1
+    assert sample(reg, r, source="front-end", destination="payment", code_class="4xx", response_flags="NR") == 1
+    assert sample(reg, r, source="front-end", destination="unknown", code_class="2xx", response_flags="none") == 1  # IPv6
+    assert sample(reg, r, source="unknown", destination="carts", code_class="none", response_flags="DC") == 1
+    assert sample(reg, r, source="unknown", destination="carts", code_class="2xx", response_flags="none") == 2  # incl. the CRI-split one
+    # the slow order (3.5 s) is above the 3 s bucket, the 15 s timeout below 30 s
+    d = "promreflex_mesh_request_duration_seconds_bucket"
+    assert sample(reg, d, source="front-end", destination="orders", le="3.0") == 0
+    assert sample(reg, d, source="front-end", destination="orders", le="5.0") == 1
+    assert sample(reg, d, source="front-end", destination="carts", le="10.0") == 1
+    assert sample(reg, d, source="front-end", destination="carts", le="30.0") == 2
+    u = "promreflex_mesh_upstream_service_time_seconds_sum"
+    assert sample(reg, u, source="front-end", destination="orders") == pytest.approx(3.49)
+    g = "promreflex_mesh_grpc_responses_total"
+    assert sample(reg, g, source="orders", destination="shipping", grpc_status="OK") == 1
+    assert sample(reg, g, source="orders", destination="shipping", grpc_status="Unavailable") == 1
+    assert sample(reg, g, source="orders-pod", destination="shipping", grpc_status="Unavailable") == 1  # "14"
+    assert sample(reg, "promreflex_mesh_edge_info", source="front-end", destination="carts") == 1
+
+
+def test_buckets_cover_1ms_to_30s_with_3s_boundary() -> None:
+    assert DURATION_BUCKETS[0] == 0.001 and DURATION_BUCKETS[-1] == 30.0 and 3.0 in DURATION_BUCKETS
+
+
+def test_oversized_line_is_rejected_not_fatal() -> None:
+    reg = CollectorRegistry()
+    stream = MeshExporter(registry=reg, max_line_bytes=100).add_stream("carts")
+    st = stream.feed(["x" * 101, ""])
+    assert dict(st.rejected) == {"too_long": 1, "empty": 1}
+    stream.reject("too_long", 2)  # what the follower dropped
+    assert sample(reg, "promreflex_mesh_parse_errors_total", workload="carts", reason="too_long") == 3
+
+
+# ---------------------------------------------------------------- golden /metrics
+
+
+def exposition() -> str:
+    reg, _, _ = fixture_exporter()
+    text = generate_latest(reg).decode()
+    return "".join(line + "\n" for line in text.splitlines() if "_created" not in line)
+
+
+def test_golden_metrics() -> None:
+    text = exposition()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+@pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool not installed")
+def test_golden_metrics_pass_promtool() -> None:
+    res = subprocess.run([PROMTOOL, "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30)
+    assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
+    assert b"promreflex_mesh_requests_total" in GOLDEN.read_bytes()

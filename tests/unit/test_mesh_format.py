@@ -1,0 +1,182 @@
+"""The Envoy format-string compiler: operators, '-', '%%', ':N', classification, round trips."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, UTC
+
+import pytest
+
+from exporters.mesh.envoy_format import (
+    ISTIO_TEXT,
+    ISTIO_TEXT_FORMAT,
+    CompiledFormat,
+    FormatStringError,
+    Operator,
+    ParseError,
+    tokenize,
+)
+from exporters.mesh.json_format import ISTIO_JSON, ISTIO_JSON_FORMAT, JsonFormat
+
+# client-side line of istio.io's access-log task (the same request as the corpus file)
+ISTIO_LINE = (
+    '[2020-11-25T21:26:18.409Z] "GET /status/418 HTTP/1.1" 418 - via_upstream - "-" 0 135 4 4 "-" '
+    '"curl/7.73.0-DEV" "84961386-6d84-929d-98bd-c5aee93b5c88" "httpbin:8000" "10.44.1.27:80" '
+    "outbound|8000||httpbin.foo.svc.cluster.local 10.44.1.23:37652 10.0.45.184:8000 10.44.1.23:46520 - default"
+)
+
+
+def test_istio_default_is_compiled_from_its_format_string() -> None:
+    assert ISTIO_TEXT.format_string == ISTIO_TEXT_FORMAT
+    assert ISTIO_TEXT_FORMAT.startswith('[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%"')
+    assert len(ISTIO_TEXT.operators) == 24
+    assert ISTIO_TEXT.keys[:5] == ["start_time", "method", "path", "protocol", "response_code"]
+    assert "upstream_cluster" in ISTIO_TEXT.keys and "upstream_service_time" in ISTIO_TEXT.keys
+
+
+def test_parse_istio_line_typed_values_and_dashes() -> None:
+    r = ISTIO_TEXT.parse(ISTIO_LINE)
+    assert r["start_time"] == datetime(2020, 11, 25, 21, 26, 18, 409000, tzinfo=UTC)
+    assert (r["method"], r["path"], r["protocol"]) == ("GET", "/status/418", "HTTP/1.1")
+    assert r["response_code"] == 418 and r["response_flags"] == ()
+    assert (r["bytes_received"], r["bytes_sent"], r["duration"], r["upstream_service_time"]) == (0, 135, 4, 4)
+    # every "-" is None
+    assert r["connection_termination_details"] is None
+    assert r["upstream_transport_failure_reason"] is None and r["x_forwarded_for"] is None
+    assert r["requested_server_name"] is None
+    assert r["upstream_cluster"] == "outbound|8000||httpbin.foo.svc.cluster.local"
+    assert r["route_name"] == "default"
+
+
+def test_response_flags_are_split() -> None:
+    line = ISTIO_LINE.replace("418 - via_upstream", "503 UF,URX upstream_reset_before_response_started{connection_failure}")
+    r = ISTIO_TEXT.parse(line)
+    assert r["response_flags"] == ("UF", "URX")
+    assert r["response_code_details"] == "upstream_reset_before_response_started{connection_failure}"
+
+
+def test_upstream_service_time_dash_and_junk_are_none() -> None:
+    assert ISTIO_TEXT.parse(ISTIO_LINE.replace(" 4 4 ", " 4 - "))["upstream_service_time"] is None
+    # a header can hold anything: junk there does not reject the line
+    assert ISTIO_TEXT.parse(ISTIO_LINE.replace(" 4 4 ", " 4 abc "))["upstream_service_time"] is None
+
+
+def test_ipv6_addresses_and_http2() -> None:
+    line = (
+        '[2024-01-01T00:00:00.000Z] "POST /cart.v1.Cart/Add HTTP/2" 200 - via_upstream - "-" 12 34 5 4 "-" '
+        '"grpc-go/1.60" "id-1" "[::1]:8080" "[fd00::12]:8080" outbound|8080||carts.shop.svc.cluster.local '
+        "[fd00::5]:40001 [::1]:8080 [fd00::5]:43210 - default"
+    )
+    r = ISTIO_TEXT.parse(line)
+    assert r["protocol"] == "HTTP/2"
+    assert r["authority"] == "[::1]:8080"
+    assert r["upstream_host"] == "[fd00::12]:8080"
+    assert r["downstream_remote_address"] == "[fd00::5]:43210"
+    assert ISTIO_TEXT.format(r) == line
+
+
+def test_operator_grammar_args_truncation_and_percent_escape() -> None:
+    toks = tokenize("%START_TIME(%Y/%m/%dT%H:%M:%S%z %s)% 100%% %REQ(USER-AGENT):5% %HOSTNAME%%PROTOCOL%\\n")
+    ops = [t for t in toks if isinstance(t, Operator)]
+    assert [(o.command, o.arg, o.max_length) for o in ops] == [
+        ("START_TIME", "%Y/%m/%dT%H:%M:%S%z %s", None),
+        ("REQ", "USER-AGENT", 5),
+        ("HOSTNAME", None, None),
+        ("PROTOCOL", None, None),
+    ]
+    assert " 100% " in toks  # %% is one literal percent sign
+    assert ops[0].kind == "strftime" and ops[1].key == "user_agent"
+
+
+def test_truncation_is_applied_when_writing_and_bounds_parsing() -> None:
+    f = CompiledFormat("%REQ(USER-AGENT):5% %RESPONSE_CODE%")
+    assert f.format({"user_agent": "curl/8.0", "response_code": 200}) == "curl/ 200"
+    assert f.parse("curl/ 200") == {"user_agent": "curl/", "response_code": 200}
+    with pytest.raises(ParseError) as e:
+        f.parse("curl/8.0 200")  # longer than :5 cannot come from this format
+    assert e.value.reason == "format_mismatch"
+
+
+def test_custom_start_time_and_percent_literal_round_trip() -> None:
+    f = CompiledFormat("%START_TIME(%Y/%m/%dT%H:%M:%S%z %s)% 100%% %HOSTNAME%%PROTOCOL% end")
+    rec = {"start_time": "2024/01/01T00:00:00+0000 1704067200", "hostname": "pod-1", "protocol": "HTTP/2"}
+    line = f.format(rec)
+    assert line == "2024/01/01T00:00:00+0000 1704067200 100% pod-1HTTP/2 end"
+    assert f.parse("2024/01/01T00:00:00+0000 1704067200 100% -- end") == {
+        "start_time": "2024/01/01T00:00:00+0000 1704067200",
+        "hostname": None,
+        "protocol": None,
+    }
+    assert f.parse(f.format({})) == {"start_time": None, "hostname": None, "protocol": None}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["%", "50% off %DURATION%", "%REQ(X%", "no operator here", "%DURATION%\n%BYTES_SENT%"],
+)
+def test_bad_format_strings_are_refused(bad: str) -> None:
+    with pytest.raises(FormatStringError):
+        CompiledFormat(bad)
+
+
+def test_truncated_line_vs_format_mismatch() -> None:
+    cut = ISTIO_LINE.index(" outbound|")
+    with pytest.raises(ParseError) as e:
+        ISTIO_TEXT.parse(ISTIO_LINE[:cut])
+    assert e.value.reason == "truncated"
+    with pytest.raises(ParseError) as e:
+        ISTIO_TEXT.parse(ISTIO_LINE[: ISTIO_LINE.index("HTTP/1.1") + 4])  # cut inside a field
+    assert e.value.reason == "truncated"
+    for junk in [ISTIO_LINE[cut + 1 :], "hello world", ISTIO_LINE.replace(" 418 ", " 4x8 ")]:
+        with pytest.raises(ParseError) as e:
+            ISTIO_TEXT.parse(junk)
+        assert e.value.reason == "format_mismatch", junk
+
+
+def test_text_round_trip_record_line_record() -> None:
+    r = ISTIO_TEXT.parse(ISTIO_LINE)
+    assert ISTIO_TEXT.format(r) == ISTIO_LINE
+    r2 = dict(r, response_code=503, response_flags=("UF", "URX"), upstream_service_time=None, authority="carts:80")
+    assert ISTIO_TEXT.parse(ISTIO_TEXT.format(r2)) == r2
+
+
+def test_json_parses_strings_or_numbers_to_the_same_record() -> None:
+    text_record = ISTIO_TEXT.parse(ISTIO_LINE)
+    as_numbers = ISTIO_JSON.format(text_record)
+    obj = json.loads(as_numbers)
+    assert list(obj) == list(ISTIO_JSON_FORMAT)
+    assert obj["duration"] == 4 and obj["upstream_service_time"] == "4" and obj["response_flags"] == "-"
+    assert obj["x_forwarded_for"] is None
+    as_strings = json.dumps({k: ("-" if v is None else str(v)) for k, v in obj.items()})
+    assert ISTIO_JSON.parse(as_numbers) == text_record
+    assert ISTIO_JSON.parse(as_strings) == text_record
+
+
+def test_json_extras_grpc_and_unknown_keys() -> None:
+    r = ISTIO_JSON.parse('{"response_code":"200","grpc_status":"Unavailable","workload":"carts","nested":{"a":1}}')
+    assert r["response_code"] == 200 and r["grpc_status"] == "Unavailable"
+    assert r["workload"] == "carts" and "nested" not in r
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"response_code": 200, "meth', "truncated"),
+        ("not json", "invalid_json"),
+        ("[1, 2]", "invalid_json"),
+        ('{"method": "GET"}', "missing_field"),
+        ('{"response_code": "abc"}', "bad_value"),
+        ('{"response_code": 200, "duration": {"x": 1}}', "bad_value"),
+    ],
+)
+def test_json_rejections(line: str, reason: str) -> None:
+    with pytest.raises(ParseError) as e:
+        ISTIO_JSON.parse(line)
+    assert e.value.reason == reason
+
+
+def test_custom_json_dictionary_maps_keys_by_operator() -> None:
+    fmt = JsonFormat({"status": "%RESPONSE_CODE%", "took_ms": "%DURATION%", "svc": "%UPSTREAM_CLUSTER%"})
+    r = fmt.parse('{"status": 201, "took_ms": "7", "svc": "outbound|80||carts.x.svc.cluster.local"}')
+    assert r == {"response_code": 201, "duration": 7, "upstream_cluster": "outbound|80||carts.x.svc.cluster.local"}
+    assert json.loads(fmt.format(r)) == {"status": 201, "took_ms": 7, "svc": "outbound|80||carts.x.svc.cluster.local"}

@@ -1,0 +1,267 @@
+"""The decision logic of controllers.rca on small synthetic graphs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controllers.rca import AnalysisConfig, AnalysisInput, Finding, LatencyStats, ServiceData, TimeSeries, analyse
+from controllers.rca.graph import adjacency, root_components, slow_subgraph, strongly_connected_components
+from controllers.rca.stats import p99, robust_score
+
+N = 20
+WOBBLE = [0.0, 0.3, -0.2, 0.1, -0.3, 0.2, 0.0, -0.1, 0.3, -0.2, 0.1, 0.0, -0.3, 0.2, -0.1, 0.3, 0.0, -0.2, 0.1, 0.2]
+
+
+def flat(level: float) -> list[float]:
+    """A steady series with a 1.5 % wobble, like a healthy service."""
+    return [level * (1 + 0.05 * w) for w in WOBBLE]
+
+
+def spike(level: float, peak: float, since: int = 14) -> list[float]:
+    """Steady, then ``peak`` from sample ``since`` on (the last 30 % of the window)."""
+    return [peak if i >= since else v for i, v in enumerate(flat(level))]
+
+
+def svc(latency: list[float] | None = None, cpu: list[float] | None = None,
+        memory: list[float] | None = None, disk: list[float] | None = None) -> ServiceData:
+    resources = {}
+    for name, values in (("cpu", cpu), ("memory", memory), ("disk_io", disk)):
+        if values is not None:
+            resources[name] = TimeSeries.of(values)
+    lat = LatencyStats(series=TimeSeries.of(latency)) if latency is not None else None
+    return ServiceData(latency=lat, resources=resources)
+
+
+def groups(f: Finding) -> dict[str, str]:
+    return {v.service: v.group for v in f.ranking}
+
+
+def test_chain_blames_the_slow_and_hot_end():
+    f = analyse(AnalysisInput(
+        edges=[("a", "b"), ("b", "c")],
+        services={
+            "a": svc(spike(0.05, 0.30), cpu=flat(0.2)),
+            "b": svc(spike(0.03, 0.25), cpu=flat(0.2)),
+            "c": svc(spike(0.01, 0.20), cpu=spike(0.1, 0.9)),
+        },
+    ))
+    assert f.root_causes == ["c"]
+    assert f.top(3) == ["c", "b", "a"]
+    assert groups(f) == {"a": "symptom", "b": "symptom", "c": "root_cause"}
+    c = f.verdict("c")
+    assert c.dependencies_healthy and c.slow_dependencies == []
+    assert c.resources["cpu"].anomalous and c.resources["cpu"].z > 50
+    assert c.resources["memory"] is None and c.resources["disk_io"] is None
+    assert f.verdict("a").slow_dependencies == ["b"]
+    text = f.explain()
+    assert "so a is a symptom (a -> b -> c)" in text
+    assert "so b is a symptom (b -> c)" in text
+    assert "c has no dependencies: root-cause candidate" in text
+    assert "-> root cause c" in text and "its CPU peaked well above normal" in text
+    # Furthest symptom first, then the candidate, then its resources, then the conclusion.
+    assert text.index("a is slow") < text.index("b is slow") < text.index("c is slow") < text.index("c resources")
+
+
+def test_slow_with_healthy_dependency_but_no_resource_evidence():
+    f = analyse(AnalysisInput(
+        edges=[("a", "b")],
+        services={
+            "a": svc(spike(0.02, 0.40), cpu=flat(0.3), memory=flat(200e6), disk=flat(1e6)),
+            "b": svc(flat(0.01), cpu=flat(0.1)),
+        },
+    ))
+    assert f.root_causes == ["a"]
+    a = f.verdict("a")
+    assert not any(e.anomalous for e in a.resources.values())
+    assert a.resource_score < 0.2  # below 1.0, the anomaly line
+    assert a.score == pytest.approx(a.latency_score * (1 + a.resource_score))
+    assert a.dependencies == ["b"] and a.dependencies_healthy
+    assert "a's dependencies: b healthy" in f.explain()
+    assert "its measured resources stayed normal" in f.explain()
+
+
+def test_diamond_with_slow_bottom_names_only_the_bottom():
+    edges = [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]
+    f = analyse(AnalysisInput(edges=edges, services={
+        "a": svc(spike(0.05, 0.5)), "b": svc(spike(0.03, 0.4)),
+        "c": svc(spike(0.03, 0.4)), "d": svc(spike(0.01, 0.3), cpu=spike(0.1, 0.8)),
+    }))
+    assert f.root_causes == ["d"]
+    assert f.verdict("a").slow_dependencies == ["b", "c"]
+    assert groups(f) == {"a": "symptom", "b": "symptom", "c": "symptom", "d": "root_cause"}
+
+
+def test_diamond_with_two_slow_branches_ranks_them_by_resources():
+    edges = [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]
+    f = analyse(AnalysisInput(edges=edges, services={
+        "a": svc(spike(0.05, 0.5)),
+        "b": svc(spike(0.03, 0.4), cpu=flat(0.2)),
+        "c": svc(spike(0.03, 0.4), cpu=spike(0.2, 0.9)),
+        "d": svc(flat(0.01)),
+    }))
+    assert f.root_causes == ["c", "b"]
+    assert f.top(4) == ["c", "b", "a", "d"]
+    assert f.verdict("c").score > f.verdict("b").score
+    assert "2 candidates remain" in f.explain()
+
+
+def test_missing_resource_data_is_neutral_not_a_penalty():
+    f = analyse(AnalysisInput(
+        edges=[("a", "x"), ("a", "y")],
+        services={
+            "a": svc(flat(0.05)),
+            "x": svc(spike(0.01, 0.2)),                   # no resource data at all
+            "y": svc(spike(0.01, 0.2), cpu=flat(0.3)),    # CPU measured, normal
+        },
+    ))
+    x, y = f.verdict("x"), f.verdict("y")
+    assert set(f.root_causes) == {"x", "y"}
+    assert x.resources == {"cpu": None, "memory": None, "disk_io": None}
+    assert x.score == pytest.approx(x.latency_score) and x.resource_score == 0.0
+    assert y.resource_score < 0.2 and not y.resources["cpu"].anomalous
+    assert "x resources: no CPU, memory or disk I/O data." in f.explain()
+
+
+def test_no_candidates_gives_an_empty_finding_with_a_reason():
+    f = analyse(AnalysisInput(
+        edges=[("a", "b")],
+        services={"a": svc(flat(0.05), cpu=flat(0.2)), "b": svc(flat(0.01))},
+    ))
+    assert f.root_causes == [] and f.root_cause is None
+    assert [v.group for v in f.ranking] == ["not_slow", "not_slow"]
+    assert [v.rank for v in f.ranking] == [1, 2]
+    assert "No service is slow" in f.explain() and "no root cause is named" in f.explain()
+    assert Finding.from_json(f.to_json()) == f
+
+
+def test_cycle_of_slow_services_terminates_and_names_each_member():
+    f = analyse(AnalysisInput(
+        edges=[("a", "b"), ("b", "a"), ("b", "h")],
+        services={"a": svc(spike(0.02, 0.3)), "b": svc(spike(0.02, 0.4)), "h": svc(flat(0.01))},
+    ))
+    assert set(f.root_causes) == {"a", "b"}
+    assert f.verdict("a").cycle_with == ["b"] and f.verdict("a").dependencies_healthy
+    assert "in a cycle" in f.explain()
+
+
+def test_cycle_with_a_slow_exit_blames_the_exit():
+    f = analyse(AnalysisInput(
+        edges=[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "d")],
+        services={
+            "a": svc(spike(0.02, 0.3)), "b": svc(spike(0.02, 0.3)),
+            "c": svc(spike(0.02, 0.3)), "d": svc(spike(0.01, 0.2)),
+        },
+    ))
+    assert f.root_causes == ["d"]  # its self-call explains nothing
+    assert groups(f)["a"] == "symptom" and "a -> b -> c -> d" in f.explain()
+
+
+def test_paper_rule_absolute_threshold_only():
+    f = analyse(
+        AnalysisInput(
+            edges=[("orders", "carts"), ("carts", "carts-db")],
+            services={
+                "orders": ServiceData(latency=LatencyStats(max_s=4.2)),
+                "carts": ServiceData(latency=LatencyStats(max_s=4.8)),
+                "carts-db": ServiceData(latency=LatencyStats(max_s=0.02)),
+            },
+        ),
+        AnalysisConfig(relative=False),
+    )
+    assert f.root_causes == ["carts"]
+    text = f.explain()
+    assert "orders is slow (max 4.2s > 3s); its dependency carts is slow too, so orders is a symptom" in text
+    assert "carts's dependencies: carts-db healthy" in text
+    assert f.verdict("carts").latency_score == pytest.approx(4.8 / 3)
+
+
+def test_threshold_is_configurable():
+    data = AnalysisInput(services={"a": ServiceData(latency=LatencyStats(max_s=1.2))})
+    assert analyse(data, AnalysisConfig(relative=False)).root_causes == []
+    assert analyse(data, AnalysisConfig(relative=False, threshold_s=1.0)).root_causes == ["a"]
+
+
+def test_alerting_service_without_data_is_a_candidate():
+    f = analyse(AnalysisInput(
+        edges=[("front", "orders")],
+        services={"front": svc(spike(0.05, 0.6))},
+        alerting=["orders"],
+    ))
+    assert f.root_causes == ["orders"]
+    assert f.verdict("orders").slow_reasons == ["ServiceResponseTimeHigh is firing"]
+    assert f.verdict("front").group == "symptom"
+
+
+def test_small_changes_are_not_slow():
+    # z is high (a very quiet baseline) but the peak is only 1.3x typical: not practically slow.
+    values = flat(0.1)
+    values[15] = 0.13
+    v = analyse(AnalysisInput(services={"a": svc(values)})).verdict("a")
+    assert v.latency_z > 3.5 and not v.slow
+    # A 0.9 ms rise of a 3 ms call stays under the 1 ms spread floor.
+    values = flat(0.003)
+    values[15] = 0.0039
+    v = analyse(AnalysisInput(services={"a": svc(values)})).verdict("a")
+    assert v.latency_z < 1.0 and not v.slow
+
+
+def test_baseline_split_sees_a_change_longer_than_half_the_window():
+    # Slow for 70 % of the window: scored against itself the slow level is "typical".
+    values = [0.01] * 6 + [0.2 * (1 + 0.01 * w) for w in WOBBLE[:14]]
+    series = TimeSeries.of(values, start=1000.0, step=10.0)
+    services = {"a": ServiceData(latency=LatencyStats(series=series))}
+    assert analyse(AnalysisInput(services=services)).root_causes == []
+    split = analyse(AnalysisInput(services=services, baseline_end=1055.0))
+    assert split.root_causes == ["a"]
+    assert split.verdict("a").latency_baseline_s == pytest.approx(0.01)
+    assert "scored against the earlier one" in split.explain()
+
+
+def test_p99_statistic_compares_the_p99():
+    data = AnalysisInput(services={"a": ServiceData(latency=LatencyStats(max_s=5.0, p99_s=2.0))})
+    assert analyse(data, AnalysisConfig(relative=False)).root_causes == ["a"]
+    assert analyse(data, AnalysisConfig(relative=False, statistic="p99")).root_causes == []
+
+
+def test_json_round_trip_and_foreign_documents_refused():
+    f = analyse(AnalysisInput(edges=[("a", "b")], services={"b": svc(spike(0.01, 0.2), cpu=spike(0.1, 0.5))}))
+    again = Finding.from_json(f.to_json())
+    assert again == f and again.root_cause == "b"
+    assert json.loads(f.to_json())["ranking"][0]["resources"]["cpu"]["anomalous"] is True
+    with pytest.raises(ValueError, match="kind"):
+        Finding.from_json("{}")
+
+
+def test_non_finite_samples_are_dropped():
+    s = TimeSeries(points=[(2.0, float("nan")), (1.0, 0.5), (3.0, float("inf"))])
+    assert s.points == [(1.0, 0.5)]
+
+
+def test_robust_score_values():
+    rs = robust_score(TimeSeries.of([1.0, 2.0, 3.0, 4.0, 100.0]))
+    # median 3, MAD 1 -> scale 1.4826
+    assert rs.baseline_median == 3.0 and rs.scale == pytest.approx(1.4826)
+    assert rs.z == pytest.approx(97 / 1.4826)
+    assert rs.peak_to_mean == pytest.approx(100 / 22)
+    flat_rs = robust_score(TimeSeries.of([2.0] * 5), floor_ratio=0.05)
+    assert flat_rs.scale == pytest.approx(0.1) and flat_rs.z == 0.0
+    assert robust_score(TimeSeries()) is None
+    assert p99([1.0, 2.0]) == pytest.approx(1.99) and p99([7.0]) == 7.0
+
+
+def test_scc_handles_deep_chains_without_recursion():
+    n = 5000
+    adj = adjacency([(f"s{i}", f"s{i + 1}") for i in range(n)] + [(f"s{n}", "s0")])
+    comps = strongly_connected_components(adj)
+    assert len(comps) == 1 and len(comps[0]) == n + 1
+    chain = adjacency([(f"s{i}", f"s{i + 1}") for i in range(n)])
+    assert len(strongly_connected_components(chain)) == n + 1
+
+
+def test_root_components_on_a_mixed_graph():
+    adj = adjacency([("a", "b"), ("b", "a"), ("b", "c"), ("c", "d"), ("d", "c"), ("e", "e")])
+    comp_of, roots = root_components(slow_subgraph(adj, {"a", "b", "c", "d", "e"}))
+    assert roots == {"c", "d", "e"}
+    assert comp_of["a"] == frozenset({"a", "b"})

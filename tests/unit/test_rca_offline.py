@@ -1,0 +1,121 @@
+"""Offline mode on the MicroRCA Sock Shop data and on a small fixture folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from controllers.rca import AnalysisConfig
+from controllers.rca.offline import OfflineDataError, analyse_dir, load_dir
+
+SOCK_SHOP = Path("/work/shared/corpus/rca-datasets/microrca_sock-shop")
+CHAIN = Path(__file__).resolve().parent.parent / "fixtures" / "rca" / "chain"
+
+needs_corpus = pytest.mark.skipif(not SOCK_SHOP.is_dir(), reason="shared corpus not present")
+
+
+def neutral_copy(src: Path, dst: Path, prefix: str) -> Path:
+    """The same files under a prefix that says nothing about the fault."""
+    dst.mkdir()
+    old = next(src.glob("*_mpg.csv")).name.removesuffix("_mpg.csv")
+    for f in src.glob("*.csv"):
+        shutil.copy(f, dst / f.name.replace(old, prefix, 1))
+    return dst
+
+
+@needs_corpus
+def test_sock_shop_names_carts_first():
+    f = analyse_dir(SOCK_SHOP)
+    assert f.root_causes == ["carts"]
+    assert f.top(1) == ["carts"]
+    carts = f.verdict("carts")
+    assert carts.latency_z > 20 and carts.latency_s == pytest.approx(0.06034, rel=1e-3)
+    assert carts.dependencies == ["carts-db"]
+    assert f.verdict("orders").dependencies == ["carts", "orders-db", "payment", "shipping", "user"]
+
+
+@needs_corpus
+def test_sock_shop_answer_does_not_come_from_file_names(tmp_path):
+    f = analyse_dir(neutral_copy(SOCK_SHOP, tmp_path / "run", "run7"))
+    assert f.root_causes == ["carts"]
+    assert "user" in {v.service for v in f.ranking if any(e is not None for e in v.resources.values())}
+
+
+@needs_corpus
+def test_sock_shop_reading_hosts_and_throughput_columns():
+    data = load_dir(SOCK_SHOP)
+    names = set(data.services)
+    assert {"carts", "orders", "front-end", "user", "carts-db", "unknown"} <= names
+    assert not any(n.startswith("kubernetes-minion") for n in names)
+    assert ("orders", "carts") in data.edges and ("carts", "carts-db") in data.edges
+    # Database and queue columns are TCP byte rates, not latencies.
+    assert data.services["carts-db"].latency is None
+    assert data.services["catalogue-db"].latency is None
+    # Milliseconds became seconds; the service's latency is the max over its callers.
+    carts = data.services["carts"].latency.series
+    assert len(carts.points) == 31 and max(carts.values) == pytest.approx(0.06034, rel=1e-3)
+    assert set(data.services["user"].resources) == {"cpu", "memory"}
+    assert any("hosts" in n for n in data.notes) and any("byte rates" in n for n in data.notes)
+
+
+@needs_corpus
+def test_sock_shop_under_the_paper_rule_alone_has_no_candidate():
+    # No call there is anywhere near 3 s: the absolute rule alone finds nothing to explain.
+    f = analyse_dir(SOCK_SHOP, threshold=3.0, config=AnalysisConfig(relative=False))
+    assert f.root_causes == []
+    assert "No service is slow" in f.explain()
+
+
+def test_fixture_chain_blames_the_hot_bottom():
+    f = analyse_dir(CHAIN)
+    assert f.root_causes == ["stock"]
+    assert f.top(3) == ["stock", "orders", "front"]
+    assert f.verdict("orders").group == "symptom" and f.verdict("pay").group == "not_slow"
+    stock = f.verdict("stock")
+    assert stock.resources["cpu"].anomalous and not stock.resources["memory"].anomalous
+    assert stock.dependencies == ["stock-db"]
+    text = f.explain()
+    assert "exp1_orders.csv: skipped 1 cell(s) that were not numbers." in text
+    assert "so front is a symptom (front -> orders -> stock)" in text
+    assert "-> root cause stock" in text
+
+
+def test_fixture_low_threshold_makes_every_measured_call_slow():
+    f = analyse_dir(CHAIN, threshold=0.001)
+    assert f.verdict("pay").slow
+    # pay has no slow dependency either, so it joins stock as a candidate; stock stays first.
+    assert f.root_causes == ["stock", "pay"]
+
+
+def test_missing_graph_file_is_a_clear_error(tmp_path):
+    shutil.copy(CHAIN / "exp1_stock.csv", tmp_path)
+    with pytest.raises(OfflineDataError, match="expected one \\*_mpg.csv"):
+        analyse_dir(tmp_path)
+    with pytest.raises(OfflineDataError, match="not a folder"):
+        analyse_dir(tmp_path / "nope")
+
+
+def test_graph_without_its_columns_is_a_clear_error(tmp_path):
+    (tmp_path / "x_mpg.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(OfflineDataError, match="missing column\\(s\\) source, destination"):
+        analyse_dir(tmp_path)
+
+
+def test_bad_timestamp_is_a_clear_error(tmp_path):
+    (tmp_path / "x_mpg.csv").write_text("source,destination\na,b\n")
+    (tmp_path / "x_latency_destination_50.csv").write_text("timestamp,a_b\nyesterday,5\n")
+    with pytest.raises(OfflineDataError, match="x_latency_destination_50.csv:2: 'yesterday'"):
+        analyse_dir(tmp_path)
+
+
+def test_names_with_underscores_and_unknown_columns(tmp_path):
+    (tmp_path / "x_mpg.csv").write_text("source,destination\nweb_app,cart_svc\n")
+    rows = ["timestamp,web_app_cart_svc,a_b_c"] + [f"{i},{20 if i < 15 else 400},1" for i in range(20)]
+    (tmp_path / "x_latency_source_90.csv").write_text("\n".join(rows) + "\n")
+    data = load_dir(tmp_path)
+    assert data.edges == [("web_app", "cart_svc")]
+    assert data.services["cart_svc"].latency is not None
+    assert any("a_b_c" in n for n in data.notes)
+    assert analyse_dir(tmp_path).root_causes == ["cart_svc"]
