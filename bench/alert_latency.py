@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from promreflex.config import load_config
+from promreflex.config import Ports, load_config
 from promreflex.proc import free_port, wait_until
 from promreflex.stack import Stack, write_selftest_switch
 
-PORTS = ("prometheus", "alertmanager", "node_exporter", "nginx", "nginx_stub_status", "nginx_exporter", "controller")
+PORTS = tuple(Ports.model_fields)
 
 SETTINGS = {
     # name: (scrape/eval interval, Alertmanager group_interval, Prometheus resend delay)

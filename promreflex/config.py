@@ -143,7 +143,17 @@ class Ports(Strict):
     nginx: int = 8080
     nginx_stub_status: int = 8081
     nginx_exporter: int = 9113
+    accesslog_exporter: int = 9181
     controller: int = 9095
+
+
+class ScrapeJob(Strict):
+    """An extra scrape job of the local stack (a capability's exporter, a benchmark's target)."""
+
+    job: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_-]*$")
+    targets: list[ListenAddress] = Field(min_length=1)
+    interval: Duration | None = None  # default: stack.fast_interval
+    metrics_path: str = "/metrics"
 
 
 class StackConfig(Strict):
@@ -158,6 +168,9 @@ class StackConfig(Strict):
     slow_interval: Duration = 5.0
     resend_delay: Duration = 1.0
     group_interval: Duration = 0.2
+    site: str = Field(default="shop", pattern=r"^[a-zA-Z0-9_.-]+$")  # the access-log exporter's site label
+    upstream: ListenAddress | None = None  # nginx proxies / to this backend instead of serving site_dir
+    extra_scrape: list[ScrapeJob] = Field(default_factory=list)
 
     @field_validator("host")
     @classmethod

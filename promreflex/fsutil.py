@@ -9,17 +9,21 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None,
+                      like: str | os.PathLike | None = None) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, fsync'd, then
     renamed over the target: the file is either the old one or the new one, never a mix.
-    Keeps the old file's permission bits unless ``mode`` is given."""
+    Keeps the permission bits and owner of ``like`` (default: the file being replaced) on the
+    temporary file before the rename, so there is no instant with the wrong owner; ``mode``
+    overrides the permission bits."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        ref = os.stat(like if like is not None else path)
+    except FileNotFoundError:
+        ref = None
     if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
+        mode = ref.st_mode & 0o7777 if ref else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -27,6 +31,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        if ref is not None and (ref.st_uid, ref.st_gid) != (os.geteuid(), os.getegid()):
+            os.chown(tmp, ref.st_uid, ref.st_gid)
         os.replace(tmp, path)
     except BaseException:
         try:

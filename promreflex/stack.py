@@ -55,8 +55,11 @@ class Component:
 
 
 class Stack:
-    def __init__(self, cfg: Config, python: str = sys.executable):
+    def __init__(self, cfg: Config, python: str = sys.executable, extra_components: list[Component] | None = None):
+        """``extra_components`` (a benchmark's backend, a capability's exporter) start first,
+        before Prometheus, and are stopped last, like the built-in ones."""
         self.cfg = cfg
+        self.extra_components = list(extra_components or [])
         self.s = cfg.stack
         self.dir = self.s.state_dir.resolve()
         self.python = python
@@ -75,7 +78,9 @@ class Stack:
             "node_exporter": self.url("node_exporter") + "/metrics",
             "nginx": self.url("nginx") + "/",
             "nginx_exporter": self.url("nginx_exporter") + "/metrics",
+            "accesslog_exporter": self.url("accesslog_exporter") + "/metrics",
             "controller": self.url("controller") + "/metrics",
+            **{c.name: c.ready_url for c in self.extra_components},
         }
 
     @property
@@ -118,7 +123,12 @@ class Stack:
                 job("node", p.node_exporter, slow),
                 job("selftest", p.node_exporter, fast, params={"collect[]": ["textfile"]}),
                 job("nginx", p.nginx_exporter, "1s"),
+                job("accesslog", p.accesslog_exporter, fast),
                 job("promreflex-controller", p.controller, fast),
+                *[{"job_name": j.job, "metrics_path": j.metrics_path,
+                   "scrape_interval": format_duration(j.interval or self.s.fast_interval),
+                   "scrape_timeout": format_duration(j.interval or self.s.fast_interval),
+                   "static_configs": [{"targets": j.targets}]} for j in self.s.extra_scrape],
             ],
         }
 
@@ -153,6 +163,11 @@ class Stack:
 
     def nginx_config(self) -> str:
         d, p, h = self.dir / "nginx", self.s.ports, self.host
+        if self.s.upstream:
+            location = (f"location / {{ proxy_pass http://{self.s.upstream}; proxy_http_version 1.1; "
+                        'proxy_set_header Connection ""; proxy_set_header Host $host; }')
+        else:
+            location = "location / { index index.html; }"
         return f"""# Rendered by promreflex stack; edits are overwritten at the next `stack up`.
 worker_processes 1;
 pid {d}/nginx.pid;
@@ -172,7 +187,7 @@ http {{
     server {{
         listen {h}:{p.nginx};
         root {self.s.site_dir.resolve()};
-        location / {{ index index.html; }}
+        {location}
     }}
     server {{
         listen {h}:{p.nginx_stub_status};
@@ -211,6 +226,7 @@ http {{
     def components(self) -> list[Component]:
         d, h, p = self.dir, self.host, self.s.ports
         return [
+            *self.extra_components,
             Component("prometheus", p.prometheus, self.url("prometheus") + "/-/ready", [
                 BINARIES["prometheus"], f"--config.file={d}/prometheus/prometheus.yml",
                 f"--storage.tsdb.path={d}/prometheus/data", f"--web.listen-address={h}:{p.prometheus}",
@@ -226,12 +242,17 @@ http {{
                 BINARIES["node_exporter"], f"--web.listen-address={h}:{p.node_exporter}",
                 "--no-collector.systemd", f"--collector.textfile.directory={self.textfile_dir}",
             ]),
-            Component("nginx", p.nginx, self.url("nginx") + "/", [
+            Component("nginx", p.nginx, f"http://{h}:{p.nginx_stub_status}/stub_status", [
                 BINARIES["nginx"], "-c", f"{d}/nginx/nginx.conf", "-p", f"{d}/nginx", "-g", "daemon off;",
             ]),
             Component("nginx_exporter", p.nginx_exporter, self.url("nginx_exporter") + "/metrics", [
                 BINARIES["nginx_exporter"], f"-nginx.scrape-uri=http://{h}:{p.nginx_stub_status}/stub_status",
                 f"-web.listen-address={h}:{p.nginx_exporter}", "-nginx.retries=10", "-nginx.retry-interval=1s",
+            ]),
+            Component("accesslog_exporter", p.accesslog_exporter, self.url("accesslog_exporter") + "/metrics", [
+                self.python, "-m", "promreflex", "exporter-accesslog",
+                f"--log={self.s.site}={self.nginx_access_log}:nginx_timed",
+                f"--web.listen-address={h}:{p.accesslog_exporter}", f"--state.dir={d}/accesslog",
             ]),
             Component("controller", p.controller, self.url("controller") + "/-/ready", [
                 self.python, "-m", "promreflex", "controller", f"--config.file={d}/controller/promreflex.yml",

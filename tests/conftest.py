@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from promreflex.config import load_config
+from promreflex.config import Ports, load_config
 from promreflex.proc import free_port, pid_alive, wait_until
 from promreflex.stack import Stack
 
@@ -20,8 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def stack_config(state_dir: Path, **controller: Any):
-    ports = {name: free_port() for name in
-             ("prometheus", "alertmanager", "node_exporter", "nginx", "nginx_stub_status", "nginx_exporter", "controller")}
+    ports = {name: free_port() for name in Ports.model_fields}
     overrides = {
         "stack.state_dir": str(state_dir),
         "stack.ports": ports,

@@ -10,13 +10,13 @@ import sys
 import pytest
 import yaml
 
-from promreflex.config import load_config
+from promreflex.config import Ports, load_config
 from promreflex.proc import free_port, pid_alive
 from promreflex.stack import Stack, StackError
 
 pytestmark = pytest.mark.integration
 
-PORTS = ("prometheus", "alertmanager", "node_exporter", "nginx", "nginx_stub_status", "nginx_exporter", "controller")
+PORTS = tuple(Ports.model_fields)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -33,7 +33,7 @@ def test_up_status_second_up_and_down(tmp_path):
         assert up.returncode == 0, up.stdout + up.stderr
         assert "The stack is up" in up.stdout and "/classic/alerts" in up.stdout
         pids = {n: i["pid"] for n, i in json.loads((tmp_path / "state" / "pids.json").read_text())["components"].items()}
-        assert sorted(pids) == sorted(["prometheus", "alertmanager", "node_exporter", "nginx", "nginx_exporter", "controller"])
+        assert sorted(pids) == sorted(["prometheus", "alertmanager", "node_exporter", "nginx", "nginx_exporter", "accesslog_exporter", "controller"])
         assert all(pid_alive(p) for p in pids.values())
 
         again = cli("stack", "up", "--config.file", str(cfg), "--detach")
@@ -42,10 +42,10 @@ def test_up_status_second_up_and_down(tmp_path):
         assert all(pid_alive(p) for p in pids.values()), "a refused second `up` must not disturb the first"
 
         status = cli("stack", "status", "--config.file", str(cfg))
-        assert status.returncode == 0 and status.stdout.count(" up ") == 6
+        assert status.returncode == 0 and status.stdout.count(" up ") == 7
     finally:
         down = cli("stack", "down", "--config.file", str(cfg))
-    assert down.returncode == 0 and "stopped 6 component(s)" in down.stdout
+    assert down.returncode == 0 and "stopped 7 component(s)" in down.stdout
     assert not any(pid_alive(p) for p in pids.values())
     assert not (tmp_path / "state" / "pids.json").exists()
     assert cli("stack", "status", "--config.file", str(cfg)).returncode == 1

@@ -1,0 +1,399 @@
+"""Test, reload and safely change a running nginx: edit -> ``nginx -t`` -> reload -> health check.
+
+Reload: SIGHUP to the master named in the pid file (the same thing ``nginx -s reload`` does,
+without it re-parsing the config just to find the pid file). It is asynchronous, so
+:meth:`NginxControl.reload` then WAITS, polling ``/proc`` for the master's children:
+
+- success = new children appeared (the master started workers of the new cycle) and, once
+  all old workers are gone, ``drained`` is true. Memory measured before that would count
+  two generations of workers, so a sweep must wait for ``drained``.
+- failure = the master logged ``[emerg]`` to its error log since the signal and no new
+  workers appeared within ``emerg_grace`` (nginx retries a busy ``bind()`` 5 x 500 ms, so an
+  emerg line alone is not yet final), or no new workers appeared before the deadline.
+  After a failed reload the master keeps running its previous cycle: nothing is broken.
+
+Why ``worker_shutdown_timeout`` matters (checked on nginx 1.22 here): an old worker closes
+its *idle* keepalive connections at once when it starts shutting down, so idle clients do
+not hold it, whatever ``keepalive_timeout`` is. What holds it is a request in progress: a
+slow download, a slow upstream, a long poll; each can keep the old worker (its memory and
+its old settings) alive for up to ``send_timeout``/``proxy_read_timeout`` per operation, and
+every reload of a sweep would pile up another generation. ``worker_shutdown_timeout`` (main
+context) ends such requests that long after shutdown starts: with ``2s`` a stalled 16 MiB
+download was cut and the old worker gone ~2 s after the reload (integration test). It does
+NOT cut a connection still sending its request header: nginx's header reader ignores the
+shutdown flag, so that one waits for ``client_header_timeout`` (60 s default; seen holding an
+old worker past a 20 s deadline). Configs this controller reloads should set
+``worker_shutdown_timeout`` and a modest ``client_header_timeout``, with ``reload_timeout``
+above both. If old workers still linger at the deadline, the reload counts as done (the new
+config serves new connections) but ``drained`` is false and the lingering PIDs are
+reported, so a sweep can wait longer or discard that trial's memory reading.
+
+Apply (:meth:`NginxControl.apply`), serialised by a thread lock and an ``flock`` so two
+controllers never interleave:
+1. precheck: the master runs and the current config passes ``nginx -t``; otherwise touch
+   nothing (the backup taken next would not be a *good* config);
+2. edit one line (:mod:`config_edit`, atomic, pre-edit content backed up);
+3. ``nginx -t`` fails -> restore the backup; the master never saw the bad file;
+4. reload fails -> restore; re-signal only if the master might still pick up the new file
+   (deadline without an ``[emerg]``), so disk and running config agree;
+5. health check fails -> restore, ``nginx -t``, reload, health check again.
+The result says which stage failed, whether it rolled back and whether nginx is serving
+the last good config afterwards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from controllers.nginx_tuner import config_edit
+from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult
+from controllers.nginx_tuner.metrics import TunerMetrics
+from controllers.nginx_tuner.procfs import children, cmdline
+from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
+
+Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
+
+_TIME_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "M": 2592000, "y": 31536000}
+_TIME_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|M|y)?")
+
+
+class NginxError(Exception):
+    """nginx is not in a state this controller can work with (no master, bad pid file...)."""
+
+
+def nginx_seconds(text: str) -> float:
+    """nginx time syntax to seconds: ``75`` and ``75s`` -> 75.0, ``1m30s`` -> 90.0, ``500ms`` -> 0.5."""
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _TIME_PART.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"not an nginx time: {text!r}")
+        total += int(m.group(1)) * _TIME_UNITS[m.group(2) or "s"]
+        pos = m.end()
+    if not text:
+        raise ValueError("empty nginx time")
+    return total
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    message: str
+    old_workers: tuple[int, ...]
+    new_workers: tuple[int, ...]
+    drained: bool  # every old worker is gone
+    lingering: tuple[int, ...] = ()  # old workers still alive at the deadline
+    emerg: str = ""  # first [emerg]/[alert] line logged after the signal
+    seconds: float = 0.0
+
+
+@dataclass
+class ApplyResult:
+    ok: bool
+    value: str
+    stage: Stage  # "done"/"unchanged" on success, else the stage that failed
+    message: str
+    rolled_back: bool = False
+    serving_last_good: bool = True  # False only when even the rollback could not be made live
+    edit: EditResult | None = None
+    reload: ReloadResult | None = None
+    rollback_reload: ReloadResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _run(argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)  # noqa: S603
+
+
+class NginxControl:
+    """Control of one nginx instance given by its ``-c`` config and ``-p`` prefix."""
+
+    def __init__(
+        self,
+        conf_path: str | os.PathLike,
+        prefix: str | os.PathLike,
+        nginx_bin: str = "/usr/sbin/nginx",
+        *,
+        directive: str = "keepalive_timeout",
+        server_name: str | None = None,
+        health_url: str | None = None,
+        health_check: Callable[[], bool] | None = None,
+        pid_path: str | os.PathLike | None = None,
+        backup_dir: str | os.PathLike | None = None,
+        reload_timeout: float = 30.0,
+        emerg_grace: float = 3.0,
+        health_timeout: float = 10.0,
+        metrics: TunerMetrics | None = None,
+    ):
+        self.conf_path = Path(conf_path).resolve()
+        self.prefix = Path(prefix).resolve()
+        self.nginx_bin = nginx_bin
+        self.directive = directive
+        self.server_name = server_name
+        self.health_url = health_url
+        self._health_check = health_check
+        self._pid_path = Path(pid_path) if pid_path is not None else None
+        self.backup_dir = Path(backup_dir) if backup_dir is not None else self.conf_path.parent / config_edit.DEFAULT_BACKUP_DIRNAME
+        self.reload_timeout = reload_timeout
+        self.emerg_grace = emerg_grace
+        self.health_timeout = health_timeout
+        self.metrics = metrics
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ paths & pids
+
+    @cached_property
+    def _build_paths(self) -> dict[str, str]:
+        """``--pid-path=`` etc. from ``nginx -V``: the defaults when the config names none."""
+        out = _run([self.nginx_bin, "-V"]).stderr
+        return dict(m.groups() for m in re.finditer(r"--([a-z-]+-path)=(\S+)", out))
+
+    def _in_prefix(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self.prefix / p
+
+    @property
+    def pid_path(self) -> Path:
+        if self._pid_path is not None:
+            return self._pid_path
+        args = config_edit.main_args(self.conf_path, "pid")
+        if args:
+            return self._in_prefix(args[-1][0])
+        return self._in_prefix(self._build_paths.get("pid-path", "logs/nginx.pid"))
+
+    @property
+    def error_log(self) -> Path | None:
+        """The master's error log file, or None when it logs to stderr/syslog/memory."""
+        candidates = [a[0] for a in config_edit.main_args(self.conf_path, "error_log") if a]
+        if not candidates:
+            candidates = [self._build_paths.get("error-log-path", "logs/error.log")]
+        for c in candidates:
+            if c != "stderr" and not c.startswith(("syslog:", "memory:")) and c != "/dev/null":
+                return self._in_prefix(c)
+        return None
+
+    def master_pid(self) -> int:
+        """PID of the running master, checked against /proc (a stale pid file is an error)."""
+        try:
+            pid = int(self.pid_path.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise NginxError(f"cannot read nginx pid file {self.pid_path}: {e}") from e
+        if not pid_alive(pid) or "master process" not in cmdline(pid):
+            raise NginxError(f"pid {pid} from {self.pid_path} is not a running nginx master")
+        return pid
+
+    def workers(self) -> list[int]:
+        """Current children of the master (workers, plus cache manager/loader if configured)."""
+        return children(self.master_pid())
+
+    def current_value(self) -> tuple[str, ...] | None:
+        loc = config_edit.get_directive(self.conf_path, self.directive, self.server_name)
+        return loc.args if loc else None
+
+    # ------------------------------------------------------------------ test & reload
+
+    def test(self) -> tuple[bool, str]:
+        """``nginx -t -c CONF -p PREFIX``: (passed, nginx's message)."""
+        try:
+            proc = _run([self.nginx_bin, "-t", "-q", "-c", str(self.conf_path), "-p", f"{self.prefix}/"])
+        except subprocess.TimeoutExpired:
+            return False, "nginx -t timed out"
+        return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
+
+    @staticmethod
+    def _log_size(log: Path | None) -> int:
+        try:
+            return log.stat().st_size if log else 0
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _new_emerg(log: Path | None, offset: int) -> str:
+        """First ``[emerg]``/``[alert]`` line written to ``log`` after ``offset``, or ''."""
+        if log is None:
+            return ""
+        try:
+            with open(log, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return ""
+        return next((ln for ln in chunk.splitlines() if "[emerg]" in ln or "[alert]" in ln), "")
+
+    def reload(self, timeout: float | None = None) -> ReloadResult:
+        """SIGHUP the master, then wait for new workers and for the old ones to exit."""
+        timeout = self.reload_timeout if timeout is None else timeout
+        master = self.master_pid()
+        old = set(children(master))
+        log = self.error_log
+        offset = self._log_size(log)
+        start = time.monotonic()
+        os.kill(master, signal.SIGHUP)
+        emerg, emerg_at = "", None
+        new: set[int] = set()
+        while True:
+            elapsed = time.monotonic() - start
+            if not pid_alive(master):
+                return ReloadResult(False, f"master {master} exited during reload", tuple(sorted(old)), (), False, seconds=elapsed)
+            kids = set(children(master))
+            new |= kids - old
+            alive_old = old & kids
+            if new and not alive_old:
+                return ReloadResult(True, "reloaded; old workers gone", tuple(sorted(old)), tuple(sorted(kids - old)), True, seconds=elapsed)
+            if not new:
+                if not emerg:
+                    emerg = self._new_emerg(log, offset)
+                    emerg_at = time.monotonic() if emerg else None
+                if emerg and emerg_at is not None and time.monotonic() - emerg_at >= self.emerg_grace:
+                    return ReloadResult(False, f"reload refused by nginx: {emerg}", tuple(sorted(old)), (), False, tuple(sorted(alive_old)), emerg, elapsed)
+            if elapsed >= timeout:
+                if new:
+                    return ReloadResult(
+                        True, f"reloaded, but old workers {sorted(alive_old)} still draining after {timeout:.0f}s (set worker_shutdown_timeout)",
+                        tuple(sorted(old)), tuple(sorted(kids - old)), False, tuple(sorted(alive_old)), emerg, elapsed,
+                    )
+                return ReloadResult(False, f"no new workers within {timeout:.0f}s", tuple(sorted(old)), (), False, tuple(sorted(alive_old)), emerg, elapsed)
+            time.sleep(0.05)
+
+    def health(self) -> bool:
+        """One health probe: the injected check, else a 2xx GET of ``health_url``, else True."""
+        if self._health_check is not None:
+            return bool(self._health_check())
+        if self.health_url is not None:
+            return http_ok(self.health_url, timeout=2.0)
+        return True
+
+    def _healthy_within(self) -> bool:
+        try:
+            wait_until(self.health, timeout=self.health_timeout, interval=0.1, what="nginx health check")
+            return True
+        except Timeout:
+            return False
+
+    # ------------------------------------------------------------------ apply
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        self.backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self._lock, open(self.backup_dir / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _state(self, state: str) -> None:
+        if self.metrics is not None:
+            self.metrics.set_state(state)
+
+    def apply(self, value: str | int | Sequence[str]) -> ApplyResult:
+        """Set the directive to ``value`` and make it live, or roll back and say why.
+
+        Never raises for nginx trouble: every failure is a result with ``stage`` and
+        ``message``. An unexpected exception after the edit (master vanished mid-reload,
+        disk error...) still restores the backup before it is reported.
+        """
+        shown = value if isinstance(value, (str, int)) else " ".join(value)
+        res = ApplyResult(False, str(shown), "precheck", "")
+        with self._exclusive():
+            self._state("applying")
+            try:
+                self._apply(value, res)
+            finally:
+                self._state("rolled_back" if res.rolled_back else "idle")
+            if res.ok and self.metrics is not None:
+                args = self.current_value()
+                if args:
+                    try:
+                        self.metrics.set_applied(nginx_seconds(args[0]))
+                    except ValueError:
+                        res.notes.append(f"applied value {args[0]!r} is not a time; gauge not updated")
+        return res
+
+    def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:
+        try:
+            self.master_pid()
+        except NginxError as e:
+            res.message = f"not touching the config: {e}"
+            return
+        ok, msg = self.test()
+        if not ok:
+            res.message = f"not touching the config: it already fails nginx -t: {msg}"
+            return
+        res.stage = "edit"
+        try:
+            edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name, backup_dir=self.backup_dir)
+        except ConfigEditError as e:
+            res.message = f"edit refused, nothing written: {e}"
+            return
+        res.edit = edit
+        if not edit.changed:
+            res.ok, res.stage, res.message = True, "unchanged", edit.message
+            return
+        try:
+            self._make_live(edit, res)
+        except Exception as e:  # noqa: BLE001 - whatever happened, the edit must not stay behind
+            stage = res.stage
+            try:
+                self._rollback(res, reload=True)
+            except Exception as e2:  # noqa: BLE001
+                res.serving_last_good = False
+                res.notes.append(f"rollback failed too: {e2!r}")
+            res.ok = False
+            res.message = f"unexpected error during {stage}: {e!r}; restored {edit.file}" if res.rolled_back else f"unexpected error during {stage}: {e!r}"
+
+    def _make_live(self, edit: EditResult, res: ApplyResult) -> None:
+        res.stage = "test"
+        ok, msg = self.test()
+        if not ok:
+            self._rollback(res, reload=False)
+            res.message = f"nginx -t rejected {edit.message}: {msg}; restored {edit.file}"
+            return
+        res.stage = "reload"
+        res.reload = self.reload()
+        if not res.reload.ok:
+            # Without an [emerg] line the master may still be working on the new file:
+            # re-signal after restoring so it ends up on the restored config.
+            self._rollback(res, reload=not res.reload.emerg)
+            res.message = f"reload failed ({res.reload.message}); restored {edit.file}"
+            return
+        if not res.reload.drained:
+            res.notes.append(res.reload.message)
+        res.stage = "health"
+        if not self._healthy_within():
+            self._rollback(res, reload=True)
+            res.message = f"health check failed after applying {edit.message}; rolled back"
+            return
+        res.ok, res.stage, res.message = True, "done", edit.message
+
+    def _rollback(self, res: ApplyResult, reload: bool) -> None:
+        """Restore the pre-edit file; with ``reload``, make the restored config live again."""
+        assert res.edit is not None
+        config_edit.restore_backup(res.edit.file, self.backup_dir)
+        res.rolled_back = True
+        if not reload:
+            return
+        ok, msg = self.test()
+        if not ok:
+            res.serving_last_good = False
+            res.notes.append(f"restored config fails nginx -t ({msg}); nginx left on its current cycle")
+            return
+        res.rollback_reload = self.reload()
+        if not res.rollback_reload.ok:
+            res.serving_last_good = False
+            res.notes.append(f"reload of the restored config failed: {res.rollback_reload.message}")
+        elif not self._healthy_within():
+            res.serving_last_good = False
+            res.notes.append("health check still failing after rollback")

@@ -1,0 +1,56 @@
+"""NginxControl without a running nginx (controllers.nginx_tuner.nginx_ctl): refusals and parsing."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controllers.nginx_tuner.metrics import TunerMetrics
+from controllers.nginx_tuner.nginx_ctl import NginxControl, NginxError, nginx_seconds
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nginx"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("75", 75), ("75s", 75), ("1m30s", 90), ("500ms", 0.5), ("1h", 3600)])
+def test_nginx_seconds(text: str, seconds: float) -> None:
+    assert nginx_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "abc", "5x", "-1"])
+def test_nginx_seconds_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError):
+        nginx_seconds(text)
+
+
+def test_apply_without_a_running_master_touches_nothing(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURES / "simple", tmp_path / "simple")
+    conf = tmp_path / "simple" / "nginx.conf"
+    before = conf.read_bytes()
+    reg = CollectorRegistry()
+    ctl = NginxControl(conf, tmp_path, pid_path=tmp_path / "missing.pid", metrics=TunerMetrics([5, 10], registry=reg))
+    res = ctl.apply(10)
+    assert (res.ok, res.stage, res.rolled_back, res.edit) == (False, "precheck", False, None)
+    assert "not touching the config" in res.message and "missing.pid" in res.message
+    assert conf.read_bytes() == before
+    assert reg.get_sample_value("promreflex_nginx_tuner_state", {"state": "idle"}) == 1
+    with pytest.raises(NginxError):
+        ctl.master_pid()
+
+
+def test_stale_pid_file_is_not_taken_for_a_master(tmp_path: Path) -> None:
+    pid_file = tmp_path / "nginx.pid"
+    pid_file.write_text("1\n")  # pid 1 exists but is no nginx master
+    ctl = NginxControl(FIXTURES / "simple" / "nginx.conf", tmp_path, pid_path=pid_file)
+    with pytest.raises(NginxError, match="not a running nginx master"):
+        ctl.master_pid()
+
+
+def test_pid_and_error_log_paths_come_from_the_config(tmp_path: Path) -> None:
+    conf = tmp_path / "nginx.conf"
+    conf.write_text("pid run/n.pid;\nerror_log stderr;\nerror_log logs/e.log warn;\nevents {}\nhttp {}\n")
+    ctl = NginxControl(conf, tmp_path / "prefix")
+    assert ctl.pid_path == tmp_path / "prefix" / "run" / "n.pid"
+    assert ctl.error_log == tmp_path / "prefix" / "logs" / "e.log"
