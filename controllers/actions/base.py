@@ -84,6 +84,15 @@ def register(cls: type[Action]) -> type[Action]:
 
 
 def registry() -> dict[str, type[Action]]:
-    from controllers.actions import builtin  # noqa: F401 - registers the built-in actions
+    """Every action: the built-in ones and each capability's ``controllers/<name>/action.py``
+    (imported here, registering itself with :func:`register`)."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
 
+    importlib.import_module("controllers.actions.builtin")
+    controllers_dir = Path(__file__).resolve().parent.parent
+    for pkg in pkgutil.iter_modules([str(controllers_dir)]):
+        if pkg.ispkg and (controllers_dir / pkg.name / "action.py").is_file():
+            importlib.import_module(f"controllers.{pkg.name}.action")
     return dict(_REGISTRY)
