@@ -146,7 +146,8 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None) -> Non
     registry = CollectorRegistry()
     audit = AuditLog(cfg.audit_log)
     async with aiohttp.ClientSession() as session:
-        services: dict[str, Any] = {"session": session}
+        # Actions publish their own metrics on the controller's /metrics through "registry".
+        services: dict[str, Any] = {"session": session, "registry": registry}
         if cfg.alertmanager_url:
             services["alertmanager"] = AlertmanagerClient(cfg.alertmanager_url, session)
         if cfg.prometheus_url:

@@ -36,7 +36,9 @@ class ActionContext:
     route: str
     alert: Alert
     params: BaseModel
-    services: dict[str, Any] = field(default_factory=dict)  # shared clients: "prometheus", "alertmanager", "session"
+    # Shared services: "prometheus" and "alertmanager" clients, the aiohttp "session", and the
+    # controller's metrics "registry" (an action's own metrics appear on the controller's /metrics).
+    services: dict[str, Any] = field(default_factory=dict)
 
     @property
     def labels(self) -> dict[str, str]:
