@@ -54,34 +54,33 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     print(f"promreflex {__version__}: starting the local stack (state in {stack.dir})")
     stack.up()
     u = stack.urls
+    flags = "".join(f" --{flag} {value}" for flag, value in
+                    (("config.file", args.config_file), ("state.dir", args.state_dir)) if value)
+    cmd = "uv run promreflex"
     print(f"""
 The stack is up. Try:
   Prometheus alerts     {u['prometheus']}/classic/alerts
   Alertmanager API      curl -s {u['alertmanager']}/api/v2/alerts | python3 -m json.tool
   the demo shop         curl -s {u['nginx']}
   controller metrics    curl -s {u['controller']} | grep promreflex_controller_actions
-  fire the self-test    promreflex selftest fire     (then: promreflex selftest clear)
+  fire the self-test    {cmd} selftest fire{flags}     (then: selftest clear)
   watch the controller  tail -f {stack.audit_log}
   replay a webhook      see docs/runbook.md#replay-a-webhook
 """)
     if args.detach:
-        print("Detached. Stop it with: promreflex stack down" + (f" --state.dir {args.state_dir}" if args.state_dir else ""))
+        print(f"Detached. Stop it with: {cmd} stack down{flags}")
         return 0
     print("Running until Ctrl-C.")
     stop = {"flag": False}
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.update(flag=True))
-    try:
-        while not stop["flag"]:
-            dead = stack.check_children()
-            if dead:
-                print(f"component(s) exited: {', '.join(dead)}; logs in {stack.dir / 'logs'}. Stopping.", file=sys.stderr)
-                stack.down()
-                return 1
-            time.sleep(0.5)
-    finally:
-        if not stop["flag"]:
-            pass
+    while not stop["flag"]:
+        dead = stack.check_children()
+        if dead:
+            print(f"component(s) exited: {', '.join(dead)}; logs in {stack.dir / 'logs'}. Stopping.", file=sys.stderr)
+            stack.down()
+            return 1
+        time.sleep(0.5)
     print("\nStopping the stack.")
     stack.down()
     return 0
@@ -105,7 +104,7 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
         print(f"no stack running from {stack.dir}")
         return 1
     for name, pid in alive.items():
-        print(f"  {name:<15} pid {pid:<7} {'up' if pid_alive(pid) else 'down'}  {stack.urls[name]}")
+        print(f"  {name:<19} pid {pid:<7} {'up' if pid_alive(pid) else 'down'}  {stack.urls[name]}")
     return 0
 
 

@@ -73,7 +73,7 @@ class AlertmanagerClient:
                 raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
             items = await resp.json(content_type=None)
         now = datetime.now(UTC)
-        return [i for i in items if not _ended(i.get("endsAt"), now)]
+        return [i for i in items if not alert_ended(i.get("endsAt"), now)]
 
     async def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Post alerts (``labels``, ``annotations``, ``startsAt``/``endsAt`` ISO strings)."""
@@ -89,10 +89,11 @@ class AlertmanagerClient:
             return False
 
 
-def _ended(ends_at: str | None, now: datetime) -> bool:
+def alert_ended(ends_at: str | None, now: datetime | None = None) -> bool:
+    """True when an alert's ``endsAt`` (RFC 3339, as Alertmanager writes it) has passed."""
     if not ends_at or ends_at.startswith("0001-"):
         return False
-    return datetime.fromisoformat(ends_at.replace("Z", "+00:00")) <= now
+    return datetime.fromisoformat(ends_at.replace("Z", "+00:00")) <= (now or datetime.now(UTC))
 
 
 def iso(ts: datetime | None = None) -> str:

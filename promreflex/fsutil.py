@@ -47,8 +47,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
         os.close(dir_fd)
 
 
-def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def atomic_write_json(path: str | os.PathLike, data: Any, sort_keys: bool = True) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:

@@ -310,7 +310,8 @@ http {{
         recorded = self._recorded()
         recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "port": comp.port, "log": str(child.log_path)}
         started = (read_json(self.pids_file, default={}) or {}).get("started", time.time())
-        atomic_write_json(self.pids_file, {"started": started, "components": recorded})
+        # Insertion order is start order: `down` stops in reverse.
+        atomic_write_json(self.pids_file, {"started": started, "components": recorded}, sort_keys=False)
         t0 = time.monotonic()
         try:
             wait_until(lambda: _ready_or_dead(comp, child), timeout=timeout, what=f"{comp.name} ready")
@@ -319,7 +320,7 @@ http {{
         if not child.alive():
             raise StackError(f"{comp.name} exited at start (code {child.popen.returncode}).\n"
                              f"--- {child.log_path}:\n{child.tail()}")
-        progress(f"  {comp.name:<15} ready in {time.monotonic() - t0:4.1f}s  pid {child.pid:<7} {self.urls[comp.name]}")
+        progress(f"  {comp.name:<19} ready in {time.monotonic() - t0:4.1f}s  pid {child.pid:<7} {self.urls[comp.name]}")
         return child.pid
 
     def stop_component(self, name: str, sig: int = signal.SIGTERM) -> None:
@@ -347,7 +348,7 @@ http {{
                 left[name] = info
                 progress(f"  could not stop {name} (pid {pid})")
         if left:
-            atomic_write_json(self.pids_file, {**recorded, "components": left})
+            atomic_write_json(self.pids_file, {**recorded, "components": left}, sort_keys=False)
         else:
             self.pids_file.unlink(missing_ok=True)
         return stopped

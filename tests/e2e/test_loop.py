@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from controllers.audit import read_audit
+from promreflex.clients import alert_ended
 from promreflex.proc import http_ok, wait_until
 from promreflex.stack import write_selftest_switch
 
@@ -49,7 +50,7 @@ def post(stack, body: dict, token: str | None) -> int:
 
 def selftest_firing_in_am(stack):
     return [a for a in stack.am_alerts() if a["labels"].get("alertname") == "PromreflexSelftest"
-            and a["endsAt"] > a["updatedAt"] and a["status"]["state"] == "active"]
+            and not alert_ended(a["endsAt"]) and a["status"]["state"] == "active"]
 
 
 def clear_and_wait(stack, resolves: int):

@@ -1,0 +1,57 @@
+"""The API clients against a tiny fake server speaking the real APIs' shapes."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from promreflex.clients import AlertmanagerClient, APIError, PrometheusClient, alert_ended
+
+
+def test_alert_ended():
+    assert not alert_ended("0001-01-01T00:00:00Z")
+    assert not alert_ended(None)
+    assert not alert_ended("2999-01-01T00:00:00.000Z")
+    assert alert_ended("2020-01-01T00:00:00.123Z")
+
+
+@pytest.fixture
+async def server():
+    async def alerts(request):
+        assert request.query["active"] == "true" and request.query["silenced"] == "false"
+        return web.json_response([
+            {"labels": {"alertname": "Firing"}, "endsAt": "2999-01-01T00:00:00.000Z", "fingerprint": "a"},
+            # Alertmanager 0.25 still lists a resolved alert as "active" until it is collected.
+            {"labels": {"alertname": "Resolved"}, "endsAt": "2020-01-01T00:00:00.000Z", "fingerprint": "b"},
+        ])
+
+    async def query(request):
+        if request.query["query"] == "bad(":
+            return web.json_response({"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400)
+        if request.query["query"] == "scalar(1)":
+            return web.json_response({"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}})
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"job": "x"}, "value": [1, "42"]}]}})
+
+    app = web.Application()
+    app.router.add_get("/api/v2/alerts", alerts)
+    app.router.add_get("/api/v1/query", query)
+    async with TestServer(app) as srv:
+        yield str(srv.make_url(""))
+
+
+async def test_active_alerts_leave_out_ended_ones(server):
+    async with aiohttp.ClientSession() as s:
+        got = await AlertmanagerClient(server, s).active_alerts()
+    assert [a["labels"]["alertname"] for a in got] == ["Firing"]
+
+
+async def test_prometheus_query_scalar_and_errors(server):
+    async with aiohttp.ClientSession() as s:
+        prom = PrometheusClient(server, s)
+        assert await prom.scalar("up") == 42.0
+        assert (await prom.query("scalar(1)"))[0]["value"] == [1, "1"]
+        with pytest.raises(APIError, match="bad_data"):
+            await prom.query("bad(")
