@@ -10,14 +10,12 @@ import asyncio
 import hmac
 import json
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from controllers.audit import AuditLog
@@ -25,7 +23,8 @@ from controllers.engine import Engine
 from controllers.metrics import ControllerMetrics
 from controllers.models import WebhookPayload
 from promreflex.clients import AlertmanagerClient, PrometheusClient
-from promreflex.config import ControllerConfig, split_host_port
+from promreflex.config import ControllerConfig
+from promreflex.httpd import add_standard_routes, serving, stop_on_signals
 
 log = logging.getLogger("promreflex.controller")
 
@@ -96,15 +95,6 @@ async def webhook(request: web.Request) -> web.Response:
     return web.json_response({"status": "accepted", **counts})
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def ready(request: web.Request) -> web.Response:
-    return web.Response(text="ready\n")
-
-
 async def state(request: web.Request) -> web.Response:
     return web.json_response({"entries": request.app[ENGINE].snapshot()})
 
@@ -127,22 +117,13 @@ def build_app(cfg: ControllerConfig, engine: Engine, metrics_: ControllerMetrics
     app[TOKEN] = read_token(cfg.token_file)
     app[MAX_BODY] = cfg.max_body_bytes
     app.router.add_post("/webhook", webhook)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/-/ready", ready)
-    app.router.add_get("/-/healthy", ready)
     app.router.add_get("/api/v1/state", state)
-    return app
+    return add_standard_routes(app, registry, "promreflex controller")
 
 
 async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None) -> None:
     """Run the controller until ``stop`` is set (or SIGTERM/SIGINT)."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
+    stop = stop or stop_on_signals()
     registry = CollectorRegistry()
     audit = AuditLog(cfg.audit_log)
     async with aiohttp.ClientSession() as session:
@@ -157,29 +138,26 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None) -> Non
         engine = Engine(cfg, ControllerMetrics(registry, sorted(action_registry())), audit, services)
         await engine.start()
         app = build_app(cfg, engine, engine.metrics, registry, audit)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        host, port = split_host_port(cfg.listen_address)
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        log.info("controller listening on %s (%d routes, token %s)", cfg.listen_address, len(engine.routes),
-                 "required" if app[TOKEN] else "not required")
-        audit.write("start", listen_address=cfg.listen_address, routes=sorted(engine.routes))
-
-        async def reconcile_forever() -> None:
-            while not stop.is_set():
-                await engine.reconcile()
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=cfg.reconcile_interval)
-                except TimeoutError:
-                    pass
-
-        reconciler = asyncio.create_task(reconcile_forever())
         try:
-            await stop.wait()
+            async with serving(cfg.listen_address, app):
+                log.info("controller listening on %s (%d routes, token %s)", cfg.listen_address, len(engine.routes),
+                         "required" if app[TOKEN] else "not required")
+                audit.write("start", listen_address=cfg.listen_address, routes=sorted(engine.routes))
+                reconciler = asyncio.create_task(_reconcile_forever(engine, cfg.reconcile_interval, stop))
+                try:
+                    await stop.wait()
+                finally:
+                    reconciler.cancel()
         finally:
-            reconciler.cancel()
-            await runner.cleanup()
             await engine.shutdown()
             audit.write("stop")
             audit.close()
+
+
+async def _reconcile_forever(engine: Engine, interval: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await engine.reconcile()
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+        except TimeoutError:
+            pass

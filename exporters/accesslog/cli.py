@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from pydantic import ValidationError
 
 from exporters.accesslog.config import AccessLogConfig, load_accesslog_config
 from exporters.accesslog.parse import FORMATS
-from promreflex.config import ConfigError, split_host_port, validation_problems
+from promreflex.config import ConfigError, validation_problems
+from promreflex.httpd import metrics_app, serving, stop_on_signals
 
 log = logging.getLogger("promreflex.exporter.accesslog")
 
@@ -77,7 +77,7 @@ def config_from_args(args: argparse.Namespace) -> AccessLogConfig:
 
 
 async def _serve(config: AccessLogConfig) -> int:
-    from prometheus_client import REGISTRY, disable_created_metrics, start_http_server
+    from prometheus_client import REGISTRY, disable_created_metrics
 
     from exporters.accesslog.exporter import AccessLogExporter
 
@@ -86,23 +86,15 @@ async def _serve(config: AccessLogConfig) -> int:
     try:
         for line in exporter.resume_infos():
             log.info("%s", line)
-        host, port = split_host_port(config.listen_address)
+        stop = stop_on_signals()
         try:
-            server, thread = start_http_server(port, addr=host, registry=REGISTRY)
+            async with serving(config.listen_address, metrics_app(REGISTRY, "promreflex access-log exporter")):
+                log.info("serving /metrics on http://%s/metrics", config.listen_address)
+                await exporter.run(stop)
         except OSError as e:
             print(f"promreflex exporter-accesslog: cannot listen on {config.listen_address}: {e.strerror}",
                   file=sys.stderr)
             return 1
-        log.info("serving /metrics on http://%s/metrics", config.listen_address)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await exporter.run(stop)
-        finally:
-            server.shutdown()
-            thread.join(timeout=5)
         log.info("stopped; read positions saved")
         return 0
     finally:

@@ -11,17 +11,15 @@ import argparse
 import asyncio
 import hashlib
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from promreflex.config import ConfigError, split_host_port
+from promreflex.config import ConfigError
 from promreflex.follow import LogFollower, follow
+from promreflex.httpd import metrics_app, serving, stop_on_signals
 
 from exporters.mesh.collector import MeshExporter, MeshStream
 from exporters.mesh.config import MeshExporterConfig, load_mesh_config
@@ -113,42 +111,16 @@ def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
 
 
 async def serve(cfg: MeshExporterConfig, registry: CollectorRegistry, stop: asyncio.Event | None = None) -> None:
-    """Follow the logs and serve ``/metrics`` until ``stop`` is set.
-
-    Without a ``stop`` event (the command line), SIGINT and SIGTERM stop it.
-    """
-    loop = asyncio.get_running_loop()
-    signals: list[int] = []
-    if stop is None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-            signals.append(sig)
+    """Follow the logs and serve ``/metrics`` until ``stop`` is set (SIGINT/SIGTERM when none is given)."""
+    stop = stop or stop_on_signals()
     _, pairs = build(cfg, registry)
-
-    async def metrics(_: web.Request) -> web.Response:
-        body = await asyncio.to_thread(generate_latest, registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def index(_: web.Request) -> web.Response:
-        return web.Response(text="promreflex mesh exporter: see /metrics\n")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/", index)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    host, port = split_host_port(cfg.listen_address)
     try:
-        await web.TCPSite(runner, host, port).start()
-        log.info("serving /metrics on %s", cfg.listen_address)
-        await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop)
+        async with serving(cfg.listen_address, metrics_app(registry, "promreflex mesh exporter")):
+            log.info("serving /metrics on %s", cfg.listen_address)
+            await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop)
     finally:
         for f, _ in pairs:
             f.close()
-        await runner.cleanup()
-        for sig in signals:
-            loop.remove_signal_handler(sig)
 
 
 def run(args: argparse.Namespace) -> int:
