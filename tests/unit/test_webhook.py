@@ -144,3 +144,36 @@ async def test_the_replay_example_in_the_runbook_is_accepted(client):
     example = Path(__file__).resolve().parents[1] / "fixtures" / "webhook" / "selftest-firing.json"
     resp = await client.post("/webhook", data=example.read_bytes(), headers=AUTH)
     assert resp.status == 200 and (await resp.json())["accepted"] == 1
+
+
+def _mutants(seed: int, count: int):
+    """Valid payloads with one field replaced by a value of another type, deleted, or nested."""
+    import random
+
+    rng = random.Random(seed)
+    oddities = [None, 0, -1, 1.5, True, "", "x" * 300, [], {}, [1, "a"], {"a": {"b": []}}, "0001-01-01T00:00:00Z"]
+    for _ in range(count):
+        body = payload(alert(instance="a"), alert(status="resolved", instance="b"))
+        node, path = body, []
+        while isinstance(node, (dict, list)) and node and rng.random() < 0.7:
+            key = rng.choice(list(node.keys())) if isinstance(node, dict) else rng.randrange(len(node))
+            path.append(key)
+            parent, node = node, node[key]
+        if not path:
+            yield rng.choice(oddities)
+            continue
+        if rng.random() < 0.2 and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = rng.choice(oddities)
+        yield body
+
+
+async def test_no_mutation_of_a_payload_gets_a_5xx(client):
+    codes = set()
+    for body in _mutants(seed=7, count=300):
+        resp = await client.post("/webhook", data=json.dumps(body).encode(), headers=AUTH)
+        assert resp.status < 500, (resp.status, body)
+        codes.add(resp.status)
+        assert (await resp.json())["status"] in ("accepted", "rejected")
+    assert {200, 422} <= codes  # some mutants stay valid (e.g. an annotation changed), most do not
