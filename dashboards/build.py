@@ -261,4 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m dashboards.build`` this file is ``__main__``, a second copy of the
+    # module: the dashboard modules register into ``dashboards.build``, so call that one's main.
+    from dashboards import build as _build
+
+    sys.exit(_build.main())

@@ -61,19 +61,22 @@ class AlertmanagerClient:
         self.session = session
         self.timeout = timeout
 
-    async def active_alerts(self) -> list[dict[str, Any]]:
-        """Alerts that are firing now and neither silenced nor inhibited, API v2 shape.
+    async def active_alerts(self, *, inhibited: bool = False) -> list[dict[str, Any]]:
+        """Alerts that are firing now and not silenced (nor inhibited unless ``inhibited``), in
+        API v2 shape. A controller converges on the default view; an analysis that needs every
+        symptom (an inhibited one is still slow) asks for ``inhibited=True``.
 
         Alertmanager 0.25 keeps resolved alerts in ``?active=true`` answers (state "active",
-        ``endsAt`` in the past) until it garbage-collects them, so those are filtered out here:
-        a controller must not treat a resolved alert as firing."""
-        params = {"active": "true", "silenced": "false", "inhibited": "false", "unprocessed": "true"}
+        ``endsAt`` in the past) until it garbage-collects them, so those are filtered out here,
+        as are entries whose ``endsAt`` cannot be read: a controller must not treat a resolved
+        alert as firing."""
+        params = {"active": "true", "silenced": "false", "inhibited": str(inhibited).lower(), "unprocessed": "true"}
         async with self.session.get(f"{self.base_url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
             if resp.status != 200:
                 raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
             items = await resp.json(content_type=None)
         now = datetime.now(UTC)
-        return [i for i in items if not alert_ended(i.get("endsAt"), now)]
+        return [i for i in items if isinstance(i, dict) and not _ended_or_unreadable(i.get("endsAt"), now)]
 
     async def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Post alerts (``labels``, ``annotations``, ``startsAt``/``endsAt`` ISO strings)."""
@@ -94,6 +97,13 @@ def alert_ended(ends_at: str | None, now: datetime | None = None) -> bool:
     if not ends_at or ends_at.startswith("0001-"):
         return False
     return datetime.fromisoformat(ends_at.replace("Z", "+00:00")) <= (now or datetime.now(UTC))
+
+
+def _ended_or_unreadable(ends_at: Any, now: datetime) -> bool:
+    try:
+        return alert_ended(ends_at if isinstance(ends_at, str) else None, now)
+    except ValueError:
+        return True
 
 
 def iso(ts: datetime | None = None) -> str:

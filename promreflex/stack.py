@@ -158,6 +158,12 @@ class Stack:
                 "source_matchers": ['alertname="PromreflexTargetDown"'],
                 "target_matchers": ['severity=~"warning|info"'],
                 "equal": ["job"],
+            }, {
+                # The rca action posts MeshRootCauseSymptom{service=<dependant>} for each service
+                # a root cause explains: mute that service's own response-time alert.
+                "source_matchers": ['alertname="MeshRootCauseSymptom"'],
+                "target_matchers": ['alertname="ServiceResponseTimeHigh"'],
+                "equal": ["service"],
             }],
         }
 

@@ -174,3 +174,16 @@ def test_panel_queries_of_the_committed_file_are_concrete() -> None:
     assert ("Payload rejections by reason",
             "sum by (reason) (rate(promreflex_controller_payload_rejections_total[1m]))") in queries
     assert not [expr for _, expr in queries if "$" in expr or "[[" in expr]
+
+
+def test_the_command_line_writes_and_checks_every_dashboard(tmp_path) -> None:
+    """As `make test` runs it: `python -m dashboards.build --check` must see every dashboard."""
+    import subprocess
+    import sys
+
+    check = subprocess.run([sys.executable, "-m", "dashboards.build", "--check", "--dir", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert check.returncode == 1 and "overview.json" in check.stderr
+    write = subprocess.run([sys.executable, "-m", "dashboards.build", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert write.returncode == 0 and (tmp_path / "overview.json").is_file()
+    assert subprocess.run([sys.executable, "-m", "dashboards.build", "--check", "--dir", str(tmp_path)]).returncode == 0

@@ -1,0 +1,421 @@
+"""The ``rca`` action: on ``ServiceResponseTimeHigh``, name the root cause and flag it.
+
+One incident, not one analysis per alert. A fault in a deep service makes every service above
+it slow at about the same time, so several ``ServiceResponseTimeHigh`` alerts arrive within a
+few evaluations of each other. The first ``fire`` waits ``settle`` seconds, then takes every
+``ServiceResponseTimeHigh`` that Alertmanager holds (firing, not silenced; inhibited ones
+included, they are still slow) as the candidates, reads the call graph, latencies and resources
+from Prometheus (:mod:`controllers.rca.promsource`), and runs :func:`controllers.rca.analyse`.
+A later alert of a service the incident already explains is answered at once without a new
+analysis; an alert of a service it does not explain starts a new analysis (the incident grows).
+
+The root causes flagged are those that explain a candidate: a candidate that is a root itself,
+or the root at the end of a candidate's chain of slow dependencies. They are flagged where
+people look:
+
+- ``promreflex_root_cause{service}`` = the score, on the controller's ``/metrics``;
+- ``MeshRootCause{service=<root>}`` posted to Alertmanager, and for each dependant (a slow
+  service whose slowness the root explains) ``MeshRootCauseSymptom{service=<dependant>,
+  root_cause=<root>}``. Alertmanager can only inhibit on *equal* labels, so the symptom alert
+  carries the dependant's own ``service``; the inhibit rule (promreflex/stack.py and
+  compose/alertmanager/alertmanager.yml)::
+
+      source_matchers: ['alertname="MeshRootCauseSymptom"']
+      target_matchers: ['alertname="ServiceResponseTimeHigh"']
+      equal: [service]
+
+  mutes the dependants' ``ServiceResponseTimeHigh`` and never the root's. Posted alerts carry
+  ``endsAt = now + lease`` and are posted again every ``lease / 3`` while the incident lasts,
+  so a controller that dies leaves nothing behind for longer than the lease;
+- the JSON report (``report``), which ``promreflex rca explain`` prints as the chain of reasoning.
+
+The incident lasts while a flagged root that was alerting still fires (or, when no root was
+alerting, while any service it explains fires). It is checked on every ``resolve`` and every
+refresh; at its end the gauge is cleared and the posted alerts are ended (``endsAt = now``).
+A dependant's ``resolve`` that only reflects its inhibition (the engine treats an inhibited
+alert as resolved) therefore changes nothing while the root is still slow.
+
+Label values are data: service names only ever become label values of posted alerts and of
+the gauge, and (escaped, via promsource) PromQL string literals. Nothing is executed and no
+path is built from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, UTC
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import Field, model_validator
+
+from controllers.actions.base import Action, ActionContext, register
+from controllers.rca.cli import DEFAULT_REPORT
+from controllers.rca.engine import analyse
+from controllers.rca.graph import path_to_root
+from controllers.rca.models import AnalysisConfig, Finding
+from controllers.rca.promsource import PromSourceConfig, collect
+from promreflex.clients import iso
+from promreflex.config import Duration, Strict
+
+log = logging.getLogger("promreflex.action.rca")
+
+FINDING_RESULTS = ("root_cause", "no_root_cause", "no_candidates", "error")
+
+#: The recorded series of rules/mesh.rules.yml, as the analysis reads them. A ``source.queries``
+#: given in the route's params is merged over these, key by key.
+MESH_QUERIES: dict[str, Any] = {
+    "edges": "group by (source, destination) (last_over_time(promreflex_mesh_edge_info[$span]))",
+    "latency": "service:promreflex_mesh_request_duration_seconds:p99_1m",
+    "latency_service_label": "service",
+    "latency_max": "max by (service) (max_over_time(service:promreflex_mesh_request_duration_seconds:max_1m[$window]))",
+    "alerts": 'ALERTS{alertname="ServiceResponseTimeHigh",alertstate="firing"}',
+    "alert_service_labels": ["service"],
+}
+DEFAULT_THRESHOLD_QUERY = "mesh:promreflex_mesh_response_time_threshold_seconds:default"
+
+
+class RcaParams(Strict):
+    """Route parameters of the ``rca`` action.
+
+    ``settle``: how long the first alert of an incident waits so alerts raised by the same
+    fault arrive together (they fire within a rule evaluation or two of each other).
+    ``lease``: ``endsAt`` of the posted alerts, renewed every ``lease / 3``.
+    ``source``: what to read from Prometheus (windows, step, PromQL templates; ``resources``
+    takes a preset, ``cadvisor`` or ``process``, or a mapping cpu/memory/disk_io -> template
+    with ``service="$service"``). ``analysis``: the decision's knobs. ``threshold_query``:
+    the candidate line is read from Prometheus (the rules' threshold) when it answers, so the
+    analysis and the alert agree; ``null`` uses ``analysis.threshold_s``.
+    """
+
+    alertname: str = "ServiceResponseTimeHigh"
+    service_label: str = "service"
+    settle: Duration = 2.0
+    lease: Duration = 60.0
+    report: Path = DEFAULT_REPORT
+    source: PromSourceConfig = Field(default_factory=lambda: PromSourceConfig.model_validate(
+        {"queries": MESH_QUERIES, "window": "2m", "baseline": "10m", "step": "5s"}))
+    analysis: AnalysisConfig = AnalysisConfig()
+    threshold_query: str | None = DEFAULT_THRESHOLD_QUERY
+    root_alertname: str = "MeshRootCause"
+    symptom_alertname: str = "MeshRootCauseSymptom"
+    severity: str = "critical"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mesh_query_defaults(cls, data: Any) -> Any:
+        """A partial ``source`` keeps the mesh defaults for what it does not set."""
+        if isinstance(data, dict) and isinstance(data.get("source"), dict):
+            source = dict(data["source"])
+            queries = source.get("queries")
+            if queries is None or isinstance(queries, dict):
+                source["queries"] = {**MESH_QUERIES, **(queries or {})}
+            source.setdefault("window", "2m")
+            source.setdefault("baseline", "10m")
+            source.setdefault("step", "5s")
+            data = {**data, "source": source}
+        return data
+
+    @model_validator(mode="after")
+    def _positive(self) -> RcaParams:
+        if self.settle < 0 or self.lease <= 0:
+            raise ValueError("settle must be >= 0 and lease above 0")
+        return self
+
+
+def attribute(finding: Finding, candidates: set[str]) -> tuple[dict[str, float], dict[str, str]]:
+    """(flagged roots -> score, dependant -> its root) for the given candidates.
+
+    A root is flagged when it explains a candidate: the candidate is that root, or the root
+    ends the candidate's shortest chain of slow dependencies. Dependants are the slow services
+    (candidates or not) whose chain ends at a flagged root.
+    """
+    by_name = {v.service: v for v in finding.ranking}
+    slow_adj = {v.service: v.slow_dependencies for v in finding.ranking if v.slow}
+    root_set = set(finding.root_causes)
+
+    def root_of(service: str) -> str | None:
+        if service not in slow_adj:
+            return None
+        end = path_to_root(service, slow_adj, root_set)[-1]
+        return end if end in root_set else None
+
+    explained = {r for s in candidates if (r := root_of(s)) is not None}
+    roots = {r: by_name[r].score for r in finding.root_causes if r in explained}  # in rank order
+    symptoms = {
+        v.service: r for v in finding.ranking
+        if v.group == "symptom" and (r := root_of(v.service)) in roots
+    }
+    return roots, symptoms
+
+
+@dataclass
+class Incident:
+    started: datetime
+    params: RcaParams
+    finding: Finding
+    roots: dict[str, float]
+    symptoms: dict[str, str]
+    covered: set[str]  # services this analysis explains: a new alert of one of them is no news
+    watch: set[str]  # the incident lasts while one of these still fires
+    posted: dict[tuple[tuple[str, str], ...], dict[str, Any]] = field(default_factory=dict)
+
+
+class RcaMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.root_cause = Gauge(
+            "promreflex_root_cause", "Score of each service flagged as the root cause of the current incident (absent: none).",
+            ["service"], registry=registry)
+        self.findings = Counter(
+            "promreflex_rca_findings_total", "Root-cause analyses run by the rca action, by outcome.",
+            ["result"], registry=registry)
+        self.last_finding = Gauge(
+            "promreflex_rca_last_finding_timestamp_seconds", "Unix time of the last analysis that named a root cause.",
+            registry=registry)
+        self.posts = Counter(
+            "promreflex_rca_alert_posts_total", "Posts of MeshRootCause/MeshRootCauseSymptom alerts to Alertmanager.",
+            ["result"], registry=registry)
+        for result in FINDING_RESULTS:
+            self.findings.labels(result)
+        for result in ("ok", "error"):
+            self.posts.labels(result)
+
+
+@register
+class RcaAction(Action):
+    """Names the root cause of slow services and flags it (gauge, alerts with inhibition, report)."""
+
+    name = "rca"
+    Params = RcaParams
+    concurrency = 1
+    resolved_means = "when the incident's slow root stops firing: gauge cleared, posted alerts ended"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: RcaMetrics | None = None
+        self.services: dict[str, Any] = {}
+        self.incident: Incident | None = None
+        self._refresher: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    def target(self, ctx: ActionContext) -> str:
+        # One incident at a time: every transition of this action is serialised.
+        return "rca"
+
+    async def start(self, services: dict[str, Any]) -> None:
+        self.services = services
+        self.metrics = RcaMetrics(services.get("registry") or CollectorRegistry())
+
+    async def shutdown(self) -> None:
+        """Stop renewing. The posted alerts expire at the end of their lease by themselves."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            self._refresher = None
+
+    def _m(self) -> RcaMetrics:
+        if self.metrics is None:
+            self.metrics = RcaMetrics(CollectorRegistry())
+        return self.metrics
+
+    # ------------------------------------------------------------------ transitions
+    async def fire(self, ctx: ActionContext) -> str:
+        p: RcaParams = ctx.params  # type: ignore[assignment]
+        self.services = ctx.services or self.services
+        service = ctx.labels.get(p.service_label, "")
+        async with self._lock:
+            inc = self.incident
+            if inc is not None and service in inc.covered:
+                return f"{service or 'alert'} belongs to the current incident: root cause {', '.join(inc.roots)}"
+            await asyncio.sleep(p.settle)
+            return await self._analyse(p, service)
+
+    async def resolve(self, ctx: ActionContext) -> str:
+        async with self._lock:
+            if self.incident is None:
+                return "no incident in progress"
+            return await self._check()
+
+    # ------------------------------------------------------------------ analysis
+    async def _analyse(self, p: RcaParams, trigger: str) -> str:
+        m = self._m()
+        prom = self.services.get("prometheus")
+        if prom is None:
+            m.findings.labels("error").inc()
+            raise RuntimeError("the rca action needs Prometheus (controller.prometheus_url)")
+        candidates = await self._candidates(p)
+        if candidates is None:  # Alertmanager unreachable: trust the alert that called us
+            candidates = {trigger} if trigger else set()
+        if not candidates:
+            m.findings.labels("no_candidates").inc()
+            return f"no {p.alertname} firing any more: nothing to analyse"
+        try:
+            inputs = await collect(prom, p.source)
+            cfg = await self._analysis_config(prom, p)
+        except Exception:
+            m.findings.labels("error").inc()
+            raise
+        inputs = inputs.model_copy(update={"alerting": sorted(set(inputs.alerting) | candidates)})
+        finding = analyse(inputs, cfg)
+        await asyncio.to_thread(finding.save, p.report)
+        roots, symptoms = attribute(finding, candidates)
+        if not roots:
+            m.findings.labels("no_root_cause").inc()
+            kept = f"; the current incident (root cause {', '.join(self.incident.roots)}) stays" if self.incident else ""
+            return f"candidates {', '.join(sorted(candidates))}: no root cause named{kept}; report {p.report}"
+        m.findings.labels("root_cause").inc()
+        m.last_finding.set(datetime.now(UTC).timestamp())
+
+        alerting_roots = set(roots) & candidates
+        previous = self.incident
+        self.incident = Incident(
+            started=previous.started if previous else datetime.now(UTC),
+            params=p, finding=finding, roots=roots, symptoms=symptoms,
+            covered=candidates | set(roots) | set(symptoms),
+            watch=alerting_roots or (candidates | set(symptoms)),
+            posted=previous.posted if previous else {},
+        )
+        m.root_cause.clear()
+        for root, score in roots.items():
+            m.root_cause.labels(root).set(score)
+        await self._post()
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+        flagged = ", ".join(f"{r} (score {s:.2f})" for r, s in roots.items())
+        deps = f"; dependants {', '.join(sorted(symptoms))} inhibited" if symptoms else ""
+        return f"root cause {flagged} of {', '.join(sorted(candidates))}{deps}; report {p.report}"
+
+    async def _analysis_config(self, prom: Any, p: RcaParams) -> AnalysisConfig:
+        if not p.threshold_query:
+            return p.analysis
+        try:
+            value = await prom.scalar(p.threshold_query)
+        except Exception as e:  # noqa: BLE001 - the configured line is the fallback
+            log.warning("threshold query failed (%r); using analysis.threshold_s", e)
+            return p.analysis
+        if value is None or not value > 0 or value == float("inf"):
+            return p.analysis
+        return p.analysis.model_copy(update={"threshold_s": value})
+
+    async def _candidates(self, p: RcaParams) -> set[str] | None:
+        """Services whose ``alertname`` alert Alertmanager holds firing (inhibited included,
+        silenced excluded); None when Alertmanager cannot be asked."""
+        am = self.services.get("alertmanager")
+        if am is None:
+            return None
+        try:
+            items = await held_alerts(am)
+        except Exception as e:  # noqa: BLE001 - a failed read is "unknown", never "none firing"
+            log.warning("cannot read Alertmanager's alerts: %r", e)
+            return None
+        return {
+            i["labels"][p.service_label] for i in items
+            if isinstance(i.get("labels"), dict) and i["labels"].get("alertname") == p.alertname
+            and i["labels"].get(p.service_label)
+        }
+
+    # ------------------------------------------------------------------ incident lifecycle
+    async def _check(self) -> str:
+        """End the incident when nothing it watches fires any more."""
+        inc = self.incident
+        assert inc is not None
+        firing = await self._candidates(inc.params)
+        if firing is None:
+            return "cannot read Alertmanager: the incident is kept until it can"
+        still = sorted(inc.watch & firing)
+        if still:
+            return f"incident continues: {', '.join(still)} still firing (root cause {', '.join(inc.roots)})"
+        await self._end()
+        return f"incident over: {', '.join(sorted(inc.watch))} no longer firing; root-cause flags cleared"
+
+    async def _end(self) -> None:
+        inc = self.incident
+        assert inc is not None
+        self.incident = None
+        self._m().root_cause.clear()
+        now = datetime.now(UTC)
+        ended = [{**a, "endsAt": iso(now)} for a in inc.posted.values()]
+        inc.posted.clear()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None and refresher is not asyncio.current_task():
+            refresher.cancel()
+        await self._send(ended)
+
+    def _desired(self, inc: Incident) -> list[dict[str, Any]]:
+        p = inc.params
+        explain = "Run `promreflex rca explain` for the chain of reasoning."
+        last_step = inc.finding.steps[-1] if inc.finding.steps else ""
+        alerts = []
+        for root, score in inc.roots.items():
+            deps = sorted(d for d, r in inc.symptoms.items() if r == root)
+            alerts.append({
+                "labels": {"alertname": p.root_alertname, "service": root, "severity": p.severity},
+                "annotations": {
+                    "summary": f"{root} is the root cause of slow responses"
+                               + (f" of {', '.join(deps)}" if deps else "") + ".",
+                    "description": f"{last_step} {explain}".strip(),
+                    "score": f"{score:.2f}",
+                    "runbook_url": "docs/runbook.md#meshrootcause",
+                },
+            })
+        for dep, root in sorted(inc.symptoms.items()):
+            alerts.append({
+                "labels": {"alertname": p.symptom_alertname, "service": dep, "root_cause": root, "severity": "none"},
+                "annotations": {
+                    "summary": f"{dep} is slow because {root} is; its {p.alertname} is inhibited.",
+                    "description": f"{dep} waits on {root} (chain of slow dependencies). {explain}",
+                    "runbook_url": "docs/runbook.md#meshrootcausesymptom",
+                },
+            })
+        return alerts
+
+    async def _post(self) -> None:
+        """Post the incident's alerts with a fresh lease; end those it no longer wants."""
+        inc = self.incident
+        assert inc is not None
+        now = datetime.now(UTC)
+        ends = iso(now + timedelta(seconds=inc.params.lease))
+        wanted: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        for a in self._desired(inc):
+            key = tuple(sorted(a["labels"].items()))
+            starts = inc.posted[key]["startsAt"] if key in inc.posted else iso(now)
+            wanted[key] = {**a, "startsAt": starts, "endsAt": ends}
+        gone = [{**a, "endsAt": iso(now)} for k, a in inc.posted.items() if k not in wanted]
+        inc.posted = wanted
+        await self._send(gone + list(wanted.values()))
+
+    async def _send(self, alerts: list[dict[str, Any]]) -> None:
+        am = self.services.get("alertmanager")
+        if am is None or not alerts:
+            return
+        try:
+            await am.post_alerts(alerts)
+        except Exception as e:  # noqa: BLE001 - counted; the next refresh posts again
+            self._m().posts.labels("error").inc()
+            log.warning("posting %d alert(s) to Alertmanager failed: %r", len(alerts), e)
+            return
+        self._m().posts.labels("ok").inc()
+
+    async def _refresh_loop(self) -> None:
+        """Renew the lease every ``lease / 3`` until the incident ends (one loop at a time: a
+        loop that is no longer the action's refresher stops)."""
+        me = asyncio.current_task()
+        while (inc := self.incident) is not None and self._refresher is me:
+            await asyncio.sleep(inc.params.lease / 3)
+            async with self._lock:
+                if self.incident is None or self._refresher is not me:
+                    return
+                try:
+                    await self._check()
+                    if self.incident is not None:
+                        await self._post()
+                except Exception:  # noqa: BLE001 - keep renewing; the lease bounds any damage
+                    log.exception("rca refresh failed")
+
+
+async def held_alerts(am: Any) -> list[dict[str, Any]]:
+    """Alerts Alertmanager holds as firing, inhibited ones included (silenced ones not): the
+    incident needs them, since inhibiting a symptom does not make it fast."""
+    return await am.active_alerts(inhibited=True)
