@@ -326,6 +326,7 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         for action in self.actions.values():
+            action.route_params = [b.params for b in self.routes.values() if b.action is action]
             await action.start(self.services)
 
     async def drain(self, timeout: float = 30.0) -> None:

@@ -17,7 +17,12 @@ from promreflex.proc import pid_alive
 DEFAULT_CONFIG = Path(__file__).with_name("defaults.yml")
 
 # Capabilities add their subcommands here: each module has ``register(subparsers)``.
-SUBCOMMAND_MODULES: list[str] = ["exporters.accesslog.cli", "exporters.mesh.cli", "controllers.rca.cli"]
+SUBCOMMAND_MODULES: list[str] = [
+    "exporters.accesslog.cli",
+    "exporters.mesh.cli",
+    "controllers.copy_guard.cli",
+    "controllers.rca.cli",
+]
 
 
 def _load(args: argparse.Namespace) -> Config:

@@ -55,6 +55,9 @@ class Action(abc.ABC):
 
     def __init__(self) -> None:
         self.log = logging.getLogger(f"promreflex.action.{self.name}")
+        # The validated params of every route bound to this action, set by the engine before
+        # ``start``: what an action needs to recover its own state after a crash.
+        self.route_params: list[BaseModel] = []
 
     def target(self, ctx: ActionContext) -> str:
         """What two runs must not touch at once. Default: one target per route and alert."""
@@ -69,7 +72,8 @@ class Action(abc.ABC):
         return "nothing to undo"
 
     async def start(self, services: dict[str, Any]) -> None:
-        """Called once when the controller starts (e.g. recover from a state file)."""
+        """Called once when the controller starts (e.g. recover from a state file, using
+        ``self.route_params``)."""
 
     async def shutdown(self) -> None:
         """Called once when the controller stops."""

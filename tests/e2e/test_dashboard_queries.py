@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 # Dashboards whose series need more than the default stack; the named test runs their panel
 # queries on a stack that has it.
 OWN_STACK = {
+    "copy_guard.json": "test_copy_guard_loop.py",  # a copy-guard route, a threshold, a running copy
     "mesh.json": "test_rca_mesh.py",  # the mesh exporter
 }
 ALL = sorted((HERE.parents[1] / "dashboards").glob("*.json"))

@@ -260,3 +260,10 @@ async def test_audit_log_records_notifications_and_decisions(tmp_path):
     events = [(r["event"], r.get("result")) for r in read_audit(tmp_path / "audit.jsonl")]
     assert events.count(("notification", "accepted")) == 2
     assert ("decision", "ok") in events
+
+
+async def test_actions_get_their_routes_params_before_start(tmp_path):
+    engine, _ = make_engine(tmp_path)
+    await engine.start()
+    (action,) = engine.actions.values()
+    assert [type(p).__name__ for p in action.route_params] == ["NoParams"]

@@ -1,0 +1,160 @@
+"""``promreflex copy SRC DST`` (the resumable, pausable copier) and ``promreflex copy-guard
+adopt|list|resume-all`` (foreign copies and the registry).
+
+:func:`register` adds both to a CLI's subcommands; each handler returns the exit status.
+Until the main CLI lists this module: ``python -m controllers.copy_guard.cli copy SRC DST``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+from controllers.copy_guard import freeze
+from controllers.copy_guard.copier import IO_MODES
+from controllers.copy_guard.registry import DEFAULT_DIR, ID_RE, Entry, Registry, new_id, process_start
+from promreflex.proc import pid_alive
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_MULT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``1048576``, ``1M``, ``64KiB``, ``2g`` -> bytes (binary multiples)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 1M, 64K, 1048576)")
+    return int(float(m.group(1)) * _MULT[m.group(2).lower()])
+
+
+def _site(text: str) -> str:
+    if not re.match(r"^[a-zA-Z0-9_.-]+$", text):
+        raise argparse.ArgumentTypeError("a site is letters, digits, '_', '.', '-'")
+    return text
+
+
+def _copy(args: argparse.Namespace) -> int:
+    from controllers.copy_guard.service import run_copy
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.id is not None and not ID_RE.match(args.id):
+        print("copy: --id must be 1-64 of letters, digits, '_', '.', '-'", file=sys.stderr)
+        return 2
+    return run_copy(args.src, args.dst, site=args.site, registry_dir=None if args.no_register else args.registry_dir,
+                    listen=args.listen_address, token_file=args.token_file, chunk_size=args.chunk_size,
+                    rate_limit=args.rate_limit, io=args.io, checkpoint_bytes=args.checkpoint_size,
+                    max_lease=args.max_lease, fresh=args.fresh, linger=args.linger, copy_id=args.id)
+
+
+def _adopt(args: argparse.Namespace) -> int:
+    pid, pgid = args.pid, args.pgid
+    if pgid is not None:
+        members = freeze.group_members(pgid)
+        if not members:
+            print(f"copy-guard adopt: no process in group {pgid}", file=sys.stderr)
+            return 1
+        pid = pgid if pgid in members else members[0]
+    if pid is None or not pid_alive(pid):
+        print(f"copy-guard adopt: no process {pid}", file=sys.stderr)
+        return 1
+    entry = Entry(id=args.id or new_id("adopted"), kind="adopted", pid=pid, pid_start=process_start(pid),
+                  pgid=pgid, site=args.site, src=args.src or "", dst=args.dst or "")
+    path = Registry(args.registry_dir).add(entry)
+    how = f"process group {pgid}" if pgid is not None else f"pid {pid} and its children"
+    print(f"adopted {how} as {entry.id} for site {args.site} ({path}); pause methods here: "
+          f"{', '.join(freeze.detect())}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    entries = Registry(args.registry_dir).entries()
+    if not entries:
+        print(f"no copies registered in {args.registry_dir}")
+        return 0
+    print(f"{'id':<28} {'kind':<8} {'site':<10} {'pid':>7} {'paused':<8} {'control':<26} src -> dst")
+    for e in entries:
+        paused = (e.pause or {}).get("method", "") if e.kind == "adopted" else "-"
+        print(f"{e.id:<28} {e.kind:<8} {e.site:<10} {e.pid:>7} {paused or 'no':<8} {e.control_url or '-':<26} "
+              f"{e.src} -> {e.dst}")
+    return 0
+
+
+def _resume_all(args: argparse.Namespace) -> int:
+    from controllers.copy_guard.action import Held, _control
+
+    failed = 0
+    for e in Registry(args.registry_dir).entries():
+        try:
+            if e.kind == "copier":
+                _control(Held(e.id, e.kind, e.control_url, e.token_file), "resume")
+            elif e.pause:
+                freeze.resume(e.pause)
+                e.pause = None
+                Registry(args.registry_dir).update(e)
+            print(f"resumed {e.id}")
+        except Exception as exc:  # noqa: BLE001 - report each and go on
+            failed += 1
+            print(f"could not resume {e.id}: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``copy`` and ``copy-guard`` to a CLI's subcommands."""
+    cp = subparsers.add_parser("copy", help="copy a file or tree: resumable, pausable, throttled, with /metrics",
+                               description="Copy SRC to DST (a file or a directory tree). Resumable: run the same "
+                               "command again after a stop or a kill. Exit 0 done, 1 failed, 2 usage, 3 stopped.")
+    cp.add_argument("src")
+    cp.add_argument("dst")
+    cp.add_argument("--site", type=_site, default="shop", help="the site whose overload pauses this copy (default shop)")
+    cp.add_argument("--registry.dir", dest="registry_dir", type=Path, default=DEFAULT_DIR,
+                    help=f"where the copy registers itself for the guard (default {DEFAULT_DIR})")
+    cp.add_argument("--no-register", action="store_true", help="do not register (the guard will not see it)")
+    cp.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
+                    help="/metrics and control endpoint (default: a free loopback port)")
+    cp.add_argument("--web.token-file", dest="token_file", help="bearer token for control (required beyond loopback)")
+    cp.add_argument("--chunk-size", type=parse_size, default=1 << 20, help="bytes per read/write (default 1M)")
+    cp.add_argument("--rate-limit", type=parse_size, default=0, help="bytes per second, 0 = none (default 0)")
+    cp.add_argument("--io", choices=IO_MODES, default="fadvise",
+                    help="fadvise: drop cache pages behind (default); direct: O_DIRECT; buffered: like cp")
+    cp.add_argument("--checkpoint-size", type=parse_size, default=16 << 20,
+                    help="journal (and fdatasync) every this many bytes (default 16M)")
+    cp.add_argument("--max-lease", type=float, default=600.0, help="longest pause lease accepted, seconds")
+    cp.add_argument("--fresh", action="store_true", help="ignore an existing journal and plan again")
+    cp.add_argument("--linger", type=float, default=0.0, help="keep /metrics up this many seconds after the end")
+    cp.add_argument("--id", help="registry id (default: generated)")
+    cp.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
+    cp.set_defaults(func=_copy)
+
+    guard = subparsers.add_parser("copy-guard", help="copies the copy guard may pause: adopt, list, resume-all")
+    sub = guard.add_subparsers(dest="copy_guard_command", metavar="{adopt,list,resume-all}")
+    sub.required = True
+    ad = sub.add_parser("adopt", help="register a running rsync/cp/tar so the guard pauses it")
+    who = ad.add_mutually_exclusive_group(required=True)
+    who.add_argument("--pid", type=int, help="the process (its children are paused with it)")
+    who.add_argument("--pgid", type=int, help="the whole process group (a pipeline)")
+    ad.add_argument("--site", type=_site, default="shop")
+    ad.add_argument("--src", help="for the listing only")
+    ad.add_argument("--dst", help="for the listing only")
+    ad.add_argument("--id")
+    for p in (ad, sub.add_parser("list", help="registered copies"),
+              sub.add_parser("resume-all", help="resume every registered copy now")):
+        p.add_argument("--registry.dir", dest="registry_dir", type=Path, default=DEFAULT_DIR)
+    ad.set_defaults(func=_adopt)
+    sub.choices["list"].set_defaults(func=_list)
+    sub.choices["resume-all"].set_defaults(func=_resume_all)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m controllers.copy_guard.cli``) until the main CLI wires it."""
+    parser = argparse.ArgumentParser(prog="promreflex")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Pausing copies that promreflex did not start (rsync, cp, tar), by PID or process group.
+
+Three methods, the first the host offers wins (``detect()``):
+
+- ``cgroup2``: a child cgroup ``promreflex-copy-<id>`` of the v2 hierarchy
+  (``/sys/fs/cgroup/unified`` on a hybrid layout, ``/sys/fs/cgroup`` on a unified one); the
+  processes are moved in and ``cgroup.freeze`` is set to 1. Frozen processes cannot tell, and a
+  frozen process group stays frozen even if it forks (the children inherit the cgroup).
+- ``cgroup1``: the same with the v1 freezer (``freezer.state`` FROZEN / THAWED).
+- ``signal``: SIGSTOP / SIGCONT to the process group (``--pgid``) or to the process and its
+  descendants (``--pid``). Works everywhere; a shell that started the copy sees it stopped.
+
+A pause returns a *record* (plain JSON) holding everything needed to undo it, including each
+process's original cgroup, so a resume can run in another process (the watchdog) after the
+controller died. Resuming moves the processes back to where they were and removes the cgroup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PREFIX = "promreflex-copy-"
+METHODS = ("cgroup2", "cgroup1", "signal")
+
+
+class PauseError(Exception):
+    """No method could pause (or resume) the processes."""
+
+
+# ---------------------------------------------------------------------- processes
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Every process of process group ``pgid`` (field 5 of /proc/PID/stat)."""
+    out = []
+    for pid in _all_pids():
+        f = _stat(pid)
+        if f is not None and len(f) > 2 and f[2] == str(pgid) and f[0] != "Z":
+            out.append(pid)
+    return sorted(out)
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for p in _all_pids():
+        f = _stat(p)
+        if f is not None and len(f) > 1 and f[1].isdigit():
+            children.setdefault(int(f[1]), []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if _stat(p) is None:
+            continue
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return sorted(out)
+
+
+def members(pid: int | None = None, pgid: int | None = None) -> list[int]:
+    if pgid is not None:
+        return group_members(pgid)
+    if pid is not None:
+        return descendants(pid)
+    raise ValueError("give a pid or a pgid")
+
+
+# ---------------------------------------------------------------------- cgroups
+def v2_root() -> Path | None:
+    for root in (CGROUP_ROOT / "unified", CGROUP_ROOT):
+        if (root / "cgroup.procs").is_file() and (root / "cgroup.controllers").is_file():
+            return root
+    return None
+
+
+def v1_freezer_root() -> Path | None:
+    root = CGROUP_ROOT / "freezer"
+    return root if (root / "cgroup.procs").is_file() else None
+
+
+def _probe(root: Path | None, control: str) -> bool:
+    """Can we create a child cgroup here that has ``control``? (removed at once)."""
+    if root is None or not os.access(root, os.W_OK):
+        return False
+    probe = root / f"{PREFIX}probe-{os.getpid()}"
+    try:
+        probe.mkdir(exist_ok=True)
+        return (probe / control).is_file()
+    except OSError:
+        return False
+    finally:
+        try:
+            probe.rmdir()
+        except OSError:
+            pass
+
+
+def detect() -> list[str]:
+    """The methods this host offers, best first (``signal`` is always there)."""
+    found = []
+    if _probe(v2_root(), "cgroup.freeze"):
+        found.append("cgroup2")
+    if _probe(v1_freezer_root(), "freezer.state"):
+        found.append("cgroup1")
+    found.append("signal")
+    return found
+
+
+def _cgroup_of(pid: int, hierarchy: str) -> str | None:
+    """The cgroup path of ``pid``: hierarchy "" for v2 (line ``0::/x``), "freezer" for v1."""
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            num, ctrls, path = line.split(":", 2)
+            if (hierarchy == "" and num == "0" and ctrls == "") or hierarchy in ctrls.split(","):
+                return path
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _move(root: Path, rel: str, pid: int) -> None:
+    target = root / rel.lstrip("/")
+    try:
+        _write(target / "cgroup.procs", str(pid))
+    except ProcessLookupError:
+        pass  # it exited meanwhile
+    except OSError as e:
+        if e.errno == 3:  # ESRCH
+            return
+        if rel != "/":
+            _write(root / "cgroup.procs", str(pid))  # the original cgroup is gone: back to the root
+        else:
+            raise
+
+
+def _wait_state(check, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.005)
+    return check()
+
+
+def _freeze_cgroup(method: str, name: str, pids: list[int]) -> dict[str, Any]:
+    root = v2_root() if method == "cgroup2" else v1_freezer_root()
+    if root is None:
+        raise PauseError(f"{method}: no hierarchy")
+    hierarchy = "" if method == "cgroup2" else "freezer"
+    cg = root / f"{PREFIX}{name}"
+    cg.mkdir(exist_ok=True)
+    origins = {}
+    try:
+        for pid in pids:
+            origin = _cgroup_of(pid, hierarchy)
+            if origin is None:
+                continue
+            origins[str(pid)] = origin
+            _move(cg.parent, "/" + cg.name, pid)
+        if method == "cgroup2":
+            _write(cg / "cgroup.freeze", "1")
+            frozen = _wait_state(lambda: "frozen 1" in (cg / "cgroup.events").read_text())
+        else:
+            _write(cg / "freezer.state", "FROZEN")
+            frozen = _wait_state(lambda: (cg / "freezer.state").read_text().strip() == "FROZEN")
+        if not frozen:
+            raise PauseError(f"{method}: {cg} did not reach the frozen state")
+    except BaseException:
+        _thaw_cgroup({"method": method, "cgroup": str(cg), "root": str(root), "origins": origins})
+        raise
+    return {"method": method, "cgroup": str(cg), "root": str(root), "origins": origins}
+
+
+def _thaw_cgroup(record: dict[str, Any]) -> None:
+    cg, root = Path(record["cgroup"]), Path(record["root"])
+    if not cg.name.startswith(PREFIX) or not cg.is_dir():
+        return
+    if record["method"] == "cgroup2":
+        _write(cg / "cgroup.freeze", "0")
+    else:
+        _write(cg / "freezer.state", "THAWED")
+    origins = record.get("origins", {})
+    try:
+        inside = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+    except OSError:
+        inside = []
+    for pid in inside:
+        _move(root, origins.get(str(pid), "/"), pid)
+    try:
+        cg.rmdir()
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------- public
+def pause(name: str, *, pid: int | None = None, pgid: int | None = None,
+          methods: list[str] | None = None) -> dict[str, Any]:
+    """Pause the process (and its descendants) or the process group; returns the record that
+    :func:`resume` takes. Tries ``methods`` (default: :func:`detect`) in order."""
+    pids = members(pid, pgid)
+    if not pids:
+        raise PauseError(f"no process to pause (pid={pid}, pgid={pgid})")
+    if 1 in pids or os.getpid() in pids or pgid in (0, 1, os.getpgrp()):
+        raise PauseError("refusing to pause init or the process group of the pausing process itself")
+    errors = []
+    for method in methods or detect():
+        try:
+            if method == "signal":
+                if pgid is not None:
+                    os.killpg(pgid, signal.SIGSTOP)
+                else:
+                    for p in pids:
+                        try:
+                            os.kill(p, signal.SIGSTOP)
+                        except ProcessLookupError:
+                            pass
+                record = {"method": "signal", "pgid": pgid, "pids": pids}
+                _wait_state(lambda: is_frozen(record), timeout=1.0)  # signals are delivered asynchronously
+                return record
+            return _freeze_cgroup(method, name, pids)
+        except (OSError, PauseError) as e:
+            errors.append(f"{method}: {e}")
+    raise PauseError("; ".join(errors))
+
+
+def resume(record: dict[str, Any]) -> None:
+    """Undo :func:`pause` (idempotent; processes that exited meanwhile are fine)."""
+    method = record.get("method")
+    if method == "signal":
+        pgid = record.get("pgid")
+        if pgid is not None:
+            try:
+                os.killpg(int(pgid), signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        else:
+            for p in record.get("pids", []):
+                try:
+                    os.kill(int(p), signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        _wait_state(lambda: not any(process_state(int(p)) in ("T", "t") for p in record.get("pids", [])),
+                    timeout=1.0)
+    elif method in ("cgroup2", "cgroup1"):
+        _thaw_cgroup(record)
+    else:
+        raise PauseError(f"unknown pause method {method!r}")
+
+
+def forget(record: dict[str, Any]) -> None:
+    """Clean up after processes that died while paused (an empty freezer cgroup)."""
+    try:
+        if record.get("method") in ("cgroup2", "cgroup1"):
+            _thaw_cgroup(record)
+    except (OSError, PauseError):
+        pass
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of /proc/PID/stat (``T`` stopped, ``S``/``R``/``D`` ...)."""
+    f = _stat(pid)
+    return f[0] if f else None
+
+
+def is_frozen(record: dict[str, Any]) -> bool:
+    """True while the record's processes are held (for tests and ``copy-guard list``)."""
+    method = record.get("method")
+    if method == "signal":
+        pids = record.get("pids", [])
+        return bool(pids) and all(process_state(int(p)) in ("T", "t", None) for p in pids)
+    cg = Path(record.get("cgroup", ""))
+    try:
+        if method == "cgroup2":
+            return "frozen 1" in (cg / "cgroup.events").read_text()
+        return (cg / "freezer.state").read_text().strip() == "FROZEN"
+    except OSError:
+        return False

@@ -1,0 +1,62 @@
+"""``promreflex copy`` / ``copy-guard`` argument handling, adopt, list and resume-all."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import pytest
+
+from controllers.copy_guard import freeze
+from controllers.copy_guard.cli import main, parse_size, register
+from controllers.copy_guard.registry import Registry
+
+
+@pytest.mark.parametrize("text, value", [("1048576", 1 << 20), ("1M", 1 << 20), ("64K", 65536), ("64KiB", 65536),
+                                         ("2g", 2 << 30), ("0", 0), ("1.5M", 1572864)])
+def test_sizes(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "-1M", "1X", "M"])
+def test_bad_sizes(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_size(text)
+
+
+def test_register_adds_both_subcommands():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["copy", "a", "b", "--rate-limit", "10M", "--io", "direct", "--site", "shop"])
+    assert (args.rate_limit, args.io, args.site, args.chunk_size) == (10 << 20, "direct", "shop", 1 << 20)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["copy", "a", "b", "--site", "../x"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["copy-guard", "adopt", "--pid", "1", "--pgid", "1"])
+
+
+def test_copy_of_a_missing_source_is_a_usage_error(tmp_path, capsys):
+    assert main(["copy", str(tmp_path / "nope"), str(tmp_path / "x"), "--no-register"]) == 2
+    assert "cannot read source" in capsys.readouterr().err
+
+
+def test_adopt_list_resume_all(tmp_path, capsys):
+    reg = tmp_path / "copies"
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert main(["copy-guard", "adopt", f"--pgid={sleeper.pid}", "--site=shop", f"--registry.dir={reg}",
+                     "--id=s1", "--src=/data", "--dst=/backup"]) == 0
+        assert "adopted process group" in capsys.readouterr().out
+        entry = Registry(reg).get("s1")
+        entry.pause = freeze.pause("s1", pgid=sleeper.pid, methods=["signal"])
+        Registry(reg).update(entry)
+        assert main(["copy-guard", "list", f"--registry.dir={reg}"]) == 0
+        out = capsys.readouterr().out
+        assert "s1" in out and "signal" in out and "/data -> /backup" in out
+        assert main(["copy-guard", "resume-all", f"--registry.dir={reg}"]) == 0
+        assert freeze.process_state(sleeper.pid) != "T"
+        assert Registry(reg).get("s1").pause is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert main(["copy-guard", "adopt", "--pid=999999999", f"--registry.dir={reg}"]) == 1

@@ -1,0 +1,106 @@
+"""The copy registry and the adoption fallbacks (without touching real cgroups)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from controllers.copy_guard import freeze
+from controllers.copy_guard.registry import Entry, Registry, process_start
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_add_list_and_remove(tmp_path):
+    reg = Registry(tmp_path / "copies")
+    me = os.getpid()
+    reg.add(Entry(id="b", kind="copier", pid=me, pid_start=process_start(me), site="shop", created=2.0))
+    reg.add(Entry(id="a", kind="adopted", pid=me, pid_start=process_start(me), pgid=None, site="blog", created=1.0))
+    assert [e.id for e in reg.entries()] == ["a", "b"]
+    assert [e.id for e in reg.for_site("shop")] == ["b"]
+    assert reg.sites() == {"shop": 1, "blog": 1}
+    reg.remove("a")
+    reg.remove("a")  # twice is fine
+    assert [e.id for e in reg.entries()] == ["b"]
+
+
+def test_stale_entries_are_ignored_and_cleaned(tmp_path):
+    reg = Registry(tmp_path)
+    me = os.getpid()
+    reg.add(Entry(id="dead", kind="copier", pid=dead_pid(), site="shop"))
+    # Same PID, another process (PID reuse): the start time does not match.
+    reg.add(Entry(id="reused", kind="adopted", pid=me, pid_start=(process_start(me) or 0) + 1, site="shop"))
+    reg.add(Entry(id="live", kind="copier", pid=me, pid_start=process_start(me), site="shop"))
+    assert [e.id for e in reg.entries()] == ["live"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live.json"]
+
+
+def test_unreadable_files_are_skipped_not_fatal(tmp_path):
+    reg = Registry(tmp_path)
+    (tmp_path / "junk.json").write_text("{not json")
+    (tmp_path / "wrong.json").write_text(json.dumps({"id": "../x", "kind": "copier", "pid": 1, "site": "s"}))
+    (tmp_path / "kind.json").write_text(json.dumps({"id": "k", "kind": "rm -rf", "pid": 1, "site": "s"}))
+    assert reg.entries() == []
+    assert Registry(tmp_path / "missing").entries() == []
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "a/b", "", "x" * 65])
+def test_ids_cannot_be_paths(tmp_path, bad):
+    with pytest.raises(ValueError):
+        Registry(tmp_path).path(bad)
+
+
+def test_detect_falls_back_to_signals_without_cgroups(tmp_path, monkeypatch):
+    monkeypatch.setattr(freeze, "CGROUP_ROOT", tmp_path / "no-cgroups")
+    assert freeze.detect() == ["signal"]
+    assert freeze.v2_root() is None and freeze.v1_freezer_root() is None
+
+
+def test_a_failing_method_falls_back_to_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr(freeze, "CGROUP_ROOT", tmp_path / "no-cgroups")
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        record = freeze.pause("t1", pgid=sleeper.pid, methods=["cgroup2", "cgroup1", "signal"])
+        assert record["method"] == "signal"
+        assert freeze.is_frozen(record)
+        freeze.resume(record)
+        assert not freeze.is_frozen(record)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_never_pauses_init_or_itself():
+    with pytest.raises(freeze.PauseError, match="refusing"):
+        freeze.pause("t3", pid=1, methods=["signal"])
+    with pytest.raises(freeze.PauseError, match="refusing"):
+        freeze.pause("t4", pgid=os.getpgrp(), methods=["signal"])
+
+
+def test_pausing_nothing_is_an_error():
+    with pytest.raises(freeze.PauseError):
+        freeze.pause("t2", pid=dead_pid())
+    with pytest.raises(freeze.PauseError):
+        freeze.resume({"method": "teleport"})
+
+
+def test_members_of_a_pid_include_its_children():
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    try:
+        from promreflex.proc import wait_until
+
+        kids = wait_until(lambda: len(freeze.descendants(parent.pid)) == 3 and freeze.descendants(parent.pid),
+                          timeout=10, what="two children")
+        assert parent.pid in kids
+        assert freeze.group_members(parent.pid) == kids  # new session: the group is the same set
+    finally:
+        os.killpg(parent.pid, 9)
+        parent.wait()
