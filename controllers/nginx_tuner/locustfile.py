@@ -16,7 +16,9 @@ So the think-time range against the candidate grid decides what the sweep can de
 many users (hundreds) so idle connections add up to a measurable amount of memory.
 
 Extra command-line options (Locust's own parser, so ``--help`` lists them):
-``--think-min``, ``--think-max`` (seconds) and ``--target-path`` (default ``/``).
+``--think-min``, ``--think-max`` (seconds) and ``--target-path`` (default ``/``; a comma list
+such as ``/index.html,/index.css`` is one page view: its paths fetched back to back on the same
+connection, then the think time).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from locust import FastHttpUser, events, task
 def _add_options(parser) -> None:  # noqa: ANN001 - locust's argparse wrapper
     parser.add_argument("--think-min", type=float, default=1.0, help="shortest think time between requests, seconds")
     parser.add_argument("--think-max", type=float, default=5.0, help="longest think time between requests, seconds")
-    parser.add_argument("--target-path", type=str, default="/", help="path requested by every user")
+    parser.add_argument("--target-path", type=str, default="/", help="path(s) of one page view, comma-separated")
 
 
 class ThinkingClient(FastHttpUser):
@@ -47,4 +49,5 @@ class ThinkingClient(FastHttpUser):
 
     @task
     def page(self) -> None:
-        self.client.get(self.environment.parsed_options.target_path, name="page")
+        for path in self.environment.parsed_options.target_path.split(","):
+            self.client.get(path, name=path)

@@ -22,11 +22,15 @@ small next to run-to-run noise; hence repeats and confidence intervals in ``pare
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from controllers.nginx_tuner.procfs import PROC, children
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+
+from controllers.nginx_tuner.procfs import PROC, children, cmdline
 
 Method = Literal["pss", "uss"]
 
@@ -92,3 +96,43 @@ def group_memory(pids: list[int], proc_root: Path = PROC, method: Method | None 
 def nginx_memory(master_pid: int, proc_root: Path = PROC, method: Method | None = None) -> MemoryReading:
     """Memory of an nginx master and all its children (workers, cache manager/loader)."""
     return group_memory([master_pid, *children(master_pid, proc_root)], proc_root, method)
+
+
+class NginxMemoryCollector:
+    """``promreflex_nginx_memory_bytes{method}`` of the nginx whose master is in ``pid_file``.
+
+    Read at scrape time (a few small /proc reads). When the pid file is missing or stale,
+    only ``promreflex_nginx_memory_up 0`` is exported, so an alert on memory goes quiet
+    instead of reading a stale value, and ``up``-style alerts can catch it. Served by
+    ``promreflex exporter-nginx-memory``; the passive tuner and ``rules/nginx.rules.yml`` read it.
+    """
+
+    def __init__(self, pid_file: Path, registry: CollectorRegistry = REGISTRY, proc_root: Path = PROC):
+        self.pid_file = Path(pid_file)
+        self.proc_root = proc_root
+        registry.register(self)
+
+    def _master(self) -> int:
+        pid = int(self.pid_file.read_text().strip())
+        if "master process" not in cmdline(pid, self.proc_root):
+            raise ProcessLookupError(f"pid {pid} is not an nginx master")
+        return pid
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("promreflex_nginx_memory_up", "1 when nginx's master was found and measured.")
+        try:
+            reading = nginx_memory(self._master(), self.proc_root)
+        except (OSError, ValueError, ProcessLookupError):
+            up.add_metric([], 0)
+            yield up
+            return
+        mem = GaugeMetricFamily(
+            "promreflex_nginx_memory_bytes",
+            "nginx memory: PSS (or USS where smaps_rollup is missing) summed over master and workers.",
+            labels=["method"],
+        )
+        mem.add_metric([reading.method], reading.total_bytes)
+        yield mem
+        yield GaugeMetricFamily("promreflex_nginx_processes", "nginx processes measured (master + workers).", value=len(reading.per_process))
+        up.add_metric([], 1)
+        yield up

@@ -4,8 +4,10 @@ The ``value`` label is a candidate ``keepalive_timeout`` from the sweep grid (20
 the paper's 5..100 s grid); anything outside the grid is refused, so the label set stays
 bounded whatever a caller passes. Per-value trial gauges hold the *latest* trial of that
 value; the sweep's statistics (repeats, intervals) live in ``pareto``, not in Prometheus.
-``trials_total{result}`` and ``state{state}`` are created for every label value up front so
-``increase()`` and ``== 1`` alerts work from the start.
+``trials_total{result}`` (ok; errors: the trial's failures rose and the last good value was
+restored; load_failed; apply_failed: nginx -t/reload/health failed and was rolled back) and
+``state{state}`` are created for every label value up front so ``increase()`` and ``== 1``
+alerts work from the start.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 STATES = ("idle", "sweeping", "applying", "rolled_back")
-TRIAL_RESULTS = ("ok", "load_failed", "apply_failed")
+TRIAL_RESULTS = ("ok", "errors", "load_failed", "apply_failed")
 
 
 def value_label(value: int | float | str) -> str:

@@ -116,13 +116,19 @@ def summarise(stats: list[dict]) -> LoadResult:
     return LoadResult(total_ms / requests, percentile_ms(hist, 0.95), requests, failures)
 
 
-def locust_argv(url: str, users: int, spawn_rate: float, duration_s: float, think_min: float, think_max: float, reset_stats: bool = True) -> list[str]:
+def locust_argv(
+    url: str, users: int, spawn_rate: float, duration_s: float, think_min: float, think_max: float,
+    reset_stats: bool = True, paths: Sequence[str] | None = None,
+) -> list[str]:
+    """``paths``: one page view fetches these in order on the same connection (default: the URL's path)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"not an http(s) URL: {url!r}")
+    if paths is not None and (not paths or any(not p.startswith("/") or "," in p or p != p.strip() for p in paths)):
+        raise ValueError(f"paths must be absolute, without commas or spaces: {paths!r}")
     argv = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "--host", f"{parts.scheme}://{parts.netloc}", "--target-path", parts.path or "/",
+        "--host", f"{parts.scheme}://{parts.netloc}", "--target-path", ",".join(paths) if paths else (parts.path or "/"),
         "-u", str(int(users)), "-r", str(spawn_rate), "-t", f"{max(1, math.ceil(duration_s))}s",
         "--think-min", str(think_min), "--think-max", str(think_max),
         "--json", "--skip-log", "--exit-code-on-error", "0", "--stop-timeout", "0",
@@ -142,9 +148,10 @@ def run_load(
     *,
     reset_stats: bool = True,
     margin_s: float = 30.0,
+    paths: Sequence[str] | None = None,
 ) -> LoadResult:
     """Run the thinking-client profile against ``url`` for ``duration_s`` seconds in a child process."""
-    argv = locust_argv(url, users, spawn_rate, duration_s, think_min, think_max, reset_stats)
+    argv = locust_argv(url, users, spawn_rate, duration_s, think_min, think_max, reset_stats, paths)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)  # noqa: S603
     try:

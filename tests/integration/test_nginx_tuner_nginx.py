@@ -13,6 +13,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from controllers.nginx_tuner.memory import nginx_memory
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.nginx_ctl import NginxControl, NginxError
 from controllers.nginx_tuner.procfs import children
-from controllers.nginx_tuner.trial import run_load
 from promreflex.proc import Child, free_port, http_ok, pid_alive, wait_until
 
 pytestmark = pytest.mark.integration
@@ -136,17 +136,60 @@ def test_broken_candidate_fails_nginx_t_and_rolls_back(live: Live) -> None:
     assert live.registry.get_sample_value("promreflex_nginx_tuner_state", {"state": "rolled_back"}) == 1
 
 
-def test_failed_reload_rolls_back_and_old_workers_keep_serving(live: Live) -> None:
-    ctl = live.control()
-    original = live.conf.read_bytes()
-    # Another team's file listens on a port something else holds: nginx -t passes (it does
-    # not bind), the reload fails in the master, which keeps its current workers.
+@contextmanager
+def port_conflict(live: Live) -> Iterator[Path]:
+    """Another team's file listens on a port something else holds: nginx -t passes (it does
+    not bind), a reload fails in the master, which keeps its current workers."""
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     other = live.prefix / "conf.d" / "other-team.conf"
     other.write_text(f"server {{ listen 127.0.0.1:{blocker.getsockname()[1]}; }}\n")
     try:
+        yield other
+    finally:
+        other.unlink()
+        blocker.close()
+
+
+class BackgroundGets:
+    """GETs on a fresh connection each, in a thread (bounded), counting failures; a context manager.
+
+    Fresh connections: a client *reusing* a keepalive connection can lose a request that races
+    the old worker closing it at reload (measured 40 in 26,000 over 10 reloads, each one
+    succeeding on a retry, which browsers do for idempotent requests)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.counts = {"ok": 0, "failed": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        for _ in range(50_000):  # bounded; stopped much earlier by the event
+            if self._stop.is_set():
+                return
+            self.counts["ok" if http_ok(self.url, timeout=5) else "failed"] += 1
+
+    def __enter__(self) -> BackgroundGets:
+        self._thread.start()
+        wait_until(lambda: self.counts["ok"] >= 5, timeout=10, what="background GETs to start")
+        return self
+
+    def more(self, n: int = 5) -> None:
+        """Wait until ``n`` more GETs succeeded (nginx serves after whatever happened)."""
+        start = self.counts["ok"]
+        wait_until(lambda: self.counts["ok"] >= start + n, timeout=10, what=f"{n} more GETs")
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_failed_reload_rolls_back_and_old_workers_keep_serving(live: Live) -> None:
+    ctl = live.control()
+    original = live.conf.read_bytes()
+    with port_conflict(live):
         before = ctl.workers()
         res = ctl.apply(9)
         assert (res.ok, res.stage, res.rolled_back, res.serving_last_good) == (False, "reload", True, True), res
@@ -154,9 +197,6 @@ def test_failed_reload_rolls_back_and_old_workers_keep_serving(live: Live) -> No
         assert live.conf.read_bytes() == original
         assert ctl.workers() == before and all(pid_alive(p) for p in before)
         assert http_ok(live.url)
-    finally:
-        other.unlink()
-        blocker.close()
     again = ctl.apply(9)
     assert again.ok and ctl.current_value() == ("9",)
 
@@ -235,32 +275,15 @@ def test_reload_waits_for_workers_held_by_a_request_in_progress(live: Live) -> N
 
 
 def test_no_failed_requests_during_a_sequence_of_applies(live: Live) -> None:
-    """Each GET opens a new connection. (A client *reusing* a keepalive connection can lose a
-    request that races the old worker closing it at reload: measured 40 in 26,000 over 10
-    reloads, each one succeeding on a retry, which browsers do for idempotent requests.)"""
+    """Each GET opens a new connection (see :class:`BackgroundGets`)."""
     ctl = live.control()
-    stop = threading.Event()
-    counts = {"ok": 0, "failed": 0}
-
-    def loop() -> None:
-        for _ in range(20_000):  # bounded; stopped much earlier by the event
-            if stop.is_set():
-                return
-            counts["ok" if http_ok(live.url, timeout=5) else "failed"] += 1
-
-    worker = threading.Thread(target=loop, daemon=True)
-    worker.start()
-    try:
-        wait_until(lambda: counts["ok"] >= 5, timeout=10, what="background GETs to start")
-        start = counts["ok"]
+    with BackgroundGets(live.url) as gets:
+        start = gets.counts["ok"]
         results = [ctl.apply(v) for v in (5, 10, 15, 20)]
-        during = counts["ok"] - start
-        wait_until(lambda: counts["ok"] >= start + during + 5, timeout=10, what="GETs after the applies")
-    finally:
-        stop.set()
-        worker.join(timeout=10)
+        during = gets.counts["ok"] - start
+        gets.more()
     assert [r.ok for r in results] == [True] * 4
-    assert during > 0 and counts["failed"] == 0, counts
+    assert during > 0 and gets.counts["failed"] == 0, gets.counts
 
 
 def test_memory_of_running_nginx(live: Live) -> None:
@@ -271,9 +294,3 @@ def test_memory_of_running_nginx(live: Live) -> None:
     assert reading.method == ("pss" if Path("/proc/self/smaps_rollup").exists() else "uss")
     assert set(reading.per_process) == {master, *ctl.workers()} and len(reading.per_process) == 3
     assert reading.total_bytes == sum(reading.per_process.values()) and all(v > 0 for v in reading.per_process.values())
-
-
-def test_run_load_against_nginx(live: Live) -> None:
-    res = run_load(live.url, users=20, spawn_rate=20, duration_s=2, think_min=0.05, think_max=0.2, margin_s=60)
-    assert res.requests > 20 and res.failures == 0
-    assert res.mean_ms > 0 and res.p95_ms > 0
