@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "exporters.accesslog.cli",
     "exporters.mesh.cli",
     "controllers.copy_guard.cli",
+    "controllers.copy_guard.calibrate",
     "controllers.nginx_tuner.cli",
     "controllers.rca.cli",
 ]

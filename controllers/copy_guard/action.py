@@ -317,6 +317,11 @@ class CopyGuardAction(Action):
                 await self._end(ep, "resolved")
                 changed = True
                 continue
+            if not ep.holders:
+                # Resolved, waiting out min_pause: keep the leases of held copies alive (or they
+                # resume by themselves after one lease), pause nothing new.
+                await self._enforce(ep, pause_new=False)
+                continue
             if ep.forced or not any(h["confirmed"] for h in ep.holders.values()):
                 continue
             if now - ep.since >= ep.params.max_pause:
@@ -345,9 +350,9 @@ class CopyGuardAction(Action):
         if changed:
             self._save()
 
-    async def _enforce(self, ep: Episode) -> int:
-        """Hold every registered copy of the site; renew leases that are due; forget copies that
-        ended. Returns how many copies are held."""
+    async def _enforce(self, ep: Episode, pause_new: bool = True) -> int:
+        """Hold every registered copy of the site (only those already held unless ``pause_new``);
+        renew leases that are due; forget copies that ended. Returns how many copies are held."""
         reg = Registry(ep.params.registry_dir)
         entries = {e.id: e for e in reg.for_site(ep.site)}
         for copy_id in [i for i in ep.held if i not in entries]:
@@ -358,7 +363,8 @@ class CopyGuardAction(Action):
         for copy_id, entry in entries.items():
             held = ep.held.get(copy_id)
             if held is None:
-                jobs.append(self._hold(ep, entry, renew=False))
+                if pause_new:
+                    jobs.append(self._hold(ep, entry, renew=False))
             elif mono - held.renewed >= ep.params.lease / 3:
                 jobs.append(self._hold(ep, entry, renew=True))
         if jobs:

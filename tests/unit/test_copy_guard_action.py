@@ -183,6 +183,24 @@ async def test_min_pause_defers_the_resume_and_a_new_fire_cancels_it(copies, reg
     assert copies.paused() == set() and "shop" not in a.episodes
 
 
+async def test_leases_are_renewed_while_waiting_out_min_pause(copies, reg):
+    """A min_pause longer than the lease must not end early by the copier's own lease expiry."""
+    a = await started()
+    p = params(reg, min_pause=30, lease=3)
+    await a.fire(ctx(p))
+    await a.resolve(ctx(p, status="resolved"))
+    for held in a.episodes["shop"].held.values():
+        held.renewed -= p.lease  # a lease third has long passed
+    copies.calls.clear()
+    await a.tick()
+    assert sorted(copies.calls) == [("c1", "pause"), ("c2", "pause")]  # renewed (a pause with a new lease)
+    assert copies.paused() == {"c1", "c2"}
+    reg.add(Entry(id="late", kind="copier", pid=ME, pid_start=process_start(ME), pgid=None, site="shop",
+                  control_url="http://127.0.0.1:9/"))
+    await a.tick()
+    assert "late" not in copies.paused()  # nothing new is paused once the alert resolved
+
+
 async def test_throttle_mode_throttles_copiers_and_pauses_adopted_processes(copies, reg):
     reg.add(Entry(id="rsync", kind="adopted", pid=ME, pid_start=process_start(ME), pgid=None, site="shop"))
     a = await started()
