@@ -36,7 +36,7 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
         out = data_dir.parent / "calibration.json"
         args = parser.parse_args([
             "calibrate", "--target", stack.url("nginx") + "/", "--textfile.dir", str(stack.textfile_dir),
-            "--runs", "2", "--duration", "4s", "--warmup", "1s", "--rate", "20", "--users", "4", "--out", str(out)])
+            "--runs", "2", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4", "--out", str(out)])
         assert args.func(args) == 0
         printed = capsys.readouterr().out
         assert "run 2/2" in printed and "threshold (min)" in printed
@@ -56,7 +56,7 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
         out2 = data_dir.parent / "calibration-prometheus.json"
         args = parser.parse_args([
             "calibrate", "--target", stack.url("nginx") + "/", "--textfile.dir", str(stack.textfile_dir),
-            "--runs", "1", "--duration", "5s", "--warmup", "1s", "--rate", "20", "--users", "4",
+            "--runs", "1", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4",
             "--source", "prometheus", "--prometheus.url", prom, "--dry-run", "--out", str(out2)])
         assert args.func(args) == 0
         from_prom = json.loads(out2.read_text())
