@@ -1,0 +1,164 @@
+"""Run the RCA experiments on the simulated mesh.
+
+    uv run python -m bench.rca [--quick] [--experiment basic|faults|all] [--mode loop|direct]
+
+Run full measurements under the shared lock:
+    flock /tmp/promreflex-bench.lock uv run python -m bench.rca --experiment all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.rca import basic
+from bench.rca.cases import ANCHORS, CaseRunner, all_cases
+from bench.rca.faults import FAULT_KINDS
+from bench.rca.scoring import CaseOutcome, summarise
+from bench.rca.topology import CORE_SERVICES, SERVICES
+
+QUICK_CASES = [("carts-db", "cpu"), ("carts", "latency"), ("payment", "memory"), ("catalogue", "disk")]
+
+
+def conditions() -> dict[str, Any]:
+    return {"cores": os.cpu_count(), "loadavg_start": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def faults_table(result: dict[str, Any]) -> str:
+    outcomes = [CaseOutcome(c["service"], c["ranking"] if c["flagged"] else None, c["time_to_flag_s"]) for c in result["cases"]]
+    s = summarise(outcomes)
+    kinds = sorted({c["kind"] for c in result["cases"]}, key=FAULT_KINDS.index)
+    lines = [f"{'fault':<9}{'cases':>6}{'AC@1':>7}{'AC@3':>7}{'Avg@5':>7}{'flagged':>9}{'median':>8}{'max':>8}"]
+
+    def row(name: str, sub: list[CaseOutcome]) -> str:
+        t = summarise(sub)
+        return (f"{name:<9}{len(sub):>6}{t['ac1']:>7.2f}{t['ac3']:>7.2f}{t['avg5']:>7.2f}{t['flagged']:>6}/{len(sub):<2}"
+                f"{t['median_s']:>7.1f}s{t['max_s']:>7.1f}s")
+
+    for k in kinds:
+        lines.append(row(k, [o for o, c in zip(outcomes, result["cases"], strict=True) if c["kind"] == k]))
+    lines.append(row("all", outcomes))
+    lines.append(f"targets: AC@1 >= 0.90 ({'met' if s['ac1'] >= 0.9 else 'NOT met'}), flagged within 60 s "
+                 f"({'met' if s['flagged'] == s['cases'] and s['max_s'] <= 60 else 'NOT met'})")
+    lines += [f"anchor: {name}: {value}" for name, value in ANCHORS]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = result["cases"]
+    labels = [f"{c['kind']}\n{c['service']}" for c in cases]
+    colors = {"cpu": "tab:red", "memory": "tab:purple", "latency": "tab:blue", "disk": "tab:brown"}
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, len(cases) * 0.42), 6.5), sharex=True)
+    x = range(len(cases))
+    ax1.bar(x, [c["time_to_flag_s"] or 0 for c in cases], color=[colors[c["kind"]] for c in cases])
+    for i, c in enumerate(cases):
+        if not c["flagged"]:
+            ax1.text(i, 1, "not\nflagged", ha="center", fontsize=6)
+    ax1.axhline(60, color="black", linestyle="--", linewidth=1, label="target: 60 s")
+    ax1.set_ylabel("fault start -> flag (s)")
+    ax1.legend(loc="upper right")
+    worst = max([len(c["ranking"]) for c in cases] + [3])
+    for i, c in enumerate(cases):
+        r = c["rank"]
+        if r is None:
+            ax2.scatter([i], [worst + 1], marker="x", color="tab:gray")
+        else:
+            ax2.scatter([i], [r], s=60, color="tab:green" if r == 1 else ("tab:orange" if r <= 3 else "tab:red"))
+    ax2.axhline(3.5, color="black", linestyle=":", linewidth=1)
+    ax2.set_ylim(worst + 1.5, 0.5)
+    ax2.set_yticks(list(range(1, worst + 2)), [*map(str, range(1, worst + 1)), "none"])
+    ax2.set_ylabel("rank of the true cause\n(1 = named first)")
+    ax2.set_xticks(list(x), labels, rotation=90, fontsize=7)
+    s = summarise([CaseOutcome(c["service"], c["ranking"] if c["flagged"] else None, c["time_to_flag_s"]) for c in cases])
+    fig.suptitle(f"RCA on the simulated Sock Shop ({result['mode']} mode): AC@1 {s['ac1']:.2f}, AC@3 {s['ac3']:.2f}, "
+                 f"time to flag median {s['median_s']:.1f} s, max {s['max_s']:.1f} s", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def default_mode() -> str:
+    try:
+        import controllers.rca.action  # noqa: F401
+    except ImportError:
+        return "direct"
+    return "loop"
+
+
+def replot(results: Path) -> Path:
+    """Redraw the plot of a results JSON (``--replot FILE``)."""
+    data = json.loads(results.read_text())
+    png = results.with_name(results.stem.replace("results-", "cases-") + ".png")
+    plot(data["faults"], png)
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="3 round-trip levels, 4 fault cases (about 3 minutes)")
+    ap.add_argument("--experiment", choices=("basic", "faults", "all"), default="all")
+    ap.add_argument("--mode", choices=("loop", "direct"), default=None,
+                    help="loop: the controller's rca action flags (default when it exists); direct: analyse here")
+    ap.add_argument("--services", default=",".join(CORE_SERVICES), help="comma-separated services to fault")
+    ap.add_argument("--kinds", default=",".join(FAULT_KINDS), help="comma-separated fault kinds")
+    ap.add_argument("--window", default="10s", help="the mesh rules' 1m windows become this")
+    ap.add_argument("--for", dest="for_", default="5s", help="ServiceResponseTimeHigh's for: becomes this")
+    ap.add_argument("--rate", type=float, default=3.0, help="orders per second during the fault cases")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/rca"))
+    ap.add_argument("--replot", type=Path, metavar="RESULTS_JSON", help="only redraw the plot of an earlier run")
+    args = ap.parse_args(argv)
+    if args.replot:
+        print(f"wrote {replot(args.replot)}")
+        return 0
+    services = [s for s in args.services.split(",") if s]
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [s for s in services if s not in SERVICES] + [k for k in kinds if k not in FAULT_KINDS]
+    if bad:
+        ap.error(f"unknown service(s)/kind(s): {', '.join(bad)}")
+    mode = args.mode or default_mode()
+    args.out.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"command": "python -m bench.rca " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+                           "conditions": conditions()}
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="promreflex-rca-") as tmp:
+        work = Path(tmp)
+        if args.experiment in ("basic", "all"):
+            levels = (1, 5, 15) if args.quick else basic.ROUNDTRIPS
+            out["basic"] = basic.run_basic(work, duration_s=8 if args.quick else 20, roundtrips=levels)
+            print("\nBasic experiment (paper: orders max +1395 ms from 1 to 15 round trips; carts-db CPU 25.7 % -> 84.1 %)")
+            print(basic.table(out["basic"]))
+        if args.experiment in ("faults", "all"):
+            cases = QUICK_CASES if args.quick else all_cases(services, kinds)
+            runner = CaseRunner(work / "cases", mode=mode, window=args.window, for_=args.for_, rate=args.rate)
+            out["faults"] = runner.run(cases, warmup_s=40 if args.quick else 60, max_wait_s=60,
+                                       recovery_s=45)
+            print(f"\nFault cases ({mode} mode: {'controller rca action' if mode == 'loop' else 'analyse_prometheus here'}; "
+                  f"rules windows {args.window}, for {args.for_}; {args.rate:g} orders/s)")
+            print(faults_table(out["faults"]))
+    out["conditions"]["loadavg_end"] = os.getloadavg()
+    out["conditions"]["wall_s"] = time.monotonic() - t_start
+    name = f"quick-{args.experiment}" if args.quick else args.experiment
+    path = args.out / f"results-{name}.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"\nload average at start {out['conditions']['loadavg_start'][0]:.2f}, at end {out['conditions']['loadavg_end'][0]:.2f}; "
+          f"{out['conditions']['cores']} cores; wall {out['conditions']['wall_s']:.0f} s")
+    if "faults" in out:
+        plot(out["faults"], args.out / f"cases-{name}.png")
+        print(f"wrote {path} and {args.out / f'cases-{name}.png'}")
+    else:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,339 @@
+"""Every service x every fault, through the real loop, scored as AC@1 / AC@3 and time to flag.
+
+Per run: the mesh (:mod:`bench.rca.mesh`) under open-loop load, the local stack
+(:class:`promreflex.stack.Stack`: Prometheus with the repository's rules, Alertmanager, the
+controller with a route ``ServiceResponseTimeHigh -> rca``) scraping the mesh exporter and every
+service's resource metrics. After a warm-up, each service's response-time line is calibrated
+(the smallest histogram bucket bound at least twice the 95th percentile of the warm-up's
+recorded maxima, at least 50 ms) and
+published as ``promreflex_mesh_response_time_threshold_seconds{service}`` (node_exporter
+textfile), the gauge rules/mesh.rules.yml reads. Then, case by case: inject the fault, wait for
+the rca action's report (``created_at`` after the fault started, naming a root cause), record
+the ranking and the time from fault start to that report, clear the fault, and wait until the
+incident is over (no ServiceResponseTimeHigh firing, no root cause flagged).
+
+Time scale: the rules are copied with their 1m windows shortened (``--window``, 10s by default)
+and ``for:`` shortened (``--for``, 5s), so that a case (fault, flag, recovery) takes about 25 s
+instead of about 100 s; the local stack scrapes every 200 ms, so a 10s window still holds 50
+samples. ``--window 1m --for 15s`` runs the rules unchanged.
+
+``mode="direct"`` (the fallback for a tree without the action): the analysis is run by this
+process with :func:`controllers.rca.promsource.analyse_prometheus`, with the same parameters,
+as soon as Prometheus has a ServiceResponseTimeHigh firing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.rca.faults import FAULT_KINDS
+from bench.rca.mesh import Mesh
+from bench.rca.procstats import RESOURCE_TEMPLATES
+from bench.rca.scoring import CaseOutcome
+from bench.rca.topology import CORE_SERVICES
+from promreflex.config import Ports, load_config, parse_duration
+from promreflex.proc import free_port, wait_until
+from promreflex.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+MIN_LINE_S = 0.05
+# Fault parameters (see bench/rca/faults.py for what each does).
+FAULT_PARAMS: dict[str, dict[str, float]] = {
+    "cpu": {"threads": 4, "duty": 1.0},
+    "memory": {"rate_mb_s": 40, "max_mb": 400},
+    "latency": {"delay_ms": 400},
+    "disk": {"writes": 300, "block_kb": 4, "interval_ms": 250},
+}
+# Published anchors printed beside the results.
+ANCHORS = [
+    ("MicroRCA (Wu et al., NOMS 2020), Sock Shop", "precision 89 % (AC@1-like)"),
+    ("BARO (Pham et al., FSE 2024), Online Boutique, CPU faults", "Avg@5 0.97"),
+]
+
+
+@dataclass
+class CaseResult:
+    service: str
+    kind: str
+    started: float
+    flagged: bool = False
+    time_to_flag_s: float | None = None
+    root_causes: list[str] = field(default_factory=list)
+    ranking: list[str] = field(default_factory=list)
+    alerting: list[str] = field(default_factory=list)
+    rank: int | None = None
+    note: str = ""
+    steps: list[str] = field(default_factory=list)  # the analysis' reasoning, as `rca explain` prints it
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def outcome(self) -> CaseOutcome:
+        return CaseOutcome(self.service, self.ranking if self.flagged else None, self.time_to_flag_s)
+
+
+def render_rules(dst: Path, window: str, for_: str) -> Path:
+    """The repository's rules, with mesh.rules.yml's windows and ``for`` time-scaled."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in (REPO / "rules").glob("*.yml"):
+        text = f.read_text()
+        if f.name == "mesh.rules.yml":
+            text = text.replace("[1m]", f"[{window}]")
+            text = re.sub(r"(?m)^(\s+for:\s*)15s\s*$", rf"\g<1>{for_}", text)
+        (dst / f.name).write_text(text)
+    return dst
+
+
+def line_for(warmup_max_s: float | None) -> float:
+    """The calibrated line: the smallest bucket bound >= max(2 x the warm-up's typical maximum, 50 ms)."""
+    want = max(2 * (warmup_max_s or 0.0), MIN_LINE_S)
+    return next((b for b in BUCKETS if b >= want - 1e-12), BUCKETS[-1])
+
+
+RCA_WINDOW_S = 12.0  # the analysis scores the last 12 s (the fault is 7-10 s old when it runs) ...
+RCA_BASELINE_S = 60.0  # ... against the minute before
+
+
+def source_params() -> dict[str, Any]:
+    return {"queries": {"resources": dict(RESOURCE_TEMPLATES)}, "window": f"{RCA_WINDOW_S:g}s",
+            "baseline": f"{RCA_BASELINE_S:g}s", "step": "1s"}
+
+
+
+class Prom:
+    def __init__(self, base: str):
+        self.base = base
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - loopback
+            body = json.load(resp)
+        return body["data"]["result"]
+
+    def firing(self, alertname: str = "ServiceResponseTimeHigh") -> list[str]:
+        rows = self.query(f'ALERTS{{alertname="{alertname}",alertstate="firing"}}')
+        return sorted({r["metric"].get("service", "?") for r in rows})
+
+
+class CaseRunner:
+    def __init__(self, workdir: Path, *, mode: str = "loop", window: str = "10s", for_: str = "5s",
+                 rate: float = 3.0, progress=print):
+        self.workdir = workdir
+        self.mode = mode
+        self.window, self.for_ = window, for_
+        self.rate = rate
+        self.progress = progress
+        self.report = workdir / "rca-latest.json"
+        self.mesh: Mesh | None = None
+        self.stack: Stack | None = None
+        self.load: subprocess.Popen | None = None
+        self.lines: dict[str, float] = {}
+        self.false_alarms: list[dict[str, Any]] = []
+
+    # ----------------------------------------------------------------- setup
+    def action_params(self) -> dict[str, Any]:
+        return {"settle": "2s", "lease": "30s", "report": str(self.report), "source": source_params()}
+
+    def start(self, load_budget_s: float) -> None:
+        self.mesh = Mesh(self.workdir / "mesh").start()
+        routes = []
+        if self.mode == "loop":
+            routes = [{"name": "rca", "matchers": ['alertname="ServiceResponseTimeHigh"'], "action": "rca",
+                       "params": self.action_params()}]
+        cfg = load_config(None, {
+            "stack.state_dir": str(self.workdir / "stack"),
+            "stack.ports": {p: free_port() for p in Ports.model_fields},
+            "stack.rules_dir": str(render_rules(self.workdir / "rules", self.window, self.for_)),
+            "stack.extra_scrape": [
+                {"job": "mesh", "targets": [self.mesh.exporter_url.removeprefix("http://")], "interval": "500ms"},
+                {"job": "shop", "targets": self.mesh.targets(), "interval": "1s"},
+            ],
+            "controller.reconcile_interval": "5s",
+            "controller.routes": routes,
+        })
+        self.stack = Stack(cfg)
+        self.stack.up(progress=lambda *_: None)
+        self.prom = Prom(self.stack.url("prometheus"))
+        self.load = subprocess.Popen(  # noqa: S603 - our own module
+            [sys.executable, "-m", "bench.rca.load", "--url", self.mesh.url("front-end"), "--rate", str(self.rate),
+             "--users", "16", "--roundtrips", "1", "--think-ms", "0", "--duration", str(int(load_budget_s)),
+             "--out", str(self.workdir / "load-cases.json")],
+            stdout=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def check_alive(self) -> None:
+        """Raise when the load driver or a mesh process has died (None otherwise)."""
+        if self.load is not None and self.load.poll() is not None:
+            raise RuntimeError(f"the load driver exited early with code {self.load.returncode}")
+        dead = self.mesh.dead() if self.mesh else []
+        if dead:
+            raise RuntimeError(f"mesh processes died: {dead}")
+
+    def stop(self) -> None:
+        if self.load is not None and self.load.poll() is None:
+            self.load.terminate()
+            try:
+                self.load.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.load.kill()
+                self.load.wait()
+        if self.stack is not None:
+            self.stack.down(quiet=True)
+        if self.mesh is not None:
+            self.mesh.stop()
+
+    def calibrate(self, warmup_s: float) -> dict[str, float]:
+        self.progress(f"  warm-up {warmup_s:.0f} s under load ({self.rate:g} orders/s) ...")
+        self.check_alive()
+        wait_until(lambda: self.check_alive() or self.prom.query("service:promreflex_mesh_request_duration_seconds:max_1m"),
+                   timeout=60, what="recorded per-service maxima")
+        time.sleep(warmup_s)
+        # The 95th percentile of the recorded maxima, not their maximum: one stray request on a
+        # shared machine must not set a service's line for the whole run.
+        rows = self.prom.query(
+            f"quantile_over_time(0.95, service:promreflex_mesh_request_duration_seconds:max_1m[{int(warmup_s)}s])")
+        maxima = {r["metric"]["service"]: float(r["value"][1]) for r in rows}
+        assert self.mesh is not None
+        self.lines = {s: line_for(maxima.get(s)) for s in self.mesh.services}
+        text = ["# HELP promreflex_mesh_response_time_threshold_seconds Response-time line per service (bench calibration).",
+                "# TYPE promreflex_mesh_response_time_threshold_seconds gauge"]
+        text += [f'promreflex_mesh_response_time_threshold_seconds{{service="{s}"}} {v}' for s, v in self.lines.items()]
+        assert self.stack is not None
+        tmp = self.stack.textfile_dir / "promreflex_bench_lines.prom.tmp"
+        tmp.write_text("\n".join(text) + "\n")
+        tmp.rename(self.stack.textfile_dir / "promreflex_bench_lines.prom")
+        self.progress("  lines: " + ", ".join(f"{s} {v * 1000:g} ms (warm-up p95 of max {maxima.get(s, 0) * 1000:.0f})"
+                                             for s, v in self.lines.items()))
+        wait_until(lambda: len(self.prom.query('promreflex_mesh_response_time_threshold_seconds{service!=""}')) >= len(self.lines),
+                   timeout=30, what="lines scraped")
+        return maxima
+
+    # ----------------------------------------------------------------- one case
+    def _report(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.report.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def flagged_roots(self) -> list[str]:
+        assert self.stack is not None
+        rows = self.prom.query('promreflex_root_cause{job="promreflex-controller"}')
+        return sorted(r["metric"]["service"] for r in rows)
+
+    def quiet(self, timeout: float) -> bool:
+        """Wait until no ServiceResponseTimeHigh fires and no root cause is flagged."""
+        try:
+            wait_until(lambda: not self.prom.firing() and not self.flagged_roots(), timeout=timeout, interval=0.5,
+                       what="quiet mesh")
+            return True
+        except Exception:  # noqa: BLE001 - promreflex.proc.Timeout; reported by the caller
+            return False
+
+    def _direct_finding(self) -> dict[str, Any]:
+        from controllers.rca.action import RcaParams
+        from controllers.rca.promsource import analyse_prometheus
+
+        p = RcaParams.model_validate(self.action_params())
+        finding = asyncio.run(analyse_prometheus(self.prom.base, p.source, p.analysis))
+        return json.loads(finding.model_dump_json())
+
+    def run_case(self, service: str, kind: str, max_wait_s: float) -> CaseResult:
+        assert self.mesh is not None
+        before = self._report()
+        before_at = before.get("created_at") if before else None
+        t0 = time.time()
+        self.mesh.inject(service, kind, duration_s=max_wait_s + 5, **FAULT_PARAMS[kind])
+        res = CaseResult(service, kind, t0)
+        deadline = time.monotonic() + max_wait_s
+        finding = None
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if self.mode == "direct":
+                firing = self.prom.firing()
+                if firing:
+                    finding = self._direct_finding()
+                    if finding.get("root_causes"):
+                        res.alerting = firing
+                        break
+                    finding = None
+                continue
+            rep = self._report()
+            if rep and rep.get("created_at") != before_at and rep.get("root_causes"):
+                created = datetime.fromisoformat(rep["created_at"].replace("Z", "+00:00")).timestamp()
+                if created >= t0:
+                    finding = rep
+                    break
+        self.mesh.clear(service)
+        if finding is not None:
+            created = datetime.fromisoformat(finding["created_at"].replace("Z", "+00:00")).timestamp()
+            res.flagged = True
+            res.time_to_flag_s = created - t0
+            res.root_causes = list(finding["root_causes"])
+            res.ranking = [v["service"] for v in finding["ranking"]]
+            res.alerting = res.alerting or [v["service"] for v in finding["ranking"] if "ServiceResponseTimeHigh is firing" in v.get("slow_reasons", [])]
+            res.rank = res.outcome().rank
+            res.steps = list(finding.get("steps", []))
+            res.verdicts = {v["service"]: {k: v.get(k) for k in ("group", "slow", "latency_s", "latency_baseline_s",
+                                                                 "latency_z", "score", "resource_score")}
+                            for v in finding["ranking"]}
+        else:
+            res.note = f"not flagged within {max_wait_s:.0f} s"
+        return res
+
+    def run(self, cases: list[tuple[str, str]], *, warmup_s: float = 60.0, max_wait_s: float = 60.0,
+            recovery_s: float = 45.0) -> dict[str, Any]:
+        per_case = 12 + max_wait_s + recovery_s
+        budget = warmup_s + 120 + len(cases) * per_case
+        self.progress(f"== faults: {len(cases)} cases, mode {self.mode}, rules windows {self.window}, for {self.for_}")
+        try:
+            self.start(budget)
+            self.calibrate(warmup_s)
+            if not self.quiet(recovery_s):
+                self.progress(f"  warning: not quiet after warm-up (firing: {self.prom.firing()})")
+            results = []
+            for i, (service, kind) in enumerate(cases, 1):
+                busy_before = self.prom.firing()
+                res = self.run_case(service, kind, max_wait_s)
+                cleared = time.monotonic()
+                if busy_before:
+                    res.note = (res.note + "; " if res.note else "") + f"firing before the fault: {', '.join(busy_before)}"
+                quiet = self.quiet(recovery_s)
+                # The next analysis must not see this fault: its window reads the rules' maxima
+                # (themselves over the rules' window) over the last RCA_WINDOW_S.
+                time.sleep(max(0.0, cleared + parse_duration(self.window) + RCA_WINDOW_S + 3 - time.monotonic()))
+                top = ", ".join(res.ranking[:3]) if res.flagged else "-"
+                flag = f"{res.time_to_flag_s:5.1f} s" if res.flagged else "   --  "
+                self.progress(f"  [{i:>2}/{len(cases)}] {kind:<7} on {service:<10} flag {flag}  rank {res.rank or '-':>2}  "
+                              f"top3 {top}{'' if quiet else '  (recovery slow)'}")
+                results.append(asdict(res))
+                self.check_alive()
+        finally:
+            self.stop()
+        try:
+            load_stats = json.loads((self.workdir / "load-cases.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            load_stats = None
+        return {"mode": self.mode, "window": self.window, "for": self.for_, "rate": self.rate, "lines_s": self.lines,
+                "fault_params": FAULT_PARAMS, "max_wait_s": max_wait_s, "cases": results, "load": load_stats}
+
+
+def all_cases(services: list[str] | None = None, kinds: list[str] | None = None) -> list[tuple[str, str]]:
+    """Every service x every kind, interleaved so consecutive cases hit different services."""
+    services = services or list(CORE_SERVICES)
+    kinds = kinds or list(FAULT_KINDS)
+    return [(s, k) for k in kinds for s in services]
+
+
+def cleanup(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)
