@@ -119,7 +119,7 @@ class CopyProcess:
     def __init__(self, src: Path, dst: Path, registry_dir: Path, disk: EmulatedDisk | None, log_path: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "controllers.copy_guard.cli", "copy", str(src), str(dst), "--site", SITE,
+        self.argv = [sys.executable, "-m", "promreflex", "copy", str(src), str(dst), "--site", SITE,
                      "--registry.dir", str(registry_dir), "--web.listen-address", f"127.0.0.1:{self.port}",
                      "--io", "direct", "--fresh"]
         self.dst, self.disk, self.log_path = dst, disk, log_path

@@ -45,7 +45,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,15 +411,3 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="measure and print, do not publish")
     p.set_defaults(func=cmd_calibrate)
     return p
-
-
-def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controllers.copy_guard.calibrate")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(["calibrate", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

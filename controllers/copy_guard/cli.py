@@ -2,7 +2,7 @@
 adopt|list|resume-all`` (foreign copies and the registry).
 
 :func:`register` adds both to a CLI's subcommands; each handler returns the exit status.
-Until the main CLI lists this module: ``python -m controllers.copy_guard.cli copy SRC DST``.
+Run as ``promreflex copy SRC DST`` and ``promreflex copy-guard adopt|list|resume-all``.
 """
 
 from __future__ import annotations
@@ -146,15 +146,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.set_defaults(func=_adopt)
     sub.choices["list"].set_defaults(func=_list)
     sub.choices["resume-all"].set_defaults(func=_resume_all)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m controllers.copy_guard.cli``) until the main CLI wires it."""
-    parser = argparse.ArgumentParser(prog="promreflex")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

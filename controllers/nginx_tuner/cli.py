@@ -1,5 +1,4 @@
-"""Command line of the keepalive tuner: ``promreflex tune-nginx`` and ``promreflex exporter-nginx-memory``
-(or ``python -m controllers.nginx_tuner.cli ...`` with the same flags).
+"""Command line of the keepalive tuner: ``promreflex tune-nginx`` and ``promreflex exporter-nginx-memory``.
 
 ``tune-nginx`` sweeps ``keepalive_timeout`` over candidates on a running nginx, measures each
 (``--mode active``: Locust thinking clients; ``--mode passive``: live traffic read back from
@@ -22,7 +21,6 @@ import asyncio
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 from promreflex.config import parse_duration
@@ -206,19 +204,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e = subparsers.add_parser(EXPORTER, help="export nginx memory (PSS over master and workers)")
     add_exporter_arguments(e)
     e.set_defaults(func=cmd_exporter)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controllers.nginx_tuner.cli", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    started = time.monotonic()
-    code = args.func(args)
-    if args.command == TUNE:
-        print(f"({time.monotonic() - started:.0f}s)")
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -124,15 +124,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     exp.add_argument("--report", default=str(DEFAULT_REPORT), metavar="FILE",
                      help=f"report to read (default {DEFAULT_REPORT})")
     exp.set_defaults(func=_explain)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m controllers.rca.cli``) until the lead's CLI wires it."""
-    parser = argparse.ArgumentParser(prog="promreflex")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

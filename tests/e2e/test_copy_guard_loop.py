@@ -80,7 +80,7 @@ class CopyRun:
         self.log = tmp / "copy.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "controllers.copy_guard.cli", "copy", str(self.src), str(self.dst),
+                [sys.executable, "-m", "promreflex", "copy", str(self.src), str(self.dst),
                  "--site=shop", f"--registry.dir={registry}", f"--web.listen-address=127.0.0.1:{port}",
                  f"--rate-limit={rate}", "--chunk-size=64K", "--linger=2", "--id=backup"],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -92,7 +92,7 @@ def tuned_stack() -> Iterator[tuple[Stack, Traffic, Path]]:
         }],
     })
     memory_exporter = Component("nginx_memory", mem_port, f"http://127.0.0.1:{mem_port}/-/ready", [
-        sys.executable, "-m", "controllers.nginx_tuner.cli", "exporter-nginx-memory",
+        sys.executable, "-m", "promreflex", "exporter-nginx-memory",
         f"--nginx.pid-file={state / 'nginx' / 'nginx.pid'}", f"--web.listen-address=127.0.0.1:{mem_port}",
     ])
     stack = Stack(cfg, extra_components=[memory_exporter])

@@ -23,7 +23,7 @@ from tests.payloads import alert
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "controllers.copy_guard.cli"]
+CLI = [sys.executable, "-m", "promreflex"]
 
 
 class FifoCopy:

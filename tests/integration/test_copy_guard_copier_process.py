@@ -26,7 +26,7 @@ SIZE = 4 << 20
 
 
 def copy_cmd(src, dst, reg, *extra) -> list[str]:
-    return [sys.executable, "-m", "controllers.copy_guard.cli", "copy", str(src), str(dst),
+    return [sys.executable, "-m", "promreflex", "copy", str(src), str(dst),
             f"--registry.dir={reg}", "--chunk-size=64K", "--checkpoint-size=256K", *extra]
 
 

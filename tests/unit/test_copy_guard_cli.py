@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from controllers.copy_guard import freeze
-from controllers.copy_guard.cli import main, parse_size, register
+from controllers.copy_guard.cli import parse_size, register
+from promreflex.cli import main
 from controllers.copy_guard.registry import Registry
 
 

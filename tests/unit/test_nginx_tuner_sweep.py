@@ -246,6 +246,7 @@ async def test_cancelled_sweep_restores_the_last_good_value() -> None:
 
 def test_cli_registers_both_subcommands_and_rejects_missing_load_url(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from controllers.nginx_tuner import cli
+    from promreflex.cli import main as promreflex_main
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
@@ -253,7 +254,7 @@ def test_cli_registers_both_subcommands_and_rejects_missing_load_url(tmp_path: P
                               "--load.duration", "2s", "--early-stop"])
     assert (args.candidates, args.duration, args.early_stop, args.mode, args.func) == ((5.0, 10.0), 2.0, True, "active", cli.cmd_tune)
     assert parser.parse_args(["exporter-nginx-memory", "--nginx.pid-file", "/run/nginx.pid"]).func is cli.cmd_exporter
-    assert cli.main(["tune-nginx", "--nginx.config", str(tmp_path / "nginx.conf")]) == 2
+    assert promreflex_main(["tune-nginx", "--nginx.config", str(tmp_path / "nginx.conf")]) == 2
     assert "--load.url" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["tune-nginx", "--nginx.config", "x", "--candidates", "abc"])

@@ -7,7 +7,8 @@ import argparse
 
 import pytest
 
-from controllers.rca.cli import main, register
+from controllers.rca.cli import register
+from promreflex.cli import main
 from promreflex.proc import free_port
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controllers.rca.cli import DEFAULT_REPORT, main, register
+from controllers.rca.cli import DEFAULT_REPORT, register
+from promreflex.cli import main
 
 CHAIN = Path(__file__).resolve().parent.parent / "fixtures" / "rca" / "chain"
 
