@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from controllers.rca import cli as rca_cli
+from promreflex.cli import main as promreflex_main
 from controllers.rca.models import Finding
 from dashboards.queries import panel_queries
 from exporters.mesh.writer import AccessLogWriter, inbound_cluster, outbound_cluster
@@ -160,13 +160,13 @@ def test_slow_c_is_flagged_and_its_dependants_are_inhibited(tmp_path):
         assert finding.root_cause == "c" and finding.config.threshold_s == THRESHOLD_S
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            assert rca_cli.main(["rca", "explain", "--report", str(report)]) == 0
+            assert promreflex_main(["rca", "explain", "--report", str(report)]) == 0
         assert "-> root cause c" in out.getvalue()
 
         # The same analysis on demand from the command line.
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            assert rca_cli.main(["rca", "analyse", "--prometheus.url", live.prometheus_url, "--threshold", "200ms",
+            assert promreflex_main(["rca", "analyse", "--prometheus.url", live.prometheus_url, "--threshold", "200ms",
                                  "--window", "30s", "--baseline", "1m", "--step", "1s", "--json"]) == 0
         assert json.loads(out.getvalue())["root_causes"] == ["c"]
 

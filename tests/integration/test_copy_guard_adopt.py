@@ -119,7 +119,8 @@ async def test_the_watchdog_resumes_an_adopted_copy_when_the_lease_runs_out(tmp_
         assert not cp.progresses(timeout=0.3)
         # The controller "dies": nobody renews the lease. The watchdog must resume cp.
         assert cp.progresses(timeout=15)
-        assert Registry(reg).get("cp1").pause is None
+        # The process runs again a moment before the watchdog records it in the registry.
+        wait_until(lambda: Registry(reg).get("cp1").pause is None, timeout=15, what="the watchdog to clear the pause")
         assert "lease of cp1" in (reg / "watchdog.log").read_text()
     finally:
         terminate(watchdog.pid, grace=5)
