@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +84,18 @@ def annotation_queries(
     """
     annotations = (_load(dashboard_json).get("annotations") or {}).get("list") or []
     return [(a.get("name", ""), substitute(a["expr"], variables)) for a in annotations if a.get("expr")]
+
+
+def panels_without_data(dashboard_json: Any, has_data: Callable[[str], Any], timeout: float = 30.0) -> list[str]:
+    """``"title: expr"`` for every panel query of a dashboard for which ``has_data(expr)`` stays
+    falsy for ``timeout`` seconds (polled; recorded series appear after a few evaluations).
+    What the dashboard tests assert is empty, against whichever stack the dashboard needs."""
+    from promreflex.proc import Timeout, wait_until
+
+    empty = []
+    for title, expr in panel_queries(dashboard_json):
+        try:
+            wait_until(lambda: has_data(expr), timeout=timeout, interval=0.5, what=f"data for {title!r}")
+        except Timeout:
+            empty.append(f"{title}: {expr}")
+    return empty

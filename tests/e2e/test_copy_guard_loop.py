@@ -25,9 +25,9 @@ import pytest
 from controllers.audit import read_audit
 from controllers.copy_guard.registry import Registry
 from controllers.copy_guard.threshold import write_threshold
-from dashboards.queries import panel_queries
+from dashboards.queries import panels_without_data
 from promreflex.config import ScrapeJob
-from promreflex.proc import Timeout, free_port, wait_until
+from promreflex.proc import free_port, wait_until
 from promreflex.stack import Stack
 from tests.conftest import REPO, LiveStack, stack_config
 
@@ -162,12 +162,7 @@ def test_overload_pauses_the_copy_and_its_end_resumes_it(guard, tmp_path):
             assert copy.status()["done_bytes"] == held < 6 * MIB
 
             # Every copy-guard dashboard panel has data in this stack (the paused copy scraped).
-            empty = []
-            for title, expr in panel_queries(REPO / "dashboards" / "copy_guard.json"):
-                try:
-                    wait_until(lambda: guard.query(expr), timeout=15, interval=0.5, what=title)
-                except Timeout:
-                    empty.append(f"{title}: {expr}")
+            empty = panels_without_data(REPO / "dashboards" / "copy_guard.json", guard.query, timeout=15)
             assert not empty, "panels with no data:\n" + "\n".join(empty)
 
             # The controller is SIGKILLed while the copy is paused: the copy's lease runs out and

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.queries import panel_queries
-from promreflex.proc import Timeout, wait_until
+from dashboards.queries import panels_without_data
 
 pytestmark = pytest.mark.e2e
 
@@ -31,16 +30,10 @@ def test_there_are_dashboards():
 @pytest.mark.parametrize("name, test_file", sorted(OWN_STACK.items()))
 def test_dashboards_on_their_own_stack_are_checked_there(name, test_file):
     text = (HERE / test_file).read_text()
-    assert name in text and "panel_queries" in text, f"{test_file} must run every panel query of {name}"
+    assert name in text and "panels_without_data" in text, f"{test_file} must run every panel query of {name}"
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_every_panel_query_returns_data(live_stack, path):
-    empty = []
-    for title, expr in panel_queries(path):
-        try:
-            # Recorded series appear after the first rule evaluations; give them time.
-            wait_until(lambda: live_stack.query(expr), timeout=30, interval=0.5, what=f"data for {title!r}")
-        except Timeout:
-            empty.append(f"{title}: {expr}")
+    empty = panels_without_data(path, live_stack.query, timeout=30)
     assert not empty, "panels with no data:\n" + "\n".join(empty)

@@ -25,11 +25,11 @@ import pytest
 
 from controllers.audit import read_audit
 from controllers.nginx_tuner.passive import PassiveMeasurer
-from dashboards.queries import panel_queries
+from dashboards.queries import panels_without_data
 from promreflex.clients import PrometheusClient
 from promreflex.config import Ports, load_config
 from promreflex.fsutil import atomic_write_text
-from promreflex.proc import Timeout, free_port, http_ok, wait_until
+from promreflex.proc import free_port, http_ok, wait_until
 from promreflex.stack import Component, Stack
 
 pytestmark = pytest.mark.e2e
@@ -176,10 +176,6 @@ def test_alert_drives_a_passive_retune(tuned_stack) -> None:
 def test_every_panel_query_of_the_dashboard_returns_data(tuned_stack) -> None:
     """dashboards/nginx_tuner.json needs this stack (memory exporter, retune route): checked here."""
     stack, _, _ = tuned_stack
-    empty = []
-    for title, expr in panel_queries(REPO / "dashboards" / "nginx_tuner.json"):
-        try:
-            wait_until(lambda: prom_value(stack, expr) is not None, timeout=30, interval=0.5, what=f"data for {title!r}")
-        except Timeout:
-            empty.append(f"{title}: {expr}")
+    empty = panels_without_data(REPO / "dashboards" / "nginx_tuner.json",
+                                lambda expr: prom_value(stack, expr) is not None, timeout=30)
     assert not empty, "panels with no data:\n" + "\n".join(empty)

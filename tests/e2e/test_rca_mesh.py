@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from promreflex.cli import main as promreflex_main
 from controllers.rca.models import Finding
-from dashboards.queries import panel_queries
+from dashboards.queries import panels_without_data
 from exporters.mesh.writer import AccessLogWriter, inbound_cluster, outbound_cluster
 from promreflex.config import ScrapeJob
-from promreflex.proc import Timeout, free_port, wait_until
+from promreflex.proc import free_port, wait_until
 from promreflex.stack import Component, Stack
 from tests.conftest import REPO, LiveStack, stack_config
 
@@ -171,12 +171,7 @@ def test_slow_c_is_flagged_and_its_dependants_are_inhibited(tmp_path):
         assert json.loads(out.getvalue())["root_causes"] == ["c"]
 
         # The mesh dashboard's panels all have data in this setup.
-        empty = []
-        for title, expr in panel_queries(REPO / "dashboards" / "mesh.json"):
-            try:
-                wait_until(lambda: live.query(expr), timeout=10, interval=0.5, what=title)
-            except Timeout:
-                empty.append(f"{title}: {expr}")
+        empty = panels_without_data(REPO / "dashboards" / "mesh.json", live.query, timeout=10)
         assert not empty, "mesh panels with no data:\n" + "\n".join(empty)
     finally:
         chain.stop.set()
