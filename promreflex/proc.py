@@ -11,9 +11,11 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +28,26 @@ class Timeout(Exception):
     """A condition polled by :func:`wait_until` did not hold before its deadline."""
 
 
+_RECENT_PORTS: deque[int] = deque(maxlen=4096)
+_PORTS_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """Return a TCP port that is free on ``host`` right now (the kernel picks it).
+
+    Callers often pick several ports before binding any (a mesh of 30 processes, a stack of
+    six): the kernel may then hand out the same free port twice. So a port this process was
+    given recently (the last 4096) is never returned again.
+    """
+    with _PORTS_LOCK:
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _RECENT_PORTS:
+                break
+        _RECENT_PORTS.append(port)
+        return port
 
 
 def port_in_use(host: str, port: int) -> bool:

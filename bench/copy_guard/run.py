@@ -53,7 +53,7 @@ from bench.copy_guard.analysis import (
     seconds_below,
     slowdown,
 )
-from bench.copy_guard.disk import EmulatedDisk
+from bench.blkio import EmulatedDisk
 from bench.copy_guard.site import ensure_data_file, site_component
 from controllers.copy_guard.calibrate import ShopLoad, calibrate
 from promreflex.config import Ports, load_config

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.rca import basic
-from bench.rca.cases import ANCHORS, CaseRunner, all_cases
+from bench.rca.cases import ANCHORS, VOLUME_IOPS, CaseRunner, all_cases
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.scoring import CaseOutcome, summarise
 from bench.rca.topology import CORE_SERVICES, SERVICES
@@ -114,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", default="10s", help="the mesh rules' 1m windows become this")
     ap.add_argument("--for", dest="for_", default="5s", help="ServiceResponseTimeHigh's for: becomes this")
     ap.add_argument("--rate", type=float, default=3.0, help="orders per second during the fault cases")
+    ap.add_argument("--volume-iops", type=float, default=VOLUME_IOPS,
+                    help="each service's volume allows this many I/O operations a second (0: the raw disk)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rca"))
     ap.add_argument("--replot", type=Path, metavar="RESULTS_JSON", help="only redraw the plot of an earlier run")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows through `| tee` and redirections
     if args.replot:
         print(f"wrote {replot(args.replot)}")
         return 0
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown service(s)/kind(s): {', '.join(bad)}")
     mode = args.mode or default_mode()
     args.out.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"command": "python -m bench.rca " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+    out: dict[str, Any] = {"command": "python -m bench.rca " + " ".join(argv if argv is not None else sys.argv[1:]),
                            "conditions": conditions()}
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="promreflex-rca-") as tmp:
@@ -139,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
             print(basic.table(out["basic"]))
         if args.experiment in ("faults", "all"):
             cases = QUICK_CASES if args.quick else all_cases(services, kinds)
-            runner = CaseRunner(work / "cases", mode=mode, window=args.window, for_=args.for_, rate=args.rate)
+            runner = CaseRunner(work / "cases", mode=mode, window=args.window, for_=args.for_, rate=args.rate,
+                                volume_iops=args.volume_iops)
             out["faults"] = runner.run(cases, warmup_s=40 if args.quick else 60, max_wait_s=60,
                                        recovery_s=45)
             print(f"\nFault cases ({mode} mode: {'controller rca action' if mode == 'loop' else 'analyse_prometheus here'}; "
-                  f"rules windows {args.window}, for {args.for_}; {args.rate:g} orders/s)")
+                  f"rules windows {args.window}, for {args.for_}; {args.rate:g} orders/s; volumes: {out['faults']['volumes']})")
             print(faults_table(out["faults"]))
     out["conditions"]["loadavg_end"] = os.getloadavg()
     out["conditions"]["wall_s"] = time.monotonic() - t_start

@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.blkio import EmulatedDisk
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.mesh import Mesh
 from bench.rca.procstats import RESOURCE_TEMPLATES
@@ -53,10 +54,14 @@ MIN_LINE_S = 0.05
 # Fault parameters (see bench/rca/faults.py for what each does).
 FAULT_PARAMS: dict[str, dict[str, float]] = {
     "cpu": {"threads": 4, "duty": 1.0},
-    "memory": {"rate_mb_s": 40, "max_mb": 400},
+    "memory": {"rate_mb_s": 80, "max_mb": 1024},
     "latency": {"delay_ms": 400},
     "disk": {"writes": 300, "block_kb": 4, "interval_ms": 250},
 }
+# Each service's volume allows this many read and write operations a second (a blkio throttle,
+# bench/blkio.py), like a pod's provisioned-IOPS volume: the disk fault's fsync storm then takes
+# about 300 ms per burst, as it would on such a volume, instead of this VM's 100 ms.
+VOLUME_IOPS = 1000.0
 # Published anchors printed beside the results.
 ANCHORS = [
     ("MicroRCA (Wu et al., NOMS 2020), Sock Shop", "precision 89 % (AC@1-like)"),
@@ -76,6 +81,9 @@ class CaseResult:
     alerting: list[str] = field(default_factory=list)
     rank: int | None = None
     note: str = ""
+    peak_max_s: float | None = None  # the faulty service's highest recorded maximum while waiting
+    fired: list[str] = field(default_factory=list)  # every service ServiceResponseTimeHigh fired for while waiting
+    reports: int = 0  # rca reports written while waiting (one naming no root cause is not a flag)
     steps: list[str] = field(default_factory=list)  # the analysis' reasoning, as `rca explain` prints it
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -128,9 +136,10 @@ class Prom:
 
 class CaseRunner:
     def __init__(self, workdir: Path, *, mode: str = "loop", window: str = "10s", for_: str = "5s",
-                 rate: float = 3.0, progress=print):
+                 rate: float = 3.0, volume_iops: float = VOLUME_IOPS, progress=print):
         self.workdir = workdir
         self.mode = mode
+        self.volume_iops = volume_iops
         self.window, self.for_ = window, for_
         self.rate = rate
         self.progress = progress
@@ -143,10 +152,14 @@ class CaseRunner:
 
     # ----------------------------------------------------------------- setup
     def action_params(self) -> dict[str, Any]:
-        return {"settle": "2s", "lease": "30s", "report": str(self.report), "source": source_params()}
+        # pending_wait: twice the compressed for:, as the default 20 s is to the rules' 15 s.
+        return {"settle": "2s", "pending_wait": f"{2 * parse_duration(self.for_):g}s", "lease": "30s",
+                "report": str(self.report), "source": source_params()}
 
     def start(self, load_budget_s: float) -> None:
-        self.mesh = Mesh(self.workdir / "mesh").start()
+        self.mesh = Mesh(self.workdir / "mesh", volume_iops=self.volume_iops).start()
+        vols = len(self.mesh.volumes)
+        self.progress(f"  volumes: {f'{self.volume_iops:g} IOPS each (blkio throttle)' if vols else 'the raw disk'}")
         routes = []
         if self.mode == "loop":
             routes = [{"name": "rca", "matchers": ['alertname="ServiceResponseTimeHigh"'], "action": "rca",
@@ -257,8 +270,18 @@ class CaseRunner:
         res = CaseResult(service, kind, t0)
         deadline = time.monotonic() + max_wait_s
         finding = None
+        seen_reports: set[str] = set()
+        fired: set[str] = set()
+        next_probe = 0.0
         while time.monotonic() < deadline:
             time.sleep(0.2)
+            if time.monotonic() >= next_probe:  # what the fault did, for the cases that are not flagged
+                next_probe = time.monotonic() + 1.0
+                rows = self.prom.query(f'service:promreflex_mesh_request_duration_seconds:max_1m{{service="{service}"}}')
+                for r in rows:
+                    res.peak_max_s = max(res.peak_max_s or 0.0, float(r["value"][1]))
+                fired.update(self.prom.firing())
+                res.fired = sorted(fired)
             if self.mode == "direct":
                 firing = self.prom.firing()
                 if firing:
@@ -269,6 +292,9 @@ class CaseRunner:
                     finding = None
                 continue
             rep = self._report()
+            if rep and rep.get("created_at") != before_at:
+                seen_reports.add(rep.get("created_at"))
+                res.reports = len(seen_reports)
             if rep and rep.get("created_at") != before_at and rep.get("root_causes"):
                 created = datetime.fromisoformat(rep["created_at"].replace("Z", "+00:00")).timestamp()
                 if created >= t0:
@@ -288,7 +314,10 @@ class CaseRunner:
                                                                  "latency_z", "score", "resource_score")}
                             for v in finding["ranking"]}
         else:
-            res.note = f"not flagged within {max_wait_s:.0f} s"
+            peak = f"{res.peak_max_s * 1000:.0f} ms" if res.peak_max_s is not None else "none"
+            res.note = (f"not flagged within {max_wait_s:.0f} s: {service}'s max peaked at {peak} "
+                        f"(line {self.lines.get(service, 0) * 1000:g} ms); fired: {', '.join(res.fired) or 'none'}; "
+                        f"reports naming no root cause: {res.reports}")
         return res
 
     def run(self, cases: list[tuple[str, str]], *, warmup_s: float = 60.0, max_wait_s: float = 60.0,
@@ -315,7 +344,8 @@ class CaseRunner:
                 top = ", ".join(res.ranking[:3]) if res.flagged else "-"
                 flag = f"{res.time_to_flag_s:5.1f} s" if res.flagged else "   --  "
                 self.progress(f"  [{i:>2}/{len(cases)}] {kind:<7} on {service:<10} flag {flag}  rank {res.rank or '-':>2}  "
-                              f"top3 {top}{'' if quiet else '  (recovery slow)'}")
+                              f"top3 {top}{'' if quiet else '  (recovery slow)'}"
+                              + ("" if res.flagged else f"\n         {res.note}"))
                 results.append(asdict(res))
                 self.check_alive()
         finally:
@@ -324,7 +354,9 @@ class CaseRunner:
             load_stats = json.loads((self.workdir / "load-cases.json").read_text())
         except (OSError, json.JSONDecodeError):
             load_stats = None
+        volumes = f"{self.volume_iops:g} IOPS per service" if self.volume_iops > 0 and EmulatedDisk.available() else "raw disk"
         return {"mode": self.mode, "window": self.window, "for": self.for_, "rate": self.rate, "lines_s": self.lines,
+                "volumes": volumes,
                 "fault_params": FAULT_PARAMS, "max_wait_s": max_wait_s, "cases": results, "load": load_stats}
 
 

@@ -10,11 +10,17 @@ containers: the application (:mod:`bench.rca.service`) and its sidecar proxy
 (:mod:`bench.rca.sidecar`), which writes ``workdir/logs/<service>.log`` (Istio text or JSON, as
 the topology says). The mesh exporter (``python -m exporters.mesh``) follows all the logs and
 serves ``/metrics``.
+
+``volume_iops``: give each application process its own volume with that many read and write
+operations a second (a blkio throttle, :class:`bench.blkio.EmulatedDisk`), as a pod's
+provisioned-IOPS volume; 0 or a host without the v1 blkio hierarchy leaves the raw disk
+(:attr:`Mesh.volumes` says which).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from functools import partial
 import urllib.error
@@ -24,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from bench.blkio import EmulatedDisk
 from bench.rca.topology import NAMESPACE, SERVICES
 from promreflex.proc import Child, free_port, http_ok, port_in_use, wait_until
 
@@ -36,7 +43,7 @@ class MeshError(RuntimeError):
 
 class Mesh:
     def __init__(self, workdir: Path, services: list[str] | None = None, *, exporter: bool = True,
-                 log_format: str | None = None, python: str = sys.executable):
+                 log_format: str | None = None, python: str = sys.executable, volume_iops: float = 0.0):
         self.workdir = Path(workdir).resolve()
         self.services = list(services or SERVICES)
         missing = {d for s in self.services for d in SERVICES[s].dependencies()} - set(self.services)
@@ -50,6 +57,8 @@ class Mesh:
         self.app_ports: dict[str, int] = {}
         self.outbound_ports: dict[str, int] = {}
         self.exporter_port: int | None = None
+        self.volume_iops = volume_iops
+        self.volumes: dict[str, EmulatedDisk] = {}
 
     # ----------------------------------------------------------------- layout
     @property
@@ -112,6 +121,11 @@ class Mesh:
                         name, [self.python, "-m", module, "--mesh-file", str(self.mesh_file), "--name", s],
                         self.workdir / "procs" / f"{name}.out", cwd=REPO,
                     ).start()
+            if self.volume_iops > 0 and EmulatedDisk.available():
+                for s in self.services:
+                    vol = EmulatedDisk(self.workdir, iops=self.volume_iops, name=f"promreflex-bench-rca-{os.getpid()}-{s}")
+                    self.volumes[s] = vol.create()
+                    vol.add(self.children[s].pid)
             if self.with_exporter:
                 cfg = self.workdir / "mesh-exporter.yml"
                 cfg.write_text(yaml.safe_dump(self.exporter_config(), sort_keys=False))
@@ -143,6 +157,9 @@ class Mesh:
     def stop(self) -> None:
         for child in reversed(list(self.children.values())):
             child.stop(grace=5)
+        for vol in self.volumes.values():
+            vol.remove()
+        self.volumes.clear()
 
     def __enter__(self) -> Mesh:
         return self.start()

@@ -35,6 +35,12 @@ refresh; at its end the gauge is cleared and the posted alerts are ended (``ends
 A dependant's ``resolve`` that only reflects its inhibition (the engine treats an inhibited
 alert as resolved) therefore changes nothing while the root is still slow.
 
+The incident survives a controller restart: it is kept in ``<report>.incident.json`` (written
+atomically whenever it changes, removed when it ends). The engine does not fire again for
+alerts it has already handled, so without this a restarted controller would forget the root
+cause while it still fires. At start the action reads the file back, sets the gauge, checks
+at once whether the incident is over, and renews the posted alerts if it is not.
+
 Label values are data: service names only ever become label values of posted alerts and of
 the gauge, and (escaped, via promsource) PromQL string literals. Nothing is executed and no
 path is built from them.
@@ -43,6 +49,7 @@ path is built from them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, UTC
@@ -60,6 +67,7 @@ from controllers.rca.models import AnalysisConfig, Finding
 from controllers.rca.promsource import PromSourceConfig, collect
 from promreflex.clients import iso
 from promreflex.config import Duration, Strict
+from promreflex.fsutil import atomic_write_json
 
 log = logging.getLogger("promreflex.action.rca")
 
@@ -83,6 +91,10 @@ class RcaParams(Strict):
 
     ``settle``: how long the first alert of an incident waits so alerts raised by the same
     fault arrive together (they fire within a rule evaluation or two of each other).
+    ``pending_wait``: then, while Prometheus holds ``alertname`` alerts *pending* (their
+    condition holds, ``for:`` has not elapsed), wait for them to fire or clear, up to this long
+    (0: do not wait). In a cascade the root's own alert can be seconds behind a neighbour's
+    that a shared host or disk slowed first; analysing without it names the neighbour.
     ``lease``: ``endsAt`` of the posted alerts, renewed every ``lease / 3``.
     ``source``: what to read from Prometheus (windows, step, PromQL templates; ``resources``
     takes a preset, ``cadvisor`` or ``process``, or a mapping cpu/memory/disk_io -> template
@@ -94,6 +106,7 @@ class RcaParams(Strict):
     alertname: str = "ServiceResponseTimeHigh"
     service_label: str = "service"
     settle: Duration = 2.0
+    pending_wait: Duration = 20.0  # longer than the rules' for: 15s
     lease: Duration = 60.0
     report: Path = DEFAULT_REPORT
     source: PromSourceConfig = Field(default_factory=lambda: PromSourceConfig.model_validate(
@@ -126,8 +139,8 @@ class RcaParams(Strict):
 
     @model_validator(mode="after")
     def _positive(self) -> RcaParams:
-        if self.settle < 0 or self.lease <= 0:
-            raise ValueError("settle must be >= 0 and lease above 0")
+        if self.settle < 0 or self.pending_wait < 0 or self.lease <= 0:
+            raise ValueError("settle and pending_wait must be >= 0 and lease above 0")
         return self
 
 
@@ -167,6 +180,28 @@ class Incident:
     covered: set[str]  # services this analysis explains: a new alert of one of them is no news
     watch: set[str]  # the incident lasts while one of these still fires
     posted: dict[tuple[tuple[str, str], ...], dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "promreflex.rca.incident", "version": 1, "started": iso(self.started),
+                "finding": self.finding.model_dump(mode="json"), "roots": self.roots, "symptoms": self.symptoms,
+                "covered": sorted(self.covered), "watch": sorted(self.watch), "posted": list(self.posted.values())}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], params: RcaParams) -> Incident:
+        if data.get("kind") != "promreflex.rca.incident" or data.get("version") != 1:
+            raise ValueError(f"not a version-1 rca incident (kind {data.get('kind')!r}, version {data.get('version')!r})")
+        posted = {tuple(sorted(a["labels"].items())): a for a in data["posted"]}
+        return cls(started=datetime.fromisoformat(data["started"].replace("Z", "+00:00")), params=params,
+                   finding=Finding.from_json(json.dumps(data["finding"])),
+                   roots={str(k): float(v) for k, v in data["roots"].items()},
+                   symptoms={str(k): str(v) for k, v in data["symptoms"].items()},
+                   covered=set(map(str, data["covered"])), watch=set(map(str, data["watch"])), posted=posted)
+
+
+def incident_path(report: str | Path) -> Path:
+    """Where the incident of the action writing ``report`` is kept across restarts."""
+    path = Path(report)
+    return path.with_name(path.stem + ".incident.json")
 
 
 class RcaMetrics:
@@ -213,6 +248,42 @@ class RcaAction(Action):
     async def start(self, services: dict[str, Any]) -> None:
         self.services = services
         self.metrics = RcaMetrics(services.get("registry") or CollectorRegistry())
+        for p in self.route_params:
+            if isinstance(p, RcaParams) and self.incident is None:
+                self.incident = await asyncio.to_thread(self._restore, p)
+        if self.incident is not None:
+            for root, score in self.incident.roots.items():
+                self._m().root_cause.labels(root).set(score)
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(first_wait=0.0))
+
+    @staticmethod
+    def _restore(p: RcaParams) -> Incident | None:
+        """The incident a previous run left in progress, if any; a damaged file is set aside."""
+        path = incident_path(p.report)
+        try:
+            data = json.loads(path.read_text())
+            inc = Incident.from_json(data, p)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            aside = path.with_name(path.name + ".unreadable")
+            log.error("cannot resume the rca incident in %s (%s); moved it to %s", path, e, aside.name)
+            try:
+                path.replace(aside)
+            except OSError:
+                pass
+            return None
+        log.info("resumed the rca incident of %s: root cause %s", inc.started.isoformat(), ", ".join(inc.roots))
+        return inc
+
+    async def _persist(self) -> None:
+        inc = self.incident
+        if inc is None:
+            return
+        try:
+            await asyncio.to_thread(atomic_write_json, incident_path(inc.params.report), inc.to_json())
+        except OSError as e:  # the incident goes on; only a restart would forget it
+            log.warning("cannot save the rca incident: %r", e)
 
     async def shutdown(self) -> None:
         """Stop renewing. The posted alerts expire at the end of their lease by themselves."""
@@ -235,7 +306,25 @@ class RcaAction(Action):
             if inc is not None and service in inc.covered:
                 return f"{service or 'alert'} belongs to the current incident: root cause {', '.join(inc.roots)}"
             await asyncio.sleep(p.settle)
+            await self._await_pending(p)
             return await self._analyse(p, service)
+
+    async def _await_pending(self, p: RcaParams) -> None:
+        """Wait (at most ``pending_wait``) until no ``alertname`` alert is pending in Prometheus."""
+        prom = self.services.get("prometheus")
+        if prom is None or p.pending_wait <= 0:
+            return
+        expr = f"ALERTS{{alertname={json.dumps(p.alertname)},alertstate=\"pending\"}}"
+        deadline = asyncio.get_running_loop().time() + p.pending_wait
+        while True:
+            try:
+                pending = await prom.query(expr)
+            except Exception as e:  # noqa: BLE001 - waiting is a refinement; analyse without it
+                log.warning("cannot read pending alerts (%r); analysing now", e)
+                return
+            if not pending or asyncio.get_running_loop().time() >= deadline:
+                return
+            await asyncio.sleep(min(0.5, p.pending_wait))
 
     async def resolve(self, ctx: ActionContext) -> str:
         async with self._lock:
@@ -340,6 +429,10 @@ class RcaAction(Action):
         assert inc is not None
         self.incident = None
         self._m().root_cause.clear()
+        try:
+            await asyncio.to_thread(incident_path(inc.params.report).unlink, missing_ok=True)
+        except OSError as e:  # a restart would resume it, find nothing firing and end it again
+            log.warning("cannot remove the rca incident file: %r", e)
         now = datetime.now(UTC)
         ended = [{**a, "endsAt": iso(now)} for a in inc.posted.values()]
         inc.posted.clear()
@@ -389,6 +482,7 @@ class RcaAction(Action):
             wanted[key] = {**a, "startsAt": starts, "endsAt": ends}
         gone = [{**a, "endsAt": iso(now)} for k, a in inc.posted.items() if k not in wanted]
         inc.posted = wanted
+        await self._persist()
         await self._send(gone + list(wanted.values()))
 
     async def _send(self, alerts: list[dict[str, Any]]) -> None:
@@ -403,12 +497,14 @@ class RcaAction(Action):
             return
         self._m().posts.labels("ok").inc()
 
-    async def _refresh_loop(self) -> None:
+    async def _refresh_loop(self, first_wait: float | None = None) -> None:
         """Renew the lease every ``lease / 3`` until the incident ends (one loop at a time: a
         loop that is no longer the action's refresher stops)."""
         me = asyncio.current_task()
+        wait = first_wait
         while (inc := self.incident) is not None and self._refresher is me:
-            await asyncio.sleep(inc.params.lease / 3)
+            await asyncio.sleep(inc.params.lease / 3 if wait is None else wait)
+            wait = None
             async with self._lock:
                 if self.incident is None or self._refresher is not me:
                     return

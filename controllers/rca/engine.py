@@ -4,7 +4,9 @@
    absolute line (3 s), or (``relative``) a peak that is both statistically unusual for that
    service (robust z >= 3.5) and practically large (>= 1.5x its typical value).
 2. Root-cause candidates are slow services whose slowness is not explained downstream: none of
-   their callees is slow (or, for a cycle of slow services, none outside the cycle is).
+   their callees is slow (or, for a cycle of slow services, none outside the cycle is). A slow
+   callee does not explain a caller whose own resources peaked while the callee's did not and
+   to whose added latency it contributed little (``explain_share``): its slowness is collateral.
 3. They are ranked by ``latency_score x (1 + resource_score)``. Both scores are normalised to
    their own line (1.0 = just at the candidate threshold), so a service slow by the absolute
    rule and one slow by the relative rule compare on one scale; resources multiply, so they
@@ -132,6 +134,13 @@ def _describe_resources(service: str, evidence: dict[Resource, ResourceEvidence 
     return f"{service} resources: " + "; ".join(parts) + "."
 
 
+def _added(v: ServiceVerdict) -> float | None:
+    """Latency above the service's own baseline."""
+    if v.latency_s is None or v.latency_baseline_s is None:
+        return None
+    return v.latency_s - v.latency_baseline_s
+
+
 def _names(items: list[str]) -> str:
     return ", ".join(items)
 
@@ -148,7 +157,22 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
     }
     evidence = {s: _resources(data.services.get(s), cfg, data.baseline_end) for s in services}
     slow = {s for s, v in latency.items() if v.slow}
-    slow_adj = slow_subgraph(adj, slow)
+    peaked = {s for s in services if any(e is not None and e.anomalous for e in evidence[s].values())}
+
+    def added(s: str) -> float | None:
+        lv = latency[s]
+        return None if lv.value is None or lv.robust is None else lv.value - lv.robust.baseline_median
+
+    def explains(callee: str, caller: str) -> bool:
+        if cfg.explain_share <= 0 or caller not in peaked or callee in peaked:
+            return True
+        a_caller, a_callee = added(caller), added(callee)
+        if a_caller is None or a_callee is None or a_caller <= 0:
+            return True
+        return a_callee >= cfg.explain_share * a_caller
+
+    unexplaining = {s: [c for c in deps if not explains(c, s)] for s, deps in slow_subgraph(adj, slow).items()}
+    slow_adj = {s: [c for c in deps if c not in unexplaining[s]] for s, deps in slow_subgraph(adj, slow).items()}
     comp_of, roots = root_components(slow_adj)
 
     verdicts: list[ServiceVerdict] = []
@@ -161,6 +185,7 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
         group: Group = "not_slow" if s not in slow else ("root_cause" if s in roots else "symptom")
         cycle = sorted(comp_of[s] - {s}) if s in comp_of else []
         slow_deps = [c for c in adj[s] if c in slow]
+        collateral = unexplaining.get(s, [])
         verdicts.append(ServiceVerdict(
             service=s, rank=0, group=group, slow=lv.slow, slow_reasons=lv.reasons,
             latency_s=lv.value,
@@ -168,8 +193,8 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
             latency_z=lv.robust.z if lv.robust else None,
             latency_score=lv.score, resource_score=resource_score,
             score=lv.score * (1.0 + resource_score),
-            resources=ev, dependencies=adj[s], slow_dependencies=slow_deps,
-            dependencies_healthy=not [c for c in slow_deps if c not in cycle],
+            resources=ev, dependencies=adj[s], slow_dependencies=slow_deps, unexplaining_dependencies=collateral,
+            dependencies_healthy=not [c for c in slow_deps if c not in cycle and c not in collateral],
             cycle_with=cycle,
         ))
     verdicts.sort(key=lambda v: (_GROUP_ORDER[v.group], -v.score, -v.resource_score, -v.latency_score, v.service))
@@ -210,7 +235,8 @@ def _reasoning(
     chains = {v.service: path_to_root(v.service, slow_adj, roots) for v in slow if v.group == "symptom"}
     for v in sorted((v for v in slow if v.group == "symptom"), key=lambda v: (-len(chains[v.service]), v.service)):
         chain = chains[v.service]
-        deps = [d for d in v.slow_dependencies if d not in v.cycle_with] or v.slow_dependencies
+        explaining = [d for d in v.slow_dependencies if d not in v.unexplaining_dependencies]
+        deps = [d for d in explaining if d not in v.cycle_with] or explaining
         word = "dependency" if len(deps) == 1 else "dependencies"
         verb = "is" if len(deps) == 1 else "are"
         steps.append(
@@ -222,13 +248,14 @@ def _reasoning(
     for v in candidates:
         head = f"{v.service} is slow ({latency[v.service].describe(cfg)})"
         healthy = [d for d in v.dependencies if d not in v.slow_dependencies]
+        collateral = v.unexplaining_dependencies
         if v.cycle_with:
             deps = f" and its dependencies outside it ({_names(healthy)}) are healthy" if healthy else ""
             steps.append(
                 f"{head}; it calls and is called by the slow {_names(v.cycle_with)} in a cycle{deps}, "
                 "so the cycle is not explained downstream and each member is a candidate."
             )
-        elif healthy:
+        elif healthy or collateral:
             measured = [d for d in healthy if by_name[d].latency_s is not None]
             unmeasured = [d for d in healthy if by_name[d].latency_s is None]
             said = []
@@ -236,12 +263,23 @@ def _reasoning(
                 said.append(f"{_names(measured)} healthy")
             if unmeasured:
                 said.append(f"{_names(unmeasured)} not measured (no latency data, no alert)")
+            if collateral:
+                said.append(f"{_names(collateral)} slow, but not enough to explain it")
             steps.append(
                 f"{head}; {v.service}'s dependencies: {'; '.join(said)}. So its slowness "
                 "is not explained downstream: root-cause candidate."
             )
         else:
             steps.append(f"{head}; {v.service} has no dependencies: root-cause candidate.")
+        for d in collateral:
+            mine, theirs = v, by_name[d]
+            own = " and ".join(RESOURCE_NAMES[r] for r, e in mine.resources.items() if e is not None and e.anomalous)
+            steps.append(
+                f"{d} is slow but does not explain {v.service}: {v.service}'s own {own} peaked while "
+                f"{d}'s resources stayed normal, and {d} added {fmt_seconds(_added(theirs))} to its "
+                f"typical latency against {v.service}'s {fmt_seconds(_added(mine))} (less than "
+                f"{cfg.explain_share:.0%}), so {d}'s slowness is collateral and both stay candidates."
+            )
         steps.append(_describe_resources(v.service, v.resources))
     top = candidates[0]
     formula = f"score {top.score:.2f} = latency {top.latency_score:.2f} x (1 + resources {top.resource_score:.2f})"

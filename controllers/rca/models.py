@@ -98,6 +98,13 @@ class AnalysisConfig(_Model):
     18 % (3.5 x 5 %) above it before it can count as anomalous, however quiet the baseline.
     ``min_baseline_points``: fewer baseline samples than this and the whole window is used as
     its own baseline.
+    ``explain_share``: a slow callee explains its slow caller (the caller is then a symptom)
+    unless the evidence points at the caller itself: the caller's own resources peaked
+    (robust z >= ``resource_z_threshold``) while the callee's did not, AND the callee added
+    less than this share of the caller's added latency (each over its own baseline). Then the
+    callee's slowness is collateral (a shared host, a shared disk) and both stay candidates for
+    the resources to rank, as the paper ranks dependent candidates by CPU and memory. 0 turns
+    the test off (every slow callee explains its caller).
     """
 
     threshold_s: float = Field(default=3.0, gt=0)
@@ -112,6 +119,7 @@ class AnalysisConfig(_Model):
         default_factory=lambda: {"cpu": 0.001, "memory": 1024.0 * 1024.0, "disk_io": 1024.0}
     )
     min_baseline_points: int = Field(default=3, ge=1)
+    explain_share: float = Field(default=0.5, ge=0, le=1)
 
 
 class AnalysisInput(_Model):
@@ -167,6 +175,8 @@ class ServiceVerdict(_Model):
     resources: dict[Resource, ResourceEvidence | None] = Field(default_factory=dict)
     dependencies: list[str] = Field(default_factory=list)
     slow_dependencies: list[str] = Field(default_factory=list)
+    # slow callees whose slowness does not explain this service's (AnalysisConfig.explain_share)
+    unexplaining_dependencies: list[str] = Field(default_factory=list)
     dependencies_healthy: bool = True
     cycle_with: list[str] = Field(default_factory=list)
 

@@ -3,6 +3,7 @@ call graph, and an injected latency fault shows on the faulty service's edges.""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import urllib.request
 from collections import defaultdict
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.blkio import BLKIO, EmulatedDisk
 from bench.rca.mesh import Mesh
 from promreflex.proc import wait_until
 
@@ -38,6 +40,10 @@ def shop_flow(base: str, cid: str) -> None:
         req = urllib.request.Request(base + path, method=method)
         with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
             assert resp.status == 200, (method, path, resp.status)
+
+
+def serviced_writes(vol: EmulatedDisk) -> int:
+    return vol.io_counts().get("write", 0)
 
 
 def slow_requests(samples, source: str, destination: str, above: str = "0.25") -> float:
@@ -87,3 +93,26 @@ def test_simulated_mesh_feeds_the_exporter_and_a_latency_fault_shows_on_carts_ed
     finally:
         mesh.stop()
     assert not [n for n, c in mesh.children.items() if c.alive()]
+
+
+@pytest.mark.skipif(not EmulatedDisk.available(), reason="needs root and the cgroup v1 blkio hierarchy")
+def test_each_service_gets_its_own_iops_volume_and_the_disk_fault_writes_through_it() -> None:
+    work = Path(tempfile.mkdtemp(prefix="promreflex-mesh-vol-"))
+    mesh = Mesh(work, ["carts", "carts-db"], exporter=False, volume_iops=1000).start(timeout=30)
+    try:
+        assert set(mesh.volumes) == {"carts", "carts-db"}
+        for s, vol in mesh.volumes.items():
+            assert (vol.dir / "cgroup.procs").read_text().split() == [str(mesh.pid(s))]  # the app, not its sidecar
+            assert (vol.dir / "blkio.throttle.write_iops_device").read_text().split() == [vol.device, "1000"]
+        db = mesh.volumes["carts-db"]
+        mesh.inject("carts-db", "disk", duration_s=30, writes=20, interval_ms=50)
+        status = wait_until(lambda: (st := mesh.fault_status("carts-db")).get("fsyncs", 0) >= 100 and st,
+                            timeout=30, what="100 writes by the disk fault")
+        assert status["direct"] is True
+        mesh.clear("carts-db")
+        # The writes went through carts-db's own volume (and so its throttle), none through carts'.
+        assert serviced_writes(db) >= 100
+        assert serviced_writes(mesh.volumes["carts"]) < 100
+    finally:
+        mesh.stop()
+    assert not mesh.volumes and not list(BLKIO.glob(f"promreflex-bench-rca-{os.getpid()}-*"))

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from controllers.actions.base import ActionContext
 from controllers.models import Alert
-from controllers.rca.action import MESH_QUERIES, RcaAction, RcaParams, attribute, held_alerts
+from controllers.rca.action import MESH_QUERIES, RcaAction, RcaParams, attribute, held_alerts, incident_path
 from controllers.rca.engine import analyse
 from controllers.rca.models import AnalysisInput, Finding, LatencyStats, ServiceData, TimeSeries
 from controllers.rca.promsource import PromSourceError
@@ -38,6 +38,7 @@ class FakePrometheus:
         self.queries: list[str] = []
         self.threshold: float | None = 0.2
         self.fail = False
+        self.pending: list[str] = []  # services whose ServiceResponseTimeHigh is pending
 
     async def query(self, expr: str, time: float | None = None) -> list[dict[str, Any]]:
         self.queries.append(expr)
@@ -46,6 +47,8 @@ class FakePrometheus:
         if "promreflex_mesh_edge_info" in expr:
             return [{"metric": {"source": "a", "destination": "b"}, "value": [0, "1"]},
                     {"metric": {"source": "b", "destination": self.root}, "value": [0, "1"]}]
+        if 'alertstate="pending"' in expr:
+            return [{"metric": {"alertname": "ServiceResponseTimeHigh", "service": s}, "value": [0, "1"]} for s in self.pending]
         if "max_over_time" in expr:
             return [{"metric": {"service": s}, "value": [0, "0.5"]} for s in ("a", "b", self.root)]
         return []  # ALERTS: none in Prometheus; the candidates come from Alertmanager
@@ -361,3 +364,94 @@ def test_attribute_flags_only_roots_that_explain_a_candidate():
     assert symptoms == {"a": "c", "b": "c"}
     roots, symptoms = attribute(finding, {"a", "y"})
     assert set(roots) == {"c", "y"} and symptoms == {"a": "c", "b": "c", "x": "y"}
+
+
+async def test_a_restarted_controller_resumes_the_incident_and_ends_it_later(env):
+    action, prom, am, registry, services, tmp = env
+    am.hold("a", "c")
+    p = params(tmp, lease="300ms")
+    await action.fire(ctx(p, services, "a"))
+    saved = incident_path(p.report)
+    assert saved.exists()
+    first = am.latest()[("MeshRootCause", "c")]
+    await action.shutdown()  # the controller stops (or dies) mid-incident
+
+    registry2 = CollectorRegistry()
+    again = RcaAction()
+    again.route_params = [p]
+    await again.start({**services, "registry": registry2})
+    try:
+        assert again.incident is not None and set(again.incident.roots) == {"c"}
+        assert value(registry2, "promreflex_root_cause", service="c") == value(registry, "promreflex_root_cause", service="c")
+        before = len(am.posts)
+        deadline = time.monotonic() + 5
+        while len(am.posts) == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        renewed = am.latest()[("MeshRootCause", "c")]
+        assert renewed["endsAt"] > first["endsAt"] and renewed["startsAt"] == first["startsAt"]
+        # The resumed incident answers alerts it explains without a new analysis ...
+        n = ranges(prom)
+        assert (await again.fire(ctx(p, services, "b"))).startswith("b belongs to the current incident")
+        assert ranges(prom) == n
+        # ... and ends by itself when the root stops firing: gauge cleared, file removed.
+        am.held.clear()
+        while again.incident is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert again.incident is None and not saved.exists()
+        assert value(registry2, "promreflex_root_cause", service="c") is None
+    finally:
+        await again.shutdown()
+
+
+async def test_an_unreadable_incident_file_is_set_aside_not_fatal(env):
+    action, prom, am, registry, services, tmp = env
+    p = params(tmp)
+    saved = incident_path(p.report)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    for text in ("{not json", '{"kind": "promreflex.rca.incident", "version": 1}', '["a list"]'):
+        saved.write_text(text)
+        again = RcaAction()
+        again.route_params = [p]
+        await again.start({**services, "registry": CollectorRegistry()})
+        assert again.incident is None
+        assert not saved.exists() and saved.with_name(saved.name + ".unreadable").read_text() == text
+        await again.shutdown()
+
+
+PENDING = 'ALERTS{alertname="ServiceResponseTimeHigh",alertstate="pending"}'
+
+
+async def test_the_analysis_waits_for_pending_alerts_to_fire(env):
+    action, prom, am, registry, services, tmp = env
+    am.hold("a")
+    prom.pending = ["c"]
+
+    async def c_fires():
+        deadline = time.monotonic() + 5
+        while prom.queries.count(PENDING) < 3 and time.monotonic() < deadline:  # the action polls while c is pending
+            await asyncio.sleep(0.01)
+        am.hold("c")
+        prom.pending = []
+
+    p = params(tmp, pending_wait="10s")
+    detail, _ = await asyncio.gather(action.fire(ctx(p, services, "a")), c_fires())
+    assert detail.startswith("root cause c")
+    first_analysis_query = prom.queries.index(MESH_QUERIES["latency"])
+    assert prom.queries.count(PENDING) >= 3
+    assert max(i for i, q in enumerate(prom.queries) if q == PENDING) < first_analysis_query
+    report = Finding.load(tmp / "rca" / "latest.json")
+    assert "ServiceResponseTimeHigh is firing" in report.verdict("c").slow_reasons  # c was a candidate
+
+
+async def test_pending_wait_is_bounded_and_can_be_off(env):
+    action, prom, am, registry, services, tmp = env
+    am.hold("a")
+    prom.pending = ["x"]  # pending for ever (a flapping blip)
+    detail = await action.fire(ctx(params(tmp, pending_wait="300ms"), services, "a"))
+    assert detail.startswith("root cause c") and prom.queries.count(PENDING) >= 1
+    n = prom.queries.count(PENDING)
+    am.held.clear()
+    await action._end()
+    am.hold("a")
+    await action.fire(ctx(params(tmp, pending_wait="0s"), services, "a"))
+    assert prom.queries.count(PENDING) == n  # not even asked

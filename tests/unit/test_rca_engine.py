@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -265,3 +266,46 @@ def test_root_components_on_a_mixed_graph():
     comp_of, roots = root_components(slow_subgraph(adj, {"a", "b", "c", "d", "e"}))
     assert roots == {"c", "d", "e"}
     assert comp_of["a"] == frozenset({"a", "b"})
+
+
+def collateral_input(callee_peak: float, callee_memory: list[float] | None = None) -> AnalysisInput:
+    """orders leaks memory and slows from 50 to 250 ms; carts, which it calls, shares the host
+    and slows from 25 ms to ``callee_peak``. Both alert."""
+    return AnalysisInput(
+        edges=[("front-end", "orders"), ("orders", "carts")],
+        alerting=["orders", "carts"],
+        services={
+            "front-end": svc(flat(0.1), cpu=flat(0.2), memory=flat(80e6)),
+            "orders": svc(spike(0.05, 0.25), cpu=flat(0.2), memory=spike(80e6, 600e6)),
+            "carts": svc(spike(0.025, callee_peak), cpu=flat(0.1), memory=callee_memory or flat(60e6)),
+        },
+    )
+
+
+def test_a_callee_slowed_a_little_does_not_explain_a_caller_whose_own_memory_peaked():
+    f = analyse(collateral_input(0.1))  # carts added 75 ms, orders 200 ms: less than half
+    assert groups(f)["orders"] == "root_cause" and groups(f)["carts"] == "root_cause"
+    assert f.root_causes[0] == "orders"  # ranked by resources: orders' memory peaked
+    v = f.verdict("orders")
+    assert v.slow_dependencies == ["carts"] and v.unexplaining_dependencies == ["carts"] and v.dependencies_healthy
+    text = f.explain()
+    assert "carts is slow but does not explain orders: orders's own memory peaked" in text
+    assert re.search(r"carts added 7\d\.\dms to its typical latency against orders's 19\d\.\dms \(less than 50%\)", text)
+    assert "orders's dependencies: carts slow, but not enough to explain it" in text
+
+
+def test_a_callee_that_added_half_the_latency_explains_its_caller():
+    f = analyse(collateral_input(0.15))  # carts added 125 ms of orders' 200 ms
+    assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
+    assert f.verdict("orders").unexplaining_dependencies == []
+    assert "so orders is a symptom (orders -> carts)" in f.explain()
+
+
+def test_a_callee_whose_own_resources_peaked_explains_its_caller():
+    f = analyse(collateral_input(0.1, callee_memory=spike(60e6, 400e6)))
+    assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
+
+
+def test_explain_share_zero_is_the_plain_graph_rule():
+    f = analyse(collateral_input(0.1), AnalysisConfig(explain_share=0))
+    assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
