@@ -38,7 +38,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.blkio import EmulatedDisk
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.mesh import Mesh
 from bench.rca.procstats import RESOURCE_TEMPLATES
@@ -140,6 +139,7 @@ class CaseRunner:
         self.workdir = workdir
         self.mode = mode
         self.volume_iops = volume_iops
+        self.volumes = "not started"
         self.window, self.for_ = window, for_
         self.rate = rate
         self.progress = progress
@@ -158,8 +158,8 @@ class CaseRunner:
 
     def start(self, load_budget_s: float) -> None:
         self.mesh = Mesh(self.workdir / "mesh", volume_iops=self.volume_iops).start()
-        vols = len(self.mesh.volumes)
-        self.progress(f"  volumes: {f'{self.volume_iops:g} IOPS each (blkio throttle)' if vols else 'the raw disk'}")
+        self.volumes = f"{self.volume_iops:g} IOPS per service" if self.mesh.volumes else "raw disk"
+        self.progress(f"  volumes: {self.volumes}")
         routes = []
         if self.mode == "loop":
             routes = [{"name": "rca", "matchers": ['alertname="ServiceResponseTimeHigh"'], "action": "rca",
@@ -354,9 +354,8 @@ class CaseRunner:
             load_stats = json.loads((self.workdir / "load-cases.json").read_text())
         except (OSError, json.JSONDecodeError):
             load_stats = None
-        volumes = f"{self.volume_iops:g} IOPS per service" if self.volume_iops > 0 and EmulatedDisk.available() else "raw disk"
         return {"mode": self.mode, "window": self.window, "for": self.for_, "rate": self.rate, "lines_s": self.lines,
-                "volumes": volumes,
+                "volumes": self.volumes,
                 "fault_params": FAULT_PARAMS, "max_wait_s": max_wait_s, "cases": results, "load": load_stats}
 
 
