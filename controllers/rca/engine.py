@@ -171,8 +171,9 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
             return True
         return a_callee >= cfg.explain_share * a_caller
 
-    unexplaining = {s: [c for c in deps if not explains(c, s)] for s, deps in slow_subgraph(adj, slow).items()}
-    slow_adj = {s: [c for c in deps if c not in unexplaining[s]] for s, deps in slow_subgraph(adj, slow).items()}
+    slow_calls = slow_subgraph(adj, slow)
+    unexplaining = {s: [c for c in deps if not explains(c, s)] for s, deps in slow_calls.items()}
+    slow_adj = {s: [c for c in deps if c not in unexplaining[s]] for s, deps in slow_calls.items()}
     comp_of, roots = root_components(slow_adj)
 
     verdicts: list[ServiceVerdict] = []
