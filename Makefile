@@ -1,12 +1,17 @@
 # The two commands: `make demo` and `make test`. Both install what they need.
 SHELL := /bin/bash
-UV := $(shell scripts/ensure-uv.sh)
+# uv from PATH, or installed from PyPI (pinned) on first use: see scripts/uv.
+UV := scripts/uv
 RUN := $(UV) run --frozen
 
-.PHONY: deps demo demo-copy-guard down test test-unit bench bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca dashboards clean
+.PHONY: system deps demo demo-copy-guard down lint test test-unit bench bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca dashboards clean
 
-deps:
+# The Debian packages that are missing (scripts/install-system.sh), then the Python environment
+# from uv.lock: the runtime dependencies and the dev group (tests, linters, dashboards builder).
+system:
 	scripts/install-system.sh
+
+deps: system
 	$(UV) sync --frozen
 
 demo: deps
@@ -15,7 +20,12 @@ demo: deps
 down:
 	$(RUN) promreflex stack down
 
-test: deps
+# Lint and type check first (seconds), then the rules, the dashboards, the tests.
+lint: deps
+	$(RUN) ruff check .
+	$(RUN) mypy
+
+test: lint
 	promtool check rules rules/*.yml
 	promtool test rules rules/tests/*.yml
 	$(RUN) python -m dashboards.build --check
@@ -29,7 +39,9 @@ test-unit: deps
 demo-copy-guard: deps
 	$(RUN) python -m bench.copy_guard --quick
 
-# Benchmarks: each takes the machine for a few minutes (one at a time, under a lock).
+# Benchmarks: each takes the machine for a few minutes (one at a time, under a lock). They need
+# only the runtime dependencies (locust and matplotlib are the product's too), so no group of
+# their own: `uv run --frozen --no-dev` would do, the dev group is simply already there.
 BENCH_LOCK := flock /tmp/promreflex-bench.lock
 bench: bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca
 
@@ -45,7 +57,7 @@ bench-nginx-tuner: deps
 bench-rca: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.rca
 
-dashboards:
+dashboards: deps
 	$(RUN) python -m dashboards.build
 
 clean:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-REJECTION_REASONS = ("unauthorized", "too_large", "not_json", "invalid_payload", "unsupported_media_type")
+REJECTION_REASONS = ("unauthorized", "too_large", "not_json", "invalid_payload", "unsupported_media_type",
+                     "timeout", "bad_body")
 NOTIFICATION_RESULTS = ("accepted", "duplicate", "stale")
 ACTION_RESULTS = ("ok", "error", "skipped", "cooldown")
 
@@ -44,6 +45,17 @@ class ControllerMetrics:
         self.applied = Gauge(
             "promreflex_controller_applied_alerts", "Alerts whose firing transition is applied, by action.",
             ["action"], registry=registry,
+        )
+        self.transitions_failing = Gauge(
+            "promreflex_controller_transitions_failing",
+            "Transitions the controller gave up on after max_retries failed runs, by route and action; "
+            "each is tried again only when something new arrives for its alert (or on restart).",
+            ["route", "action"], registry=registry,
+        )
+        self.interrupted = Counter(
+            "promreflex_controller_interrupted_transitions_total",
+            "Transitions found in flight at start (the previous process died while running them): run again.",
+            registry=registry,
         )
         self.last_notification = Gauge(
             "promreflex_controller_last_notification_timestamp_seconds",

@@ -35,6 +35,18 @@ def fingerprint(labels: dict[str, str]) -> str:
     return f"{h:016x}"
 
 
+def to_utc(value: datetime) -> datetime:
+    """``value`` in UTC; ValueError (a validation error, never a 500) when the conversion leaves
+    the years 1-9999 (``0001-01-01T00:30:00+01:00``, ``9999-12-31T23:59:59-01:00``) and for a
+    naive value."""
+    if value.tzinfo is None:
+        raise ValueError("timestamps must carry a time zone (RFC 3339)")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"timestamp {value.isoformat()} is out of range in UTC (years 1-9999)") from None
+
+
 class Alert(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -54,7 +66,7 @@ class Alert(BaseModel):
         unset or in the future is firing, one whose end has passed is resolved."""
         if isinstance(data, dict) and "status" not in data and isinstance(data.get("endsAt"), str):
             try:
-                ends = datetime.fromisoformat(data["endsAt"].replace("Z", "+00:00"))
+                ends = to_utc(datetime.fromisoformat(data["endsAt"].replace("Z", "+00:00")))
             except ValueError:
                 return data  # the field validator reports the bad timestamp
             ended = ends.year > 1 and ends <= datetime.now(UTC)
@@ -64,9 +76,11 @@ class Alert(BaseModel):
     @field_validator("startsAt", "endsAt")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
-        if value is not None and value.tzinfo is None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
             raise ValueError("timestamps must carry a time zone (RFC 3339)")
-        return value.astimezone(UTC) if value is not None else None
+        return to_utc(value)
 
     def model_post_init(self, __context: object) -> None:
         if not self.fingerprint:

@@ -2,7 +2,8 @@
 
 Why generated: hand-edited dashboard JSON drifts from the metrics and rules it shows. Here each
 panel is a few lines naming a PromQL expression and a unit; the committed JSON is what Grafana
-provisions, and ``--check`` fails CI when the code and the committed files disagree.
+provisions, and ``--check`` fails CI when the code and the committed files disagree, or when a
+dashboard is not what Grafana 10.1's own types allow (``dashboards/schema``).
 
 Adding a dashboard for a new capability: a module ``dashboards/<name>.py`` (found by
 :func:`discover`) with::
@@ -32,10 +33,12 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
@@ -77,11 +80,11 @@ class Query:
     legend: str = ""
 
 
-def _targets(queries: Sequence[Query | str], instant: bool) -> list[prometheus.Dataquery]:
+def _targets(queries: Sequence[Query | str], instant: bool) -> list[cogbuilder.Builder[variants.Dataquery]]:
     """Prometheus targets with refIds A, B, C...: Grafana needs them unique within a panel."""
     if not queries:
         raise ValueError("a panel needs at least one query")
-    targets = []
+    targets: list[cogbuilder.Builder[variants.Dataquery]] = []
     for i, q in enumerate(queries):
         q = Query(q) if isinstance(q, str) else q
         target = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + i)).datasource(DATASOURCE)
@@ -201,16 +204,45 @@ def new_dashboard(uid: str, title: str, description: str, tags: Sequence[str] = 
     )
 
 
-def iter_panels(panels: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+PanelT = TypeVar("PanelT", bound=Mapping[str, Any])
+
+
+def iter_panels(panels: Sequence[PanelT]) -> Iterator[PanelT]:
     """Every panel of a dashboard JSON, rows and the panels nested in collapsed rows included."""
     for panel in panels:
         yield panel
         yield from iter_panels(panel.get("panels") or [])
 
 
+#: Keys the SDK's VariableModel writes on every variable that Grafana 10.1's VariableModel has
+#: not: the interval variable's ``auto*`` and the query variable's ``includeAll``.
+_NOT_IN_GRAFANA_10_1_VARIABLES = ("auto", "auto_count", "auto_min", "includeAll")
+
+
+def _as_grafana_10_1_types(data: dict[str, Any]) -> None:
+    """Make the SDK's JSON what Grafana 10.1's own types say (dashboards/schema checks it).
+
+    - An annotation's query goes in ``target`` (``AnnotationQuery<PrometheusDataQuery>``); the
+      SDK's builder writes a top-level ``expr``, which Grafana's Prometheus data source also
+      accepts but only by moving it to ``target`` when it loads the dashboard.
+    - Variables: without the keys of other variable types (:data:`_NOT_IN_GRAFANA_10_1_VARIABLES`),
+      and with ``datasource`` present (``null`` for a data source variable, as Grafana writes it).
+    """
+    for annotation in (data.get("annotations") or {}).get("list") or []:
+        if "expr" in annotation:
+            annotation["target"] = {"datasource": annotation.get("datasource"), "expr": annotation.pop("expr"),
+                                    "refId": "Anno"}
+    for variable in (data.get("templating") or {}).get("list") or []:
+        if variable.get("type") != "interval":
+            for key in _NOT_IN_GRAFANA_10_1_VARIABLES:
+                variable.pop(key, None)
+        variable.setdefault("datasource", None)
+
+
 def render(board: dashboard.Dashboard) -> str:
     """The dashboard as stable, sorted JSON text with panel ids numbered 1..n in order."""
     data = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    _as_grafana_10_1_types(data)
     for number, panel in enumerate(iter_panels(data["panels"]), start=1):
         panel["id"] = number
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
@@ -223,7 +255,7 @@ def discover() -> None:
     import pkgutil
 
     for module in pkgutil.iter_modules([str(DASHBOARD_DIR)]):
-        if module.name not in {"build", "queries", "__main__"}:
+        if module.name not in {"build", "queries", "schema", "__main__"}:
             importlib.import_module(f"dashboards.{module.name}")
 
 
@@ -243,16 +275,27 @@ def stale_files(directory: Path = DASHBOARD_DIR) -> list[str]:
     return stale
 
 
+def schema_errors() -> list[str]:
+    """Every departure of a generated dashboard from Grafana's own types (dashboards/schema)."""
+    from dashboards.schema import validate
+
+    return [error for filename, text in generate().items() for error in validate(json.loads(text), filename)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards.build", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed dashboard differs from the generated one")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if a committed dashboard differs from the generated one or breaks Grafana's schema")
     parser.add_argument("--dir", type=Path, default=DASHBOARD_DIR, help="folder of the dashboard JSON files")
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_files(args.dir)
         for filename in stale:
             print(f"{args.dir / filename}: differs from the generated dashboard; run: uv run python -m dashboards.build", file=sys.stderr)
-        return 1 if stale else 0
+        invalid = schema_errors()
+        for error in invalid:
+            print(f"not what Grafana 10.1's types allow: {error}", file=sys.stderr)
+        return 1 if stale or invalid else 0
     args.dir.mkdir(parents=True, exist_ok=True)
     for filename, text in generate().items():
         (args.dir / filename).write_text(text, encoding="utf-8")

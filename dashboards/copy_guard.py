@@ -109,7 +109,8 @@ def copy_guard() -> dashboard.Dashboard:
             stat_panel(
                 "Copies held now",
                 "short",
-                "sum(promreflex_copy_guard_paused_copies)",
+                # The gauge has a series per site only once the guard saw one: none yet is 0.
+                "sum(promreflex_copy_guard_paused_copies) or vector(0)",
                 description="Copies the guard holds paused or throttled right now.",
                 thresholds=((None, "green"), (1, "orange")),
             )
@@ -118,7 +119,7 @@ def copy_guard() -> dashboard.Dashboard:
             stat_panel(
                 "Registered copies",
                 "short",
-                "sum(promreflex_copy_guard_registered_copies)",
+                "sum(promreflex_copy_guard_registered_copies) or vector(0)",
                 description="Copies (own and adopted) the guard can see in its registry.",
             )
         )

@@ -61,8 +61,11 @@ def nginx_tuner() -> dashboard.Dashboard:
             stat_panel(
                 "Applied keepalive_timeout",
                 "s",
-                "max(promreflex_nginx_tuner_applied_keepalive_timeout_seconds)",
-                description="The value the tuner last applied or found in the config (0 before its first tuning).",
+                # No tuner yet (no retune route, or before its first run) is the same 0 as the
+                # tuner's own "not tuned yet".
+                "max(promreflex_nginx_tuner_applied_keepalive_timeout_seconds) or vector(0)",
+                description="The value the tuner last applied or found in the config (0: not tuned yet).",
+                value_text={"0": ("not tuned", "text")},
                 width=4,
             )
         )
@@ -70,8 +73,10 @@ def nginx_tuner() -> dashboard.Dashboard:
             stat_panel(
                 "Tuner state",
                 "short",
-                'max(promreflex_nginx_tuner_state{state="sweeping"}) * 1 + max(promreflex_nginx_tuner_state{state="applying"}) * 2 '
-                '+ max(promreflex_nginx_tuner_state{state="rolled_back"}) * 3',
+                # Each state alone `or vector(0)`: a sum with one empty term is empty ("No data").
+                '(max(promreflex_nginx_tuner_state{state="sweeping"}) or vector(0)) * 1 '
+                '+ (max(promreflex_nginx_tuner_state{state="applying"}) or vector(0)) * 2 '
+                '+ (max(promreflex_nginx_tuner_state{state="rolled_back"}) or vector(0)) * 3',
                 description="idle, sweeping (measuring candidates), applying (a reload in progress) or rolled_back "
                 "(the last change was undone).",
                 value_text={"0": ("idle", "green"), "1": ("sweeping", "blue"), "2": ("applying", "orange"),

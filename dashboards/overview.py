@@ -109,7 +109,8 @@ def overview() -> dashboard.Dashboard:
             stat_panel(
                 "Applied alerts",
                 "short",
-                "sum(promreflex_controller_applied_alerts)",
+                # No series before the controller's first scrape or without actions: 0 applied.
+                "sum(promreflex_controller_applied_alerts) or vector(0)",
                 description="Alerts whose firing transition the controller has applied and not yet resolved.",
                 width=6,
             )

@@ -1,63 +1,44 @@
-"""The ``promreflex`` command. Flags follow the Prometheus style (``--config.file``)."""
+"""The ``promreflex`` command. Flags follow the Prometheus style (``--config.file``).
+
+The core's own subcommands (``stack``, ``selftest``, ``compose``, ``config``) are here; every
+other subcommand comes from a capability manifest's ``cli`` (:mod:`promreflex.capability`),
+discovered through entry points: this module names none of them.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from promreflex import __version__
-from promreflex.config import Config, ConfigError, load_config
+from promreflex.capability import Capability, Context, default_ports
+from promreflex.config import DEFAULT_CONFIG, Config, ConfigError, all_capabilities, load_config
+from promreflex.errors import UserError
 from promreflex.proc import pid_alive
 
-DEFAULT_CONFIG = Path(__file__).with_name("defaults.yml")
-
-# Capabilities add their subcommands here: each module has ``register(subparsers)``.
-SUBCOMMAND_MODULES: list[str] = [
-    "exporters.accesslog.cli",
-    "exporters.mesh.cli",
-    "controllers.copy_guard.cli",
-    "controllers.copy_guard.calibrate",
-    "controllers.nginx_tuner.cli",
-    "controllers.rca.cli",
-]
+__all__ = ["DEFAULT_CONFIG", "build_parser", "main"]
 
 
 def _load(args: argparse.Namespace) -> Config:
     overrides = {}
     if getattr(args, "state_dir", None):
         overrides["stack.state_dir"] = args.state_dir
-    if getattr(args, "listen_address", None):
-        overrides["controller.listen_address"] = args.listen_address
-    return load_config(args.config_file or DEFAULT_CONFIG, overrides)
-
-
-def cmd_check_config(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    from controllers.engine import bind_routes
-
-    bind_routes(cfg.controller)
-    print(f"{args.config_file or DEFAULT_CONFIG}: OK ({len(cfg.controller.routes)} routes)")
-    return 0
-
-
-def cmd_controller(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    from controllers.server import serve
-
-    asyncio.run(serve(cfg.controller))
-    return 0
+    return load_config(args.config_file or DEFAULT_CONFIG, overrides, getattr(args, "capabilities", None))
 
 
 def cmd_stack_up(args: argparse.Namespace) -> int:
     from promreflex.stack import Stack
 
     cfg = _load(args)
-    stack = Stack(cfg)
+    stack = Stack(cfg, capabilities=args.capabilities)
     print(f"promreflex {__version__}: starting the local stack (state in {stack.dir})")
     stack.up()
     u = stack.urls
@@ -96,7 +77,7 @@ The stack is up. Try:
 def cmd_stack_down(args: argparse.Namespace) -> int:
     from promreflex.stack import Stack
 
-    stack = Stack(_load(args))
+    stack = Stack(_load(args), capabilities=args.capabilities)
     stopped = stack.down()
     print(f"stopped {len(stopped)} component(s) from {stack.dir}" if stopped else f"no stack running from {stack.dir}")
     return 0
@@ -105,7 +86,7 @@ def cmd_stack_down(args: argparse.Namespace) -> int:
 def cmd_stack_status(args: argparse.Namespace) -> int:
     from promreflex.stack import Stack
 
-    stack = Stack(_load(args))
+    stack = Stack(_load(args), capabilities=args.capabilities)
     alive = stack.running()
     if not alive:
         print(f"no stack running from {stack.dir}")
@@ -118,22 +99,94 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
 def cmd_selftest(args: argparse.Namespace) -> int:
     from promreflex.stack import Stack, write_selftest_switch
 
-    stack = Stack(_load(args))
+    stack = Stack(_load(args), capabilities=args.capabilities)
     path = write_selftest_switch(stack.textfile_dir, args.state == "fire")
     print(f"promreflex_selftest_switch = {1 if args.state == 'fire' else 0} ({path})")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def cmd_compose_build(args: argparse.Namespace) -> int:
+    from promreflex.compose import build
+
+    return build(args.dir, check=args.check, capabilities=args.capabilities)
+
+
+def _find(names: Sequence[str], capabilities: Sequence[Capability]) -> list[Capability]:
+    by_name = {cap.name: cap for cap in capabilities}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise UserError(f"no capability {', '.join(map(repr, unknown))}; installed: {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def snippets(chosen: Sequence[Capability], host: str, token_file: str, rules_dir: Path,
+             capabilities: Sequence[Capability]) -> str:
+    """What a user with their own Prometheus and Alertmanager pastes to add ``chosen``: rule
+    files, scrape jobs, the Alertmanager receiver with routes and inhibit rules, and the
+    controller's configuration; generated from the manifests, so it never drifts from the stack."""
+    from promreflex.stack import RECEIVER, alertmanager_config, scrape_configs
+
+    ports = default_ports(capabilities)
+    cfg = load_config(None, capabilities=[c for c in capabilities if c.name != "foundation"])
+    ctx = Context(target="local", host=host, ports=ports, hosts=dict.fromkeys(ports, host), state_dir=Path("."),
+                  paths={"webhook_token": token_file}, config=cfg)
+    am = alertmanager_config(ctx, chosen)
+    # One Alertmanager sub-route per controller route, fast and ungrouped like the local stack's;
+    # `continue: true` keeps the alert flowing to your own receivers as well.
+    am_routes = [{"receiver": RECEIVER, "matchers": list(r["matchers"]), "group_by": ["..."], "group_wait": "0s",
+                  "group_interval": "1s", "continue": True} for cap in chosen for r in cap.routes]
+    am_routes += [{**r, "continue": True} for r in am["route"]["routes"]]
+    dump = lambda d: yaml.safe_dump(d, sort_keys=False).rstrip()  # noqa: E731
+    sections: list[tuple[str, dict[str, Any]]] = [
+        ("prometheus.yml: rule_files (`promtool check config` checks them)",
+         {"rule_files": [str(r if Path(r).is_absolute() else rules_dir / r) for cap in chosen for r in cap.rules]}),
+        ("prometheus.yml: scrape_configs", {"scrape_configs": scrape_configs(ctx, chosen)}),
+        ("alertmanager.yml: the controller's receiver (bearer token from a file)", {"receivers": am["receivers"]}),
+        ("alertmanager.yml: under your top-level `route:`, the alerts the controller answers",
+         {"routes": am_routes}),
+        ("alertmanager.yml: inhibit_rules", {"inhibit_rules": am["inhibit_rules"]}),
+        ("the controller's file: `promreflex controller --config.file promreflex.yml` (check it first with "
+         "`promreflex check-config --config.file promreflex.yml`)",
+         {"controller": {"listen_address": f"{host}:{ports['controller']}", "token_file": token_file,
+                         "routes": [dict(r) for cap in chosen for r in cap.routes]}}),
+    ]
+    parts = [f"# {cap.name}: {cap.summary}" for cap in chosen]
+    number = 0
+    for title, body in sections:
+        if any(body.values()):
+            number += 1
+            parts.append(f"\n# {number}. {title}\n{dump(body)}")
+    return "\n".join(parts) + "\n"
+
+
+def cmd_config_snippets(args: argparse.Namespace) -> int:
+    caps = all_capabilities(args.capabilities)
+    print(snippets(_find(args.capability, caps), args.host, args.token_file, args.rules_dir, caps), end="")
+    return 0
+
+
+def cmd_config_list(args: argparse.Namespace) -> int:
+    for cap in all_capabilities(args.capabilities):
+        section = f"  [{cap.config_section}:]" if cap.config_section else ""
+        print(f"{cap.name:<12} {cap.summary}{section}")
+    return 0
+
+
+def build_parser(capabilities: Sequence[Capability] | None = None) -> argparse.ArgumentParser:
+    """The whole CLI: the core's subcommands, then each capability's (``capabilities``
+    replaces the installed ones; the foundation is always there)."""
+    caps = all_capabilities(capabilities)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config.file", dest="config_file", type=Path, default=None,
                         help=f"YAML configuration (default: the embedded {DEFAULT_CONFIG.name})")
     common.add_argument("--state.dir", dest="state_dir", type=Path, default=None,
                         help="where the local stack keeps configs, data, logs and PIDs (default .promreflex/stack)")
-    common.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
+    common.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="log verbosity (default info)")
 
-    parser = argparse.ArgumentParser(prog="promreflex", description=__doc__)
+    parser = argparse.ArgumentParser(prog="promreflex", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"promreflex {__version__}")
+    parser.set_defaults(capabilities=capabilities)
     sub = parser.add_subparsers(dest="command", required=True)
 
     stack = sub.add_parser("stack", help="run the local stack (Prometheus, Alertmanager, exporters, nginx, controller)")
@@ -144,40 +197,54 @@ def build_parser() -> argparse.ArgumentParser:
     stack_sub.add_parser("down", parents=[common], help="stop what `stack up` started").set_defaults(func=cmd_stack_down)
     stack_sub.add_parser("status", parents=[common], help="show the running components").set_defaults(func=cmd_stack_status)
 
-    ctl = sub.add_parser("controller", parents=[common], help="run the Alertmanager webhook controller")
-    ctl.add_argument("--web.listen-address", dest="listen_address", default=None)
-    ctl.set_defaults(func=cmd_controller)
-
-    chk = sub.add_parser("check-config", parents=[common], help="validate a configuration file and exit")
-    chk.set_defaults(func=cmd_check_config)
-
     st = sub.add_parser("selftest", parents=[common], help="flip the self-test alert of the local stack")
-    st.add_argument("state", choices=["fire", "clear"])
+    st.add_argument("state", choices=["fire", "clear"], help="fire: PromreflexSelftest fires; clear: it resolves")
     st.set_defaults(func=cmd_selftest)
 
-    import importlib
+    compose = sub.add_parser("compose", help="the compose stack's files, generated from the manifests")
+    compose_sub = compose.add_subparsers(dest="compose_command", required=True)
+    cb = compose_sub.add_parser("build", help="write compose/*.yml from the manifests (--check: fail on drift)")
+    cb.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed file differs")
+    cb.add_argument("--dir", type=Path, default=None, help="compose directory (default: the repository's compose/)")
+    cb.set_defaults(func=cmd_compose_build)
 
-    for module in SUBCOMMAND_MODULES:
-        importlib.import_module(module).register(sub)
+    config = sub.add_parser("config", help="what the installed capabilities bring")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub.add_parser("list", help="the installed capabilities").set_defaults(func=cmd_config_list)
+    sn = config_sub.add_parser("snippets", help="rules, scrape jobs, receiver and routes to paste into your own "
+                                                "Prometheus, Alertmanager and controller configuration")
+    sn.add_argument("capability", nargs="+", help="names from `promreflex config list` (foundation: the self-test)")
+    sn.add_argument("--host", default="127.0.0.1", help="where the exporters and the controller run (default 127.0.0.1)")
+    sn.add_argument("--token-file", default="/etc/promreflex/webhook-token",
+                    help="the bearer token file Alertmanager and the controller share")
+    sn.add_argument("--rules-dir", type=Path, default=Path(__file__).resolve().parent.parent / "rules",
+                    help="where the rules files are (default: this installation's rules/)")
+    sn.set_defaults(func=cmd_config_snippets)
+
+    for cap in caps:
+        for register in cap.cli:
+            register(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, getattr(args, "log_level", "info").upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def main(argv: list[str] | None = None, capabilities: Sequence[Capability] | None = None) -> int:
     try:
+        parser = build_parser(capabilities)
+        args = parser.parse_args(argv)
+        if getattr(args, "dir", 0) is None and getattr(args, "command", "") == "compose":
+            from promreflex.compose import COMPOSE_DIR
+
+            args.dir = COMPOSE_DIR
+        logging.basicConfig(level=getattr(logging, getattr(args, "log_level", "info").upper(), logging.INFO),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return args.func(args) or 0
     except ConfigError as e:
         print(f"promreflex: configuration error in {e}", file=sys.stderr)
         return 2
+    except UserError as e:
+        # Start-up failures a user can fix (a busy port, a missing token file, a broken
+        # capability): one line, no traceback.
+        print(f"promreflex: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # noqa: BLE001 - a clear one-line error, not a traceback, for expected failures
-        from promreflex.stack import StackError
-
-        if isinstance(e, StackError):
-            print(f"promreflex: {e}", file=sys.stderr)
-            return 1
-        raise

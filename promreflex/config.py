@@ -7,19 +7,35 @@ a user fixes a configuration in one pass. Durations are written the Prometheus w
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from typing import TypeVar
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
-
+from promreflex.capability import Capability, CapabilityError, check_unique, default_ports, discover
+from promreflex.capability import format_duration as format_duration  # re-exported: it lived here
+from promreflex.foundation import FOUNDATION
 from promreflex.matchers import Matcher, parse_matcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: The embedded default configuration (``promreflex`` without ``--config.file``).
+DEFAULT_CONFIG = Path(__file__).with_name("defaults.yml")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -38,16 +54,6 @@ def parse_duration(value: Any) -> float:
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """The Prometheus spelling of a duration: 0.2 -> ``200ms``, 60 -> ``1m``."""
-    ms = round(seconds * 1000)
-    if ms % 60000 == 0 and ms:
-        return f"{ms // 60000}m"
-    if ms % 1000 == 0:
-        return f"{ms // 1000}s"
-    return f"{ms}ms"
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -98,6 +104,11 @@ class Route(Strict):
     action: str
     params: dict[str, Any] = Field(default_factory=dict)
     cooldown: Duration = 0.0
+    # How long one fire/resolve may run before it is cancelled and counted as failed (default:
+    # the action's own ``timeout``), and how many times a failed transition is retried (with
+    # exponential backoff and full jitter) before the controller gives up on it.
+    timeout: Duration | None = Field(default=None, gt=0)
+    max_retries: int = Field(default=5, ge=0)
 
     @field_validator("matchers")
     @classmethod
@@ -118,7 +129,7 @@ class ControllerConfig(Strict):
     reconcile_interval: Duration = 15.0
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)
     audit_log: Path = Path(".promreflex/audit.jsonl")
-    state_file: Path = Path(".promreflex/controller-state.json")
+    state_file: Path = Path(".promreflex/controller-state.db")  # SQLite (WAL); an old JSON file is imported
     dedupe_window: Duration = 3600.0
     routes: list[Route] = Field(default_factory=list)
 
@@ -136,15 +147,8 @@ class ControllerConfig(Strict):
         return self
 
 
-class Ports(Strict):
-    prometheus: int = 9090
-    alertmanager: int = 9093
-    node_exporter: int = 9100
-    nginx: int = 8080
-    nginx_stub_status: int = 8081
-    nginx_exporter: int = 9113
-    accesslog_exporter: int = 9181
-    controller: int = 9095
+class PortsBase(Strict):
+    """``stack.ports``: one field per named port of every process (see :func:`config_model`)."""
 
 
 class ScrapeJob(Strict):
@@ -160,7 +164,7 @@ class StackConfig(Strict):
     """The local stack that ``promreflex stack up`` runs on loopback."""
 
     host: str = "127.0.0.1"
-    ports: Ports = Ports()
+    ports: PortsBase = PortsBase()
     state_dir: Path = Path(".promreflex/stack")
     rules_dir: Path = REPO_ROOT / "rules"
     site_dir: Path = REPO_ROOT / "compose" / "nginx" / "html"
@@ -168,7 +172,6 @@ class StackConfig(Strict):
     slow_interval: Duration = 5.0
     resend_delay: Duration = 1.0
     group_interval: Duration = 0.2
-    site: str = Field(default="shop", pattern=r"^[a-zA-Z0-9_.-]+$")  # the access-log exporter's site label
     upstream: ListenAddress | None = None  # nginx proxies / to this backend instead of serving site_dir
     extra_scrape: list[ScrapeJob] = Field(default_factory=list)
 
@@ -181,8 +184,52 @@ class StackConfig(Strict):
 
 
 class Config(Strict):
+    """The static part of the configuration; :func:`config_model` adds ``stack.ports`` and one
+    section per capability (``Config`` is the base class of every model it builds)."""
+
     controller: ControllerConfig = ControllerConfig()
     stack: StackConfig = StackConfig()
+
+
+def all_capabilities(capabilities: Sequence[Capability] | None = None) -> tuple[Capability, ...]:
+    """The foundation followed by ``capabilities`` (default: the installed ones, discovered)."""
+    caps = (FOUNDATION, *(discover() if capabilities is None else capabilities))
+    check_unique(caps)
+    return caps
+
+
+@functools.lru_cache(maxsize=32)
+def _model(caps: tuple[Capability, ...]) -> type[Config]:
+    port_fields: dict[str, Any] = {name: (int, Field(default=port, gt=0, lt=65536))
+                                   for name, port in default_ports(caps).items()}
+    ports = create_model("Ports", __base__=PortsBase, **port_fields)
+    stack = create_model("StackConfig", __base__=StackConfig, ports=(ports, ports()))
+    sections: dict[str, Any] = {
+        cap.config_section: (cap.config_model, cap.config_model())
+        for cap in caps if cap.config_section and cap.config_model
+    }
+    for name in sections:
+        if name in Config.model_fields:
+            raise CapabilityError(f"a capability's config section cannot be called {name!r} (the core's)")
+    return create_model("Config", __base__=Config, stack=(stack, stack()), **sections)
+
+
+def config_model(capabilities: Sequence[Capability] | None = None) -> type[Config]:
+    """The whole configuration model: ``controller``, ``stack`` with one ``stack.ports`` field
+    per named port of every process, and one top-level section per capability that has one."""
+    return _model(all_capabilities(capabilities))
+
+
+def ports_model(capabilities: Sequence[Capability] | None = None) -> type[BaseModel]:
+    """The ``stack.ports`` model: ``{p: free_port() for p in ports_model().model_fields}``."""
+    return config_model(capabilities).model_fields["stack"].annotation.model_fields["ports"].annotation  # type: ignore[union-attr]
+
+
+def __getattr__(name: str) -> Any:
+    # ``Ports`` was a static class naming every port; it is now built from the manifests.
+    if name == "Ports":
+        return ports_model()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ConfigError(Exception):
@@ -241,13 +288,26 @@ def load_model(path: str | Path, model: type[M], top_level_hint: str) -> M:
     return validate_model(model, read_yaml_mapping(path, top_level_hint), str(path))
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Load the YAML file at ``path`` (or the defaults), apply ``overrides``, validate once."""
-    data = read_yaml_mapping(path, "controller:, stack:") if path is not None else {}
+def default_routes(capabilities: Sequence[Capability] | None = None) -> list[dict[str, Any]]:
+    """The controller routes every manifest brings (foundation first)."""
+    return [dict(route) for cap in all_capabilities(capabilities) for route in cap.routes]
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                capabilities: Sequence[Capability] | None = None) -> Config:
+    """Load the YAML file at ``path``, apply ``overrides``, validate once.
+
+    ``path=None`` is the models' defaults (no controller routes). The embedded default file
+    (:data:`DEFAULT_CONFIG`) gets the manifests' default routes unless it lists its own.
+    ``capabilities`` replaces the discovered ones (tests pass a throwaway capability).
+    """
+    data = read_yaml_mapping(path, "controller:, stack:, or a capability's section") if path is not None else {}
+    if path is not None and Path(path).resolve() == DEFAULT_CONFIG and "routes" not in (data.get("controller") or {}):
+        data.setdefault("controller", {})["routes"] = default_routes(capabilities)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return validate_model(Config, data, str(path) if path else "(defaults)")
+    return validate_model(config_model(capabilities), data, str(path) if path else "(defaults)")

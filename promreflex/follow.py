@@ -6,49 +6,86 @@ twice after a ``copytruncate`` or a restart, and keep memory bounded when a writ
 runaway line. :class:`LogFollower` does that with plain ``os`` calls and no threads, so a caller
 decides when to poll (:func:`follow` is a small asyncio loop for the common case).
 
+A file is recognised by its *content*, not its name or inode: the fingerprint of what was read
+(a short BLAKE2b hash of the offset and of the first and last KiB before it). After each poll
+the follower remembers the fingerprint at the end of the last complete line it returned.
+
 How each situation is recognised, on every :meth:`LogFollower.poll`:
 
 * **growth**: read from our byte position to EOF (at most ``max_poll_bytes`` per poll, so a
   huge backlog cannot blow up one poll's memory); the bytes after the last newline stay
   buffered until their newline arrives.
-* **rename rotation** (logrotate ``create``, ``mv`` + reopen): ``stat(path)`` names another
-  inode than the one we hold open. The old handle is read to its end first, then kept
-  *draining* until it stays quiet for one poll, because nginx keeps writing to the old inode
-  until it gets ``USR1``. Then the new file is read from offset 0.
-* **copytruncate**: the held file is now shorter than our position, or its first bytes
-  changed (it was truncated and already refilled past our position). Reading restarts at 0
-  of the same inode; a buffered partial line is dropped (its start was in the old content).
+* **rename rotation** (logrotate ``create``, ``mv`` + reopen, with or without an immediate
+  ``gzip``): ``stat(path)`` names another inode than the one we hold open. The old handle (still
+  readable through our descriptor, even when gzip already unlinked it) is read to its end first,
+  then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds, because
+  nginx keeps writing to the old inode until it gets ``USR1``. Then the new file is read from 0.
+* **copytruncate**: the held file is now shorter than our position, or the bytes before our
+  position changed (truncated and refilled before we polled, even with the same first bytes).
+  The lines written between our last read and the truncation are in the copy: the newest
+  rotated sibling (plain or ``.gz``) whose content matches our fingerprint is read from our
+  offset to its end, then the truncated file from 0. No copy found: a warning, counted in
+  ``stats.unrecovered``.
 * **missing file**: polled until it appears; a file that appears later is read from 0,
   whatever ``from_start`` says (all of it is new).
 * **restart**: with ``state_file``, after each poll the (inode, offset, fingerprint) of every
   file still being read is written atomically (temp file + ``os.replace``). The offset is the
-  end of the last *complete* line returned, so a partial line is re-read, not lost. The
-  fingerprint is a short BLAKE2b hash of the first and last KiB before the offset: it tells a
-  resumed file from a different file that happens to reuse the inode number. If the path now
-  holds another inode, the saved inode is looked for among rotated siblings in the same
-  directory (``access.log.1``, ``access.log-20240101``; not compressed ones) and drained from
-  the saved offset first, so a rotation while the exporter was down loses nothing either.
+  end of the last *complete* line returned, so a partial line is re-read, not lost. On start,
+  each saved file is looked for where rotation may have put it: the path itself (same inode,
+  same content), else any rotated sibling, plain or gzip, whose content matches (a rename, a
+  rename + gzip, a copytruncate, an inode reused by the new file). It is read from the saved
+  offset, then every sibling rotated after it (two rotations while down) from 0, then the
+  current file from 0.
+* **first start without state**: ``from_start=False`` starts at the end of an existing file
+  and counts what it skipped in ``stats.skipped_bytes``, and :meth:`resume_info` says so.
+
+Rotated siblings are the files beside the log named ``<name>.N``, ``<name>-20240101`` (digits
+and ``._-`` after the name, optionally ``.gz``), or those a ``rotated`` glob names; they are
+ordered oldest first by their number (``.2`` before ``.1``), else by modification time.
+:func:`read_lines` reads one such file (plain or gzip) for a one-shot backfill, and
+:func:`check_text` refuses what is not a text log (other compressions, binary data).
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import gzip
 import hashlib
 import json
 import logging
 import os
+import re
 import stat
-from collections.abc import Callable, Sequence
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import BinaryIO
+
+from promreflex.errors import UserError
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 _FINGERPRINT_WINDOW = 1024  # bytes hashed at the start of the file and just before the offset
-_HEAD_CHECK_BYTES = 256  # first bytes re-read each poll to notice truncate-then-refill
-_COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")
 _READ_CHUNK = 256 * 1024
+_SNIFF_BYTES = 64 * 1024
+_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+    (b"PK\x03\x04", "zip"),
+)
+_ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*?(?:\.(?:gz|bz2|xz|zst|lz4|zip))?")
+_NUMBERED_SUFFIX = re.compile(r"\.([0-9]+)(?:\.[a-z0-9]+)?")
+
+
+class NotTextError(UserError):
+    """A file given as a text log is compressed (other than gzip where gzip is read) or binary."""
 
 
 @dataclass
@@ -57,10 +94,12 @@ class FollowStats:
 
     lines: int = 0  # complete lines returned
     bytes: int = 0  # bytes consumed from files (including dropped oversized lines)
-    rotations: int = 0  # rename rotations noticed (while running or across a restart)
+    rotations: int = 0  # rotated files read (while running or across a restart)
     truncations: int = 0  # copytruncate-style truncations noticed
     oversized_lines: int = 0  # lines longer than max_line_bytes, dropped
     open_errors: int = 0  # failed attempts to open an existing path (permissions, not a file)
+    skipped_bytes: int = 0  # bytes already in the file at a first start at its end (from_start=False)
+    unrecovered: int = 0  # truncations or restarts where what was written after our offset was not found
 
     def snapshot(self) -> FollowStats:
         """A copy to diff against later (``follower.stats`` itself keeps changing)."""
@@ -73,19 +112,35 @@ class FollowStats:
 
 @dataclass
 class _Handle:
-    """One open file being read. ``line_start`` is where the current incomplete line begins."""
+    """One open file being read (a descriptor, or a gzip stream read once from start to end).
+
+    ``line_start`` is where the current incomplete line begins; (``fp_offset``, ``fp``) is what
+    identifies the file's content: the fingerprint of its first ``fp_offset`` bytes.
+    """
 
     fd: int
     ino: int
     dev: int
     name: str  # path it was opened by (for messages only)
+    stream: BinaryIO | None = None  # gzip-compressed rotated file, read sequentially
     pos: int = 0  # next byte to read
     line_start: int = 0  # file offset of buf[0]; what we persist
     buf: bytearray = field(default_factory=bytearray)
     discarding: bool = False  # inside an oversized line: drop bytes until the next newline
-    head: bytes = b""  # first bytes of the file as we read them (truncate-and-refill check)
+    fp_offset: int = 0
+    fp: str = ""
     quiet_polls: int = 0  # for draining handles: polls in a row that read nothing
+    last_data: float = field(default_factory=time.monotonic)
+    eof: bool = False  # a gzip stream read to its end (or unreadable)
     read_error_logged: bool = False
+
+
+def _hash(offset: int, head: bytes, tail: bytes) -> str:
+    h = hashlib.blake2b(digest_size=8)
+    h.update(offset.to_bytes(8, "little"))
+    h.update(head)
+    h.update(tail)
+    return h.hexdigest()
 
 
 def fingerprint(fd: int, offset: int) -> str:
@@ -97,11 +152,223 @@ def fingerprint(fd: int, offset: int) -> str:
     head = os.pread(fd, min(offset, _FINGERPRINT_WINDOW), 0)
     tail_start = max(0, offset - _FINGERPRINT_WINDOW)
     tail = os.pread(fd, offset - tail_start, tail_start)
-    h = hashlib.blake2b(digest_size=8)
-    h.update(offset.to_bytes(8, "little"))
-    h.update(head)
-    h.update(tail)
-    return h.hexdigest()
+    return _hash(offset, head, tail)
+
+
+def _stream_fingerprint(stream: BinaryIO, offset: int) -> str | None:
+    """:func:`fingerprint` of a stream's first ``offset`` bytes (None if it is shorter)."""
+    head = b""
+    tail = bytearray()
+    n = 0
+    while n < offset:
+        chunk = stream.read(min(_READ_CHUNK, offset - n))
+        if not chunk:
+            return None
+        if len(head) < _FINGERPRINT_WINDOW:
+            head += chunk[: _FINGERPRINT_WINDOW - len(head)]
+        tail += chunk
+        if len(tail) > _FINGERPRINT_WINDOW:
+            del tail[: len(tail) - _FINGERPRINT_WINDOW]
+        n += len(chunk)
+    return _hash(offset, head, bytes(tail))
+
+
+def compression_of(head: bytes) -> str | None:
+    """The compression format whose magic bytes start ``head``, or None."""
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def _binary_problem(sample: bytes) -> str | None:
+    """Why ``sample`` is not the start of a text log, or None. Logs are text: no NUL bytes, and
+    (nginx and Apache escape them) almost no other control characters."""
+    if not sample:
+        return None
+    controls = sum(sample.count(bytes([c])) for c in (*range(0, 9), *range(14, 32), 127))
+    if controls > len(sample) // 100:
+        return f"not text ({controls} control bytes in its first {len(sample)} bytes)"
+    return None
+
+
+def check_text(path: str | os.PathLike, *, allow_gzip: bool) -> str | None:
+    """None when ``path`` is a text log this module can read; else what it is instead.
+
+    ``allow_gzip``: a gzip file is accepted (and its decompressed start checked), as for the
+    rotated files of a backfill; a followed log must be the plain one.
+    """
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    kind = compression_of(head)
+    if kind == "gzip" and allow_gzip:
+        try:
+            with gzip.open(path, "rb") as g:
+                head = g.read(_SNIFF_BYTES)
+        except (OSError, EOFError, zlib.error) as e:
+            return f"a damaged gzip file ({e})"
+        problem = _binary_problem(head)
+        return f"gzip-compressed, and {problem}" if problem else None
+    if kind is not None:
+        how = "follow the plain log; read rotated .gz files with the one-shot backfill" if kind == "gzip" else (
+            f"decompress it first ({kind} is not read)"
+        )
+        return f"a {kind}-compressed file, not a text log: {how}"
+    return _binary_problem(head)
+
+
+def rotated_siblings(path: str | os.PathLike, pattern: str | None = None) -> list[Path]:
+    """The rotated copies of ``path``, oldest first (see the module docstring for the names).
+
+    ``X`` and ``X.gz`` both present means gzip is still writing ``X.gz``: only ``X`` is listed.
+    """
+    path = Path(path)
+    found: list[Path] = []
+    if pattern:
+        found = [Path(p) for p in glob.glob(pattern)]
+    else:
+        try:
+            with os.scandir(path.parent) as it:
+                for e in it:
+                    rest = e.name[len(path.name):]
+                    if e.name.startswith(path.name) and rest and _ROTATED_SUFFIX.fullmatch(rest):
+                        found.append(Path(e.path))
+        except OSError:
+            return []
+    names = {p.name for p in found}
+    out: list[tuple[tuple[int, int, str], Path]] = []
+    for p in found:
+        if p.absolute() == path.absolute() or (p.suffix == ".gz" and p.name[:-3] in names):
+            continue
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        out.append(((0, st.st_mtime_ns, p.name), p))
+    numbers = [_NUMBERED_SUFFIX.fullmatch(p.name[len(path.name):]) for _, p in out]
+    if out and all(numbers):  # access.log.3.gz, access.log.2, access.log.1: by number
+        nums = [int(m.group(1)) for m in numbers if m is not None]
+        return [p for _, (_, p) in sorted(zip(nums, out, strict=True), key=lambda t: -t[0])]
+    return [p for _, p in sorted(out)]
+
+
+def _open_source(path: Path) -> tuple[int, BinaryIO | None, os.stat_result]:
+    """A descriptor for a plain file, or a gzip stream (fd -1) for a gzip one."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if compression_of(os.pread(fd, 8, 0)) != "gzip":
+            return fd, None, st
+        stream: BinaryIO = gzip.GzipFile(fileobj=os.fdopen(os.dup(fd), "rb"), mode="rb")  # type: ignore[assignment]
+    except BaseException:
+        _close_fd(fd)
+        raise
+    _close_fd(fd)
+    return -1, stream, st
+
+
+def _split(h: _Handle, chunk: bytes, out: list[str], limit: int, stats: FollowStats) -> None:
+    """Cut buffered bytes + ``chunk`` into lines; keep the incomplete tail, bounded.
+
+    Decodes once per chunk (not per line): the chunk is cut at its last newline, so no UTF-8
+    sequence is split. Lines longer than ``limit`` characters are dropped and counted.
+    """
+    last_nl = chunk.rfind(b"\n")
+    if last_nl < 0:
+        _buffer_tail(h, chunk, limit)
+        return
+    head = chunk[:last_nl]
+    tail = chunk[last_nl + 1 :]
+    if h.discarding:  # the first line ends the oversized line we were skipping
+        stats.oversized_lines += 1
+        h.discarding = False
+        first_nl = head.find(b"\n")
+        head = head[first_nl + 1 :] if first_nl >= 0 else b""
+        skip_all = first_nl < 0
+    else:
+        skip_all = False
+        if h.buf:
+            head = bytes(h.buf) + head
+    h.buf.clear()
+    h.line_start = h.pos - len(tail)
+    if not skip_all:
+        text = head.decode("utf-8", "replace")
+        lines = text.split("\n")
+        if "\r" in text:
+            lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if len(text) > limit and max(map(len, lines)) > limit:
+            kept = [ln for ln in lines if len(ln) <= limit]
+            stats.oversized_lines += len(lines) - len(kept)
+            lines = kept
+        out.extend(lines)
+    _buffer_tail(h, tail, limit)
+
+
+def _buffer_tail(h: _Handle, data: bytes, limit: int) -> None:
+    if h.discarding or not data:
+        return
+    if len(h.buf) + len(data) > limit:
+        h.buf.clear()
+        h.discarding = True
+    else:
+        h.buf += data
+
+
+def _read_chunk(h: _Handle, n: int) -> bytes:
+    if h.stream is not None:
+        return h.stream.read(n)
+    return os.pread(h.fd, n, h.pos)
+
+
+def read_lines(
+    path: str | os.PathLike, *, max_line_bytes: int = 64 * 1024, stats: FollowStats | None = None
+) -> Iterator[list[str]]:
+    """The lines of one whole file, plain or gzip, in batches; a final unterminated line counts.
+
+    Refuses (:class:`NotTextError`) what :func:`check_text` rejects, before yielding anything.
+    """
+    p = Path(path)
+    problem = check_text(p, allow_gzip=True)
+    if problem:
+        raise NotTextError(f"{p}: {problem}")
+    stats = stats if stats is not None else FollowStats()
+    fd, stream, st = _open_source(p)
+    h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=str(p), stream=stream)
+    try:
+        while True:
+            try:
+                chunk = _read_chunk(h, _READ_CHUNK)
+            except (OSError, EOFError, zlib.error) as e:
+                raise NotTextError(f"{p}: unreadable after {h.pos} bytes ({e})") from e
+            if not chunk:
+                break
+            h.pos += len(chunk)
+            stats.bytes += len(chunk)
+            out: list[str] = []
+            _split(h, chunk, out, max_line_bytes, stats)
+            stats.lines += len(out)
+            yield out
+        if h.buf and not h.discarding:
+            stats.lines += 1
+            yield [bytes(h.buf).decode("utf-8", "replace")]
+        elif h.discarding:
+            stats.oversized_lines += 1
+    finally:
+        _close(h)
+
+
+@dataclass
+class _Saved:
+    """One file of the state file: read up to ``offset``; its first ``fp_offset`` bytes hash to ``fp``."""
+
+    inode: int
+    offset: int
+    fp_offset: int
+    fp: str
 
 
 class LogFollower:
@@ -109,8 +376,11 @@ class LogFollower:
 
     ``from_start`` decides where reading begins when there is no usable saved state and the
     file already exists at start-up: True reads the backlog, False starts at its end (like
-    ``tail -F``). ``max_line_bytes`` bounds one line: longer lines are dropped and counted in
-    ``stats.oversized_lines`` (never returned, never held in memory beyond the bound).
+    ``tail -F``; the skipped bytes are counted). ``max_line_bytes`` bounds one line: longer lines
+    are dropped and counted in ``stats.oversized_lines`` (never returned, never held in memory
+    beyond the bound). ``rotated`` is a glob naming the rotated copies when they are not
+    beside the log with the usual names. ``drain_grace``: seconds a rotated-away file must stay
+    quiet before it is closed (a writer reopens its log a moment after the rename).
     """
 
     def __init__(
@@ -121,6 +391,8 @@ class LogFollower:
         from_start: bool = True,
         max_line_bytes: int = 64 * 1024,
         max_poll_bytes: int = 8 * 1024 * 1024,
+        rotated: str | None = None,
+        drain_grace: float = 1.0,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError("max_line_bytes must be positive")
@@ -128,6 +400,8 @@ class LogFollower:
         self.state_file = Path(state_file) if state_file is not None else None
         self.max_line_bytes = max_line_bytes
         self.max_poll_bytes = max(max_poll_bytes, 1)
+        self.rotated = rotated
+        self.drain_grace = drain_grace
         self.stats = FollowStats()
         self.behind = False  # True when the last poll stopped at max_poll_bytes
         self._cur: _Handle | None = None
@@ -142,23 +416,29 @@ class LogFollower:
         """Read what was appended since the last poll; return the complete lines, decoded."""
         out: list[str] = []
         budget = self.max_poll_bytes
+        if self._cur is not None:
+            self._check_truncation(self._cur)
+        now = time.monotonic()
         for h in list(self._draining):
             if budget <= 0:
                 break
             n = self._read(h, out, budget)
             budget -= n
-            h.quiet_polls = 0 if n else h.quiet_polls + 1
-            if h.quiet_polls >= 1:
+            if n:
+                h.quiet_polls, h.last_data = 0, now
+            else:
+                h.quiet_polls += 1
+            if h.eof or (h.quiet_polls >= 1 and now - h.last_data >= self.drain_grace):
                 self._finish_draining(h, out)
         if self._cur is None:
             self._cur = self._open(from_start=True)
         if self._cur is not None and budget > 0:
-            self._check_truncation(self._cur)
             budget -= self._read(self._cur, out, budget)
             if budget > 0:
                 budget -= self._check_rotation(out, budget)
         self.behind = budget <= 0
         self.stats.lines += len(out)
+        self._refresh_fingerprints()
         self._save_state()
         return out
 
@@ -171,7 +451,7 @@ class LogFollower:
         self._save_state()
         for h in [*self._draining, self._cur]:
             if h is not None:
-                _close_fd(h.fd)
+                _close(h)
         self._draining.clear()
         self._cur = None
 
@@ -184,44 +464,64 @@ class LogFollower:
     # ------------------------------------------------------------------ start-up and state
 
     def _start(self, from_start: bool) -> str:
-        """Open the file (or not yet), resuming from the state file when it still fits."""
+        """Open the file (or not yet), resuming from the state file wherever rotation put it."""
         saved, why_fresh = self._load_state()
         cur = self._cur = self._open(from_start=from_start)
+        if cur is not None:
+            self._set_identity(cur)
         if saved is None:
             reason = why_fresh or "no saved state"
             if cur is None:
                 return f"{self.path}: {reason}; file does not exist yet, will read it from the start when it appears"
-            how = "from the start" if from_start else f"from its end (offset {cur.pos})"
-            return f"{self.path}: {reason}; reading inode {cur.ino} {how}"
+            if from_start or cur.pos == 0:
+                return f"{self.path}: {reason}; reading inode {cur.ino} from the start"
+            self.stats.skipped_bytes += cur.pos
+            return (f"{self.path}: {reason}; starting at its end (offset {cur.pos}): skipped the {cur.pos} bytes "
+                    "already in it, so counts start at 0")
 
+        siblings = self._siblings()
+        cur_idx = len(siblings)
+        matched: dict[int, _Handle] = {}
         notes: list[str] = []
-        for entry in saved:
-            ino, offset, fp = entry["inode"], entry["offset"], entry["fingerprint"]
-            if cur is not None and ino == cur.ino:
-                problem = self._misfit(cur.fd, offset, fp)
-                if problem is None:
-                    self._seek(cur, offset)
-                    notes.append(f"resumed inode {ino} at offset {offset}")
-                else:
-                    self.stats.truncations += 1
-                    self._seek(cur, 0)
-                    notes.append(f"inode {ino} {problem}; reading it from offset 0")
+        for entry in reversed(saved):  # the current file first, then older draining ones
+            if cur is not None and cur_idx not in matched and entry.inode == cur.ino and self._fits(cur, entry):
+                self._seek(cur, entry.offset)
+                self._set_identity(cur)
+                matched[cur_idx] = cur
+                notes.append(f"resumed inode {entry.inode} at offset {entry.offset}")
                 continue
-            old = self._find_rotated(ino, offset, fp)
-            if old is None:
-                notes.append(f"saved inode {ino} (offset {offset}) is gone or no longer matches")
+            if cur is not None and entry.inode == cur.ino:
+                self.stats.truncations += 1
+                notes.append(f"inode {entry.inode} is shorter or has other bytes before offset {entry.offset} "
+                             "than saved (truncated, or a replaced file reusing the inode)")
+            found = self._find_content(entry, siblings, exclude=set(matched))
+            if found is None:
+                self.stats.unrecovered += 1
+                notes.append(f"saved inode {entry.inode} (offset {entry.offset}) is gone or no longer matches "
+                             "any rotated file: what was written to it after that offset is not counted")
                 continue
-            self._draining.append(old)
+            idx, h = found
+            matched[idx] = h
             self.stats.rotations += 1
-            notes.append(f"draining rotated {old.name} (inode {ino}) from offset {offset}")
+            notes.append(f"draining rotated {h.name} (was inode {entry.inode}) from offset {entry.offset}")
+        rotated = [i for i in matched if i != cur_idx]
+        if rotated:  # siblings rotated after the newest saved file were written entirely while down
+            for idx in range(max(rotated) + 1, cur_idx):
+                whole = self._open_whole(siblings[idx])
+                if whole is not None:
+                    matched[idx] = whole
+                    self.stats.rotations += 1
+                    notes.append(f"reading {whole.name}, rotated while down, from offset 0")
+        self._draining = [matched[i] for i in sorted(matched) if i != cur_idx]
         if cur is None:
             notes.append("file does not exist yet, will read it from the start when it appears")
-        elif cur.ino not in {e["inode"] for e in saved}:
+        elif cur_idx not in matched:
             self._seek(cur, 0)
+            self._set_identity(cur)
             notes.append(f"inode {cur.ino} is new since the state was saved; reading it from offset 0")
         return f"{self.path}: " + "; ".join(notes)
 
-    def _load_state(self) -> tuple[list[dict] | None, str]:
+    def _load_state(self) -> tuple[list[_Saved] | None, str]:
         """Saved file entries (oldest first), or None and why they cannot be used."""
         if self.state_file is None:
             return None, ""
@@ -237,7 +537,7 @@ class LogFollower:
             if raw.get("path") != str(self.path.absolute()):
                 return None, f"state file {self.state_file} belongs to {raw.get('path')!r}"
             files = [
-                {"inode": int(f["inode"]), "offset": int(f["offset"]), "fingerprint": str(f["fingerprint"])}
+                _Saved(int(f["inode"]), int(f["offset"]), int(f.get("fp_offset", f["offset"])), str(f["fingerprint"]))
                 for f in raw["files"]
             ]
         except (AttributeError, KeyError, TypeError, ValueError) as e:
@@ -250,15 +550,11 @@ class LogFollower:
         """Write where each open file's last complete line ends; skip when nothing changed."""
         if self.state_file is None:
             return
-        files = []
-        for h in [*self._draining, self._cur]:
-            if h is None:
-                continue
-            try:
-                fp = fingerprint(h.fd, h.line_start)
-            except OSError:
-                continue
-            files.append({"inode": h.ino, "offset": h.line_start, "fingerprint": fp})
+        files = [
+            {"inode": h.ino, "offset": h.line_start, "fp_offset": h.fp_offset, "fingerprint": h.fp, "name": h.name}
+            for h in [*self._draining, self._cur]
+            if h is not None and h.fp
+        ]
         if not files:
             return
         text = json.dumps({"version": STATE_VERSION, "path": str(self.path.absolute()), "files": files})
@@ -273,42 +569,97 @@ class LogFollower:
         except OSError as e:
             log.warning("cannot write follow state %s: %s", self.state_file, e)
 
-    @staticmethod
-    def _misfit(fd: int, offset: int, fp: str) -> str | None:
-        """None when this open file is the saved one read up to ``offset``; else why not."""
-        size = os.fstat(fd).st_size
-        if size < offset:
-            return f"is shorter ({size} bytes) than the saved offset {offset} (truncated or replaced)"
-        if fingerprint(fd, offset) != fp:
-            return f"has other bytes before offset {offset} than saved (replaced file reusing the inode)"
-        return None
+    def _refresh_fingerprints(self) -> None:
+        """Identify each plain file by the content up to its last complete line (cheap: two
+        small preads and a hash, only when the position moved). Gzip streams keep the
+        identity they were matched by."""
+        for h in [*self._draining, self._cur]:
+            if h is not None and h.stream is None and h.fp_offset != h.line_start:
+                try:
+                    self._set_identity(h)
+                except OSError:
+                    pass
 
-    def _find_rotated(self, ino: int, offset: int, fp: str) -> _Handle | None:
-        """Open the rotated sibling of our path that is the saved inode, positioned at offset."""
-        directory = self.path.parent
+    @staticmethod
+    def _set_identity(h: _Handle) -> None:
+        h.fp_offset = h.line_start
+        h.fp = fingerprint(h.fd, h.line_start)
+
+    @staticmethod
+    def _fits(h: _Handle, entry: _Saved) -> bool:
+        """True when the open plain file is the saved one, read up to ``entry.offset``."""
         try:
-            entries = list(os.scandir(directory))
+            size = os.fstat(h.fd).st_size
+            return size >= max(entry.offset, entry.fp_offset) and fingerprint(h.fd, entry.fp_offset) == entry.fp
         except OSError:
-            return None
-        for e in entries:
-            if not e.name.startswith(self.path.name) or e.name == self.path.name:
-                continue
-            if e.name.endswith(_COMPRESSED_SUFFIXES):
-                continue
+            return False
+
+    def _siblings(self) -> list[Path]:
+        """Rotated siblings this follower can read (plain or gzip), oldest first."""
+        out = []
+        for p in rotated_siblings(self.path, self.rotated):
             try:
-                if e.inode() != ino or not e.is_file():
-                    continue
-                fd = os.open(e.path, os.O_RDONLY)
+                with open(p, "rb") as f:
+                    kind = compression_of(f.read(8))
             except OSError:
                 continue
-            if self._misfit(fd, offset, fp) is not None:
-                _close_fd(fd)
+            if kind in (None, "gzip"):
+                out.append(p)
+        return out
+
+    def _find_content(self, entry: _Saved, siblings: list[Path], exclude: set[int]) -> tuple[int, _Handle] | None:
+        """The newest rotated sibling holding the saved content, opened at ``entry.offset``.
+
+        A saved offset of 0 identifies nothing (every file starts with zero bytes): then only the
+        same inode (a plain rename) counts.
+        """
+        for idx in range(len(siblings) - 1, -1, -1):
+            if idx in exclude:
                 continue
-            st = os.fstat(fd)
-            h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=e.path)
-            self._seek(h, offset)
-            return h
+            h = self._open_matching(siblings[idx], entry)
+            if h is not None:
+                return idx, h
         return None
+
+    def _open_matching(self, path: Path, entry: _Saved) -> _Handle | None:
+        try:
+            fd, stream, st = _open_source(path)
+        except (OSError, EOFError, zlib.error):
+            return None
+        h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=str(path), stream=stream)
+        try:
+            if entry.fp_offset == 0:
+                ok = stream is None and st.st_ino == entry.inode
+            elif stream is None:
+                ok = self._fits(h, entry)
+            else:
+                ok = _stream_fingerprint(stream, entry.fp_offset) == entry.fp
+                if ok and stream.seek(entry.offset) != entry.offset:  # GzipFile seeks by reading
+                    ok = False
+        except (OSError, EOFError, zlib.error):
+            ok = False
+        if not ok:
+            _close(h)
+            return None
+        h.pos = h.line_start = entry.offset
+        h.fp_offset, h.fp = entry.fp_offset, entry.fp
+        return h
+
+    def _open_whole(self, path: Path) -> _Handle | None:
+        """A rotated file to read from 0. A gzip stream is identified by its first lines at once
+        (it cannot be fingerprinted as it goes), so a restart half-way through finds it again."""
+        try:
+            fd, stream, st = _open_source(path)
+            h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=str(path), stream=stream)
+            h.fp = _hash(0, b"", b"")
+            if stream is not None:
+                head = stream.read(4 * _FINGERPRINT_WINDOW)
+                h.fp_offset = len(head)
+                h.fp = _hash(h.fp_offset, head[:_FINGERPRINT_WINDOW], head[-_FINGERPRINT_WINDOW:])
+                stream.seek(0)
+        except (OSError, EOFError, zlib.error):
+            return None
+        return h
 
     # ------------------------------------------------------------------ reading
 
@@ -337,86 +688,62 @@ class LogFollower:
             log.warning("cannot read %s (will keep trying): %s", self.path, why)
             self._open_error_logged = True
 
-    def _seek(self, h: _Handle, offset: int) -> None:
+    @staticmethod
+    def _seek(h: _Handle, offset: int) -> None:
         h.pos = h.line_start = offset
         h.buf.clear()
         h.discarding = False
-        h.head = os.pread(h.fd, _HEAD_CHECK_BYTES, 0) if offset else b""
 
     def _read(self, h: _Handle, out: list[str], budget: int) -> int:
         """Append the complete lines readable from ``h`` to ``out``; return bytes read."""
         total = 0
+        limit = self.max_line_bytes
         while total < budget:
             try:
-                chunk = os.pread(h.fd, min(_READ_CHUNK, budget - total), h.pos)
-            except OSError as e:
+                chunk = _read_chunk(h, min(_READ_CHUNK, budget - total))
+            except (OSError, EOFError, zlib.error) as e:
                 if not h.read_error_logged:
                     log.warning("read error on %s: %s", h.name, e)
                     h.read_error_logged = True
+                h.eof = h.stream is not None
                 break
             if not chunk:
+                h.eof = h.stream is not None
                 break
-            if h.pos < _HEAD_CHECK_BYTES and len(h.head) < _HEAD_CHECK_BYTES:
-                h.head = (h.head + chunk)[:_HEAD_CHECK_BYTES] if h.pos == len(h.head) else h.head
             h.pos += len(chunk)
             total += len(chunk)
-            self._split(h, chunk, out)
+            _split(h, chunk, out, limit, self.stats)
         self.stats.bytes += total
         return total
-
-    def _split(self, h: _Handle, chunk: bytes, out: list[str]) -> None:
-        """Cut buffered bytes + ``chunk`` into lines; keep the incomplete tail, bounded."""
-        last_nl = chunk.rfind(b"\n")
-        if last_nl < 0:
-            self._buffer_tail(h, chunk)
-            return
-        head, tail = chunk[: last_nl + 1], chunk[last_nl + 1 :]
-        parts = head.split(b"\n")
-        parts.pop()  # empty string after the final newline
-        first = parts[0]
-        if h.discarding:
-            # the first part ends the oversized line we were skipping
-            self.stats.oversized_lines += 1
-            h.discarding = False
-            parts = parts[1:]
-        elif h.buf:
-            h.buf += first
-            parts[0] = bytes(h.buf)
-        h.buf.clear()
-        limit = self.max_line_bytes
-        for p in parts:
-            if len(p) > limit:
-                self.stats.oversized_lines += 1
-                continue
-            if p[-1:] == b"\r":
-                p = p[:-1]
-            out.append(p.decode("utf-8", "replace"))
-        h.line_start = h.pos - len(tail)
-        self._buffer_tail(h, tail)
-
-    def _buffer_tail(self, h: _Handle, data: bytes) -> None:
-        if h.discarding or not data:
-            return
-        if len(h.buf) + len(data) > self.max_line_bytes:
-            h.buf.clear()
-            h.discarding = True
-        else:
-            h.buf += data
 
     # ------------------------------------------------------------------ rotation / truncation
 
     def _check_truncation(self, h: _Handle) -> None:
-        """Restart at 0 when the held file shrank below our position or its start changed."""
+        """Notice a truncation (shorter than our position, or other bytes before it); read the
+        rest of what we had not read from the copy, then the file from 0."""
         try:
             size = os.fstat(h.fd).st_size
-            head_now = os.pread(h.fd, len(h.head), 0) if h.head else b""
+            same = size >= h.pos and (h.fp_offset == 0 or fingerprint(h.fd, h.fp_offset) == h.fp)
         except OSError:
             return
-        if size >= h.pos and head_now == h.head:
+        if same:
             return
         self.stats.truncations += 1
-        log.info("%s truncated (size %d < position %d or start rewritten); reading from 0", h.name, size, h.pos)
+        entry = _Saved(h.ino, h.line_start, h.fp_offset, h.fp)
+        copy = None
+        if h.line_start:
+            found = self._find_content(entry, [p for p in self._siblings() if _inode(p) != h.ino], exclude=set())
+            copy = found[1] if found else None
+        if copy is not None:
+            log.info("%s truncated (copytruncate); reading the rest from its copy %s from offset %d, then it from 0",
+                     h.name, copy.name, h.line_start)
+            self._draining.append(copy)
+        elif h.line_start:
+            self.stats.unrecovered += 1
+            log.warning("%s truncated, and no rotated copy holds what it had at offset %d: lines written "
+                        "after our last read and before the truncation are not counted", h.name, h.line_start)
         self._seek(h, 0)
+        self._set_identity(h)
 
     def _check_rotation(self, out: list[str], budget: int) -> int:
         """When the path names another file now, drain the old one and switch; return bytes read."""
@@ -424,22 +751,21 @@ class LogFollower:
         assert cur is not None
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            return 0  # renamed away, new one not created yet: keep reading the old inode
         except OSError:
-            return 0
+            return 0  # renamed away, new one not created yet: keep reading the old inode
         if (st.st_ino, st.st_dev) == (cur.ino, cur.dev):
             return 0
         new = self._open(from_start=True)
         if new is None or (new.ino, new.dev) == (cur.ino, cur.dev):
             if new is not None:
-                _close_fd(new.fd)
+                _close(new)
             return 0
         self.stats.rotations += 1
         log.info("%s rotated: inode %d -> %d", self.path, cur.ino, new.ino)
-        cur.quiet_polls = 0
+        cur.quiet_polls, cur.last_data = 0, time.monotonic()
         self._draining.append(cur)
         self._cur = new
+        self._set_identity(new)
         return self._read(new, out, budget)
 
     def _finish_draining(self, h: _Handle, out: list[str]) -> None:
@@ -448,8 +774,25 @@ class LogFollower:
             out.append(bytes(h.buf).decode("utf-8", "replace"))
         elif h.discarding:
             self.stats.oversized_lines += 1
-        _close_fd(h.fd)
+        _close(h)
         self._draining.remove(h)
+
+
+def _inode(p: Path) -> int:
+    try:
+        return p.stat().st_ino
+    except OSError:
+        return -1
+
+
+def _close(h: _Handle) -> None:
+    if h.stream is not None:
+        try:
+            h.stream.close()
+        except OSError:
+            pass
+    if h.fd >= 0:
+        _close_fd(h.fd)
 
 
 def _close_fd(fd: int) -> None:
@@ -464,6 +807,7 @@ async def follow(
     on_lines: Callable[[LogFollower, list[str]], object],
     interval: float = 0.25,
     stop: asyncio.Event | None = None,
+    wake: asyncio.Event | None = None,
 ) -> None:
     """Poll every follower until ``stop`` is set, handing each poll's lines to ``on_lines``.
 
@@ -471,8 +815,10 @@ async def follow(
     ``follower.stats`` deltas (oversized lines, rotations) even when no line arrived. Polls
     run in a worker thread so a large backlog does not stall the event loop; while a follower
     is ``behind`` (its poll hit ``max_poll_bytes``) the next round starts without sleeping.
+    Setting ``wake`` starts the next round at once (SIGHUP from a logrotate postrotate script).
     """
     stop = stop or asyncio.Event()
+    wake = wake or asyncio.Event()
     while not stop.is_set():
         behind = False
         for f in followers:
@@ -482,10 +828,23 @@ async def follow(
         if behind:
             await asyncio.sleep(0)
             continue
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval)
-        except TimeoutError:
-            pass
+            await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        wake.clear()
 
 
-__all__ = ["FollowStats", "LogFollower", "fingerprint", "follow"]
+__all__ = [
+    "FollowStats",
+    "LogFollower",
+    "NotTextError",
+    "check_text",
+    "compression_of",
+    "fingerprint",
+    "follow",
+    "read_lines",
+    "rotated_siblings",
+]

@@ -1,23 +1,359 @@
 """Serving HTTP the same way in every promreflex process (controller, exporters, copier):
 ``/metrics`` from a prometheus_client registry, readiness endpoints, a stop on SIGINT/SIGTERM,
-and a clean shutdown."""
+a clean shutdown, and the same defences against slow and hostile clients.
+
+What :func:`serving` guarantees for every server (the figures are :class:`Limits`' defaults):
+
+- **Header timeout** (10 s): once a request's first byte has arrived, its headers must be
+  complete within ``header_timeout``, or the connection is closed. aiohttp has no header-read
+  timeout of its own: the connection wrapper of this module notes when a request's first byte
+  arrives, and a sweep (every second at most) closes connections whose request has not
+  started (the app's handler not entered) that long after.
+- **Idle timeout** (60 s): a connection that sends nothing (after opening, or after its last
+  response) is closed by aiohttp's keep-alive timer (``keepalive_timeout=idle_timeout``), which
+  in aiohttp 3.14 is armed when a connection opens and after every response and fires only
+  while the connection waits for a request. Longer than the header timeout so Prometheus's
+  keep-alive scrapes (every 15 s) reuse their connection. ``tests/unit/test_httpd.py`` pins
+  both.
+- **Body timeout** (10 s): :func:`read_body` reads a body within ``body_timeout`` or raises
+  :class:`BodyTimeout` (the caller answers 408).
+- **Size limit up front**: :func:`read_body` refuses a ``Content-Length`` above its limit
+  before reading a byte (:class:`BodyTooLarge`, the caller answers 413), and stops reading a
+  chunked body as soon as it passes the limit.
+- **No draining**: after a response to a request whose body was not read (a 401, a 413), the
+  connection is closed (``lingering_time=0``) instead of reading and discarding whatever the
+  client still sends; :func:`discard_small_body` reads a small body (up to 64 KiB, within
+  1 s) first so an honest client with a wrong token gets its 401 rather than a reset.
+- **Connection cap** below the open-file limit (``max_connections``, default the smaller of
+  1,024 and the soft ``RLIMIT_NOFILE`` minus a quarter of it, at least 64 kept for the
+  process's own files): at the cap, a new connection closes the connection that has waited
+  longest without a request in progress (an idle keep-alive or a half-sent request), or is
+  itself closed when every connection is busy. ``accept()`` therefore never fails with EMFILE,
+  and a real client that sends its request at once always gets in, however many idle
+  connections an attacker holds.
+- **No log flood**: repeated lines of the ``asyncio`` and ``aiohttp`` loggers (e.g.
+  "socket.accept() out of system resource") and of this module are let through once per
+  10 s per message, with a count of what was suppressed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import resource
 import signal
+import stat
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from promreflex.config import split_host_port
+from promreflex.errors import UserError
+
+log = logging.getLogger("promreflex.httpd")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+MAX_CONNECTIONS_CEILING = 1024
+DISCARD_LIMIT = 64 * 1024
 
+
+@dataclass(frozen=True)
+class Limits:
+    """What a promreflex server tolerates from a client (see the module docstring)."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    max_connections: int | None = None  # None: derived from the open-file limit
+
+    def connection_cap(self) -> int:
+        return self.max_connections if self.max_connections is not None else default_max_connections()
+
+
+LIMITS = web.AppKey("httpd_limits", Limits)
+# The addresses the app is bound to (``getsockname()`` tuples), filled once :func:`serving`
+# listens: how a server on port 0 learns its port.
+ADDRESSES = web.AppKey("httpd_addresses", list)
+
+
+def default_max_connections(nofile: int | None = None) -> int:
+    """The connection cap for a soft open-file limit of ``nofile`` (this process's by default):
+    the smaller of 1,024 and the limit minus a reserve (a quarter of it, at least 64) for the
+    process's own files, client connections and child pipes; at least 16."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if nofile == resource.RLIM_INFINITY:
+            nofile = 1 << 20
+    return max(16, min(MAX_CONNECTIONS_CEILING, nofile - max(64, nofile // 4)))
+
+
+# --------------------------------------------------------------------------- log flood
+class RateLimitFilter(logging.Filter):
+    """Lets each distinct message (logger name and format string) through at most once per
+    ``interval`` seconds; the next one that passes says how many were suppressed."""
+
+    def __init__(self, interval: float = 10.0):
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        if len(self._last) > 1000:  # bounded: forget the oldest keys
+            for old in sorted(self._last, key=self._last.__getitem__)[:500]:
+                self._last.pop(old, None)
+                self._suppressed.pop(old, None)
+        n = self._suppressed.pop(key, 0)
+        if n:
+            record.msg = f"{record.msg} ({n} similar lines suppressed in the last {self.interval:g}s)"
+        return True
+
+
+RATE_LIMITED_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "aiohttp.internal", "promreflex.httpd")
+
+
+def rate_limit_logs(names: tuple[str, ...] = RATE_LIMITED_LOGGERS, interval: float = 10.0) -> None:
+    """Install a :class:`RateLimitFilter` on each logger (once)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RateLimitFilter) for f in logger.filters):
+            logger.addFilter(RateLimitFilter(interval))
+
+
+# --------------------------------------------------------------------------- connections
+class _Connection(asyncio.Protocol):
+    """Wraps aiohttp's protocol to count the connection and know whether a request is in
+    progress on it (set by the pool's middleware)."""
+
+    def __init__(self, pool: _ConnectionPool, inner: asyncio.Protocol):
+        self.pool = pool
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.busy = 0
+        self.idle_since = time.monotonic()
+        self.partial_since: float | None = None  # a request's first byte arrived, its handler not entered
+        self.started = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if self.pool.admit(self):
+            self.started = True
+            self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.started:
+            if not self.busy and self.partial_since is None:
+                self.partial_since = time.monotonic()
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.started else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.release(self)
+        if self.started:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.started:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.started:
+            self.inner.resume_writing()
+
+
+class _ConnectionPool:
+    """The protocol factory handed to ``loop.create_server``: caps the open connections."""
+
+    def __init__(self, make: Callable[[], asyncio.Protocol], cap: int, header_timeout: float):
+        self.make = make
+        self.cap = cap
+        self.header_timeout = header_timeout
+        self.open: dict[asyncio.BaseTransport, _Connection] = {}
+        self.evicted = 0
+        self.refused = 0
+        self.timed_out = 0
+
+    def __call__(self) -> asyncio.Protocol:
+        return _Connection(self, self.make())
+
+    def admit(self, conn: _Connection) -> bool:
+        """Take ``conn`` in (closing the longest idle one at the cap); False when refused."""
+        assert conn.transport is not None
+        if len(self.open) >= self.cap:
+            idle = [c for c in self.open.values() if not c.busy]
+            if idle:
+                victim = min(idle, key=lambda c: c.idle_since)
+                self.evicted += 1
+                log.warning("connection limit (%d) reached: closing the longest idle connection (%d closed so far)",
+                            self.cap, self.evicted)
+                self._drop(victim)
+            else:
+                self.refused += 1
+                log.warning("connection limit (%d) reached and every connection is busy: refusing (%d so far)",
+                            self.cap, self.refused)
+                conn.transport.abort()  # connection_lost follows; the inner protocol never starts
+                return False
+        self.open[conn.transport] = conn
+        return True
+
+    def _drop(self, conn: _Connection) -> None:
+        if conn.transport is not None:
+            self.open.pop(conn.transport, None)
+            conn.transport.abort()
+
+    def release(self, conn: _Connection) -> None:
+        if conn.transport is not None:
+            self.open.pop(conn.transport, None)
+
+    def sweep(self, now: float) -> int:
+        """Close connections whose request headers did not complete within the header timeout."""
+        late = [c for c in self.open.values()
+                if not c.busy and c.partial_since is not None and now - c.partial_since > self.header_timeout]
+        for conn in late:
+            self._drop(conn)
+        if late:
+            self.timed_out += len(late)
+            log.warning("closed %d connection(s) whose request headers did not arrive within %gs (%d so far)",
+                        len(late), self.header_timeout, self.timed_out)
+        return len(late)
+
+    async def sweep_forever(self) -> None:
+        interval = min(1.0, self.header_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep(time.monotonic())
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        conn = self.open.get(request.transport) if request.transport is not None else None
+        if conn is None:
+            return await handler(request)
+        conn.busy += 1
+        conn.partial_since = None
+        try:
+            return await handler(request)
+        finally:
+            conn.busy -= 1
+            conn.idle_since = time.monotonic()
+
+
+class _CappedSite(web.TCPSite):
+    """A TCPSite whose connections go through a :class:`_ConnectionPool`."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, pool: _ConnectionPool):
+        super().__init__(runner, host, port)
+        self.pool = pool
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        self._server = await asyncio.get_running_loop().create_server(self.pool, self._host, self._port,
+                                                                     backlog=self._backlog, reuse_address=True)
+
+
+# --------------------------------------------------------------------------- bodies
+class BodyError(Exception):
+    """A body that cannot be read: broken chunking or content encoding (400 ``bad_body``)."""
+
+    status = 400
+    reason = "bad_body"
+
+
+class BodyTooLarge(BodyError):
+    status = 413
+    reason = "too_large"
+
+
+class BodyTimeout(BodyError):
+    status = 408
+    reason = "timeout"
+
+
+async def read_body(request: web.Request, limit: int, timeout: float | None = None) -> bytes:
+    """The request body, at most ``limit`` bytes, read within ``timeout`` seconds (default: the
+    ``body_timeout`` of the limits the app is served with).
+
+    Raises :class:`BodyTooLarge` before reading anything when ``Content-Length`` says more than
+    ``limit`` (and as soon as a chunked or compressed body passes it once decoded),
+    :class:`BodyTimeout` when the client is too slow, :class:`BodyError` for a body that cannot
+    be decoded (a bad ``Content-Encoding``). Either way the body is not read further and the connection closes after the
+    answer."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"Content-Length {request.content_length} is above the limit of {limit} bytes")
+    if timeout is None:
+        timeout = request.app.get(LIMITS, Limits()).body_timeout
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await request.content.readany():
+                buf += chunk
+                if len(buf) > limit:
+                    raise BodyTooLarge(f"body larger than {limit} bytes")
+    except TimeoutError:
+        raise BodyTimeout(f"the body was not received within {timeout:g}s ({len(buf)} bytes arrived)") from None
+    except web.RequestPayloadError as e:
+        raise BodyError(f"the body cannot be read: {str(e).strip()}") from None
+    return bytes(buf)
+
+
+async def discard_small_body(request: web.Request, limit: int = DISCARD_LIMIT, timeout: float = 1.0) -> None:
+    """Before refusing a request whose body was not read: read (and drop) a body of at most
+    ``limit`` bytes so the client sees the answer instead of a connection reset. A larger or
+    slower body is left unread and the connection is closed after the answer."""
+    length = request.content_length
+    if length is None or length > limit or request.content.is_eof():
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await request.content.readexactly(length)
+    except (TimeoutError, asyncio.IncompleteReadError):
+        pass
+
+
+# --------------------------------------------------------------------------- tokens
+def read_token_file(path: str | os.PathLike[str] | None, what: str = "token file") -> str:
+    """The bearer token in ``path`` ("" when no path is given). Raises :class:`UserError` with
+    one line when the file is missing, unreadable, empty, or readable (or writable) by its group
+    or by others: a secret that every local user can read protects nothing, so it is refused
+    like ssh refuses such a key (``chmod 600`` it; the process reading it must own it)."""
+    if path is None:
+        return ""
+    try:
+        st = os.stat(path)
+        if st.st_mode & 0o077:
+            raise UserError(f"{what} {path} is accessible by group or others (mode {stat.filemode(st.st_mode)}): "
+                            f"run chmod 600 {path}")
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist: create it with a random token "
+                        f"(umask 077; openssl rand -hex 32 > {path})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not token:
+        raise UserError(f"{what} {path} is empty: write a random token into it (openssl rand -hex 32 > {path})")
+    if any(c.isspace() for c in token) or not token.isprintable():
+        raise UserError(f"{what} {path} must hold one token on one line (no spaces or control characters)")
+    return token
+
+
+# --------------------------------------------------------------------------- routes
 def metrics_handler(registry: CollectorRegistry) -> Handler:
     """``GET /metrics``; the exposition is rendered in a thread so a large registry never
     stalls the event loop."""
@@ -58,15 +394,36 @@ def add_standard_routes(app: web.Application, registry: CollectorRegistry, title
 
 
 @asynccontextmanager
-async def serving(listen_address: str, app: web.Application) -> AsyncIterator[web.Application]:
-    """Serve ``app`` on ``listen_address`` while the block runs. Raises OSError when the address
-    cannot be bound."""
-    runner = web.AppRunner(app, access_log=None)
+async def serving(listen_address: str, app: web.Application, limits: Limits | None = None,
+                  **runner_kwargs: Any) -> AsyncIterator[web.Application]:
+    """Serve ``app`` on ``listen_address`` while the block runs, with the defences of this
+    module (``limits``). Raises OSError when the address cannot be bound."""
+    limits = limits or Limits()
+    rate_limit_logs()
+    addresses: list[Any] = []
+    if not app.frozen:
+        app[LIMITS] = limits
+        app[ADDRESSES] = addresses
+    pool: _ConnectionPool | None = None
+    if not app.frozen:
+        pool = _ConnectionPool(lambda: runner.server(), limits.connection_cap(), limits.header_timeout)  # type: ignore[misc]
+        app.middlewares.insert(0, pool.middleware)
+    # Without the pool (an app already frozen) the keep-alive timer is the header timeout too.
+    runner = web.AppRunner(app, access_log=None, lingering_time=0,
+                           keepalive_timeout=limits.idle_timeout if pool else limits.header_timeout, **runner_kwargs)
     await runner.setup()
     try:
         host, port = split_host_port(listen_address)
-        await web.TCPSite(runner, host, port).start()
-        yield app
+        site = web.TCPSite(runner, host, port) if pool is None else _CappedSite(runner, host, port, pool)
+        await site.start()
+        server = site._server  # noqa: SLF001 - aiohttp keeps the asyncio server there
+        addresses.extend(sock.getsockname() for sock in getattr(server, "sockets", None) or ())
+        sweeper = asyncio.get_running_loop().create_task(pool.sweep_forever()) if pool else None
+        try:
+            yield app
+        finally:
+            if sweeper is not None:
+                sweeper.cancel()
     finally:
         await runner.cleanup()
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 
@@ -99,17 +101,14 @@ def http_ok(url: str, timeout: float = 1.0, headers: dict[str, str] | None = Non
 
 def pid_alive(pid: int) -> bool:
     """True when a process with this PID exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if pid <= 0:
         return False
-    except PermissionError:
-        return True
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True
-    return state != "Z"
 
 
 def terminate(pid: int, grace: float = 10.0, sig: int = signal.SIGTERM) -> bool:

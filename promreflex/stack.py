@@ -1,5 +1,10 @@
-"""The local stack: Prometheus, Alertmanager, node_exporter, nginx with a demo site, the nginx
-exporter and the promreflex controller, all on loopback, supervised from a state directory.
+"""The local stack: the foundation (Prometheus, Alertmanager, node_exporter, nginx with a demo
+site, the nginx exporter, the promreflex controller) and every capability's processes, all on
+loopback, supervised from a state directory.
+
+What runs, what is scraped and how alerts are routed come from the manifests
+(:mod:`promreflex.capability`, :mod:`promreflex.foundation`): this module names no capability.
+The same renderers build the compose stack (:mod:`promreflex.compose`).
 
 Everything the stack needs is rendered into ``state_dir`` (configs, the webhook token, TSDB,
 logs, ``pids.json``), so ``stack down`` stops exactly what ``stack up`` started, by PID, and
@@ -16,70 +21,147 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
-from promreflex.config import Config, format_duration
+from promreflex.capability import Capability, Context, Process, default_ports, format_duration, processes
+from promreflex.config import Config, ScrapeJob, StackConfig, all_capabilities
+from promreflex.errors import UserError
+from promreflex.foundation import NGINX_LOG_FORMAT, paths
 from promreflex.fsutil import atomic_write_json, atomic_write_text, read_json
 from promreflex.proc import Child, Timeout, http_ok, pid_alive, port_in_use, terminate, wait_until
 
-BINARIES = {
-    "prometheus": "/usr/bin/prometheus",
-    "alertmanager": "/usr/bin/prometheus-alertmanager",
-    "node_exporter": "/usr/bin/prometheus-node-exporter",
-    "nginx": "/usr/sbin/nginx",
-    "nginx_exporter": "/usr/bin/prometheus-nginx-exporter",
-}
+__all__ = ["NGINX_LOG_FORMAT", "Component", "Stack", "StackError", "alertmanager_config", "prometheus_config",
+           "write_selftest_switch"]
 
-# The access-log format the stack's nginx writes: nginx "combined" plus request and upstream
-# times, which the access-log exporter turns into a latency histogram.
-NGINX_LOG_FORMAT = (
-    '$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent '
-    '"$http_referer" "$http_user_agent" rt=$request_time urt="$upstream_response_time"'
-)
+#: The receiver every Alertmanager route ends at: the controller's webhook.
+RECEIVER = "promreflex"
 
 
-class StackError(Exception):
+class StackError(UserError):
     """The stack cannot start or stop as asked; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
 class Component:
+    """One process to start: a manifest's :class:`~promreflex.capability.Process` rendered for
+    this stack, or an extra one a benchmark or test adds (a backend, an exporter)."""
+
     name: str
     port: int
     ready_url: str
     argv: list[str]
 
 
+# ---------------------------------------------------------------------- shared renderers
+def _interval(stack: StackConfig, interval: str | float) -> str:
+    if interval == "fast":
+        return format_duration(stack.fast_interval)
+    if interval == "slow":
+        return format_duration(stack.slow_interval)
+    return format_duration(float(interval))
+
+
+def scrape_configs(ctx: Context, capabilities: Sequence[Capability]) -> list[dict[str, Any]]:
+    """One scrape job per manifest :class:`~promreflex.capability.Scrape`, in manifest order."""
+    stack: StackConfig = ctx.config.stack  # type: ignore[attr-defined]
+    jobs = []
+    for cap in capabilities:
+        for j in cap.scrape_jobs:
+            interval = _interval(stack, j.interval)
+            job: dict[str, Any] = {"job_name": j.job, "scrape_interval": interval, "scrape_timeout": interval}
+            if j.metrics_path != "/metrics":
+                job["metrics_path"] = j.metrics_path
+            if j.params:
+                job["params"] = {k: list(v) for k, v in j.params.items()}
+            job["static_configs"] = [{"targets": [ctx.address(j.port)]}]
+            jobs.append(job)
+    return jobs
+
+
+def prometheus_config(ctx: Context, capabilities: Sequence[Capability], rule_files: list[str],
+                      extra_jobs: Sequence[ScrapeJob] = ()) -> dict[str, Any]:
+    stack: StackConfig = ctx.config.stack  # type: ignore[attr-defined]
+    fast, slow = format_duration(stack.fast_interval), format_duration(stack.slow_interval)
+    return {
+        "global": {"scrape_interval": slow, "scrape_timeout": slow, "evaluation_interval": fast,
+                   "external_labels": {"stack": f"promreflex-{ctx.target}"}},
+        "rule_files": rule_files,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [ctx.address("alertmanager")]}]}]},
+        "scrape_configs": [
+            *scrape_configs(ctx, capabilities),
+            *[{"job_name": j.job, "metrics_path": j.metrics_path,
+               "scrape_interval": format_duration(j.interval or stack.fast_interval),
+               "scrape_timeout": format_duration(j.interval or stack.fast_interval),
+               "static_configs": [{"targets": j.targets}]} for j in extra_jobs],
+        ],
+    }
+
+
+def alertmanager_config(ctx: Context, capabilities: Sequence[Capability]) -> dict[str, Any]:
+    """Every alert goes to the controller; manifests add routes (same receiver) and inhibit rules.
+
+    Timing is tuned for controllers, not people: ``group_wait: 0s`` sends a new alert at once,
+    a short ``group_interval`` delivers resolved and re-firing alerts of a group within a tick,
+    and ``group_by: ['...']`` turns grouping off (each alert is its own notification).
+    """
+    stack: StackConfig = ctx.config.stack  # type: ignore[attr-defined]
+    return {
+        "route": {
+            "receiver": RECEIVER,
+            "group_by": ["..."],
+            "group_wait": "0s",
+            "group_interval": format_duration(stack.group_interval),
+            "repeat_interval": "1h",
+            "routes": [{"receiver": RECEIVER, **route} for cap in capabilities for route in cap.alertmanager_routes],
+        },
+        "receivers": [{
+            "name": RECEIVER,
+            "webhook_configs": [{
+                "url": ctx.url("controller", "/webhook"),
+                "send_resolved": True,
+                "max_alerts": 0,
+                "http_config": {"authorization": {"type": "Bearer", "credentials_file": ctx.path("webhook_token")}},
+            }],
+        }],
+        "inhibit_rules": [dict(rule) for cap in capabilities for rule in cap.inhibit_rules],
+    }
+
+
+def dump_yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 class Stack:
-    def __init__(self, cfg: Config, python: str = sys.executable, extra_components: list[Component] | None = None):
-        """``extra_components`` (a benchmark's backend, a capability's exporter) start first,
-        before Prometheus, and are stopped last, like the built-in ones."""
+    def __init__(self, cfg: Config, python: str = sys.executable, extra_components: list[Component] | None = None,
+                 capabilities: Sequence[Capability] | None = None):
+        """``extra_components`` (a benchmark's backend, an exporter a test adds) start first,
+        before Prometheus, and are stopped last, like the manifests' ones. ``capabilities``
+        replaces the installed ones (the foundation is always there)."""
         self.cfg = cfg
+        self.capabilities = all_capabilities(capabilities)
         self.extra_components = list(extra_components or [])
         self.s = cfg.stack
         self.dir = self.s.state_dir.resolve()
         self.python = python
         self.host = self.s.host
+        self.ports: dict[str, int] = {**default_ports(self.capabilities), **self.s.ports.model_dump()}
+        self.processes: list[Process] = processes(self.capabilities, "local")
 
     # ------------------------------------------------------------------ addresses
-    def url(self, component: str) -> str:
-        port = getattr(self.s.ports, component)
-        return f"http://{self.host}:{port}"
+    def url(self, port: str) -> str:
+        """``http://HOST:PORT`` of a named port (``prometheus``, ``nginx``, ``controller``, ...)."""
+        return f"http://{self.host}:{self.ports[port]}"
 
     @property
     def urls(self) -> dict[str, str]:
         return {
-            "prometheus": self.url("prometheus"),
-            "alertmanager": self.url("alertmanager"),
-            "node_exporter": self.url("node_exporter") + "/metrics",
-            "nginx": self.url("nginx") + "/",
-            "nginx_exporter": self.url("nginx_exporter") + "/metrics",
-            "accesslog_exporter": self.url("accesslog_exporter") + "/metrics",
-            "controller": self.url("controller") + "/metrics",
+            **{p.name: self.url(p.main_port) + p.show_path for p in self.processes},
             **{c.name: c.ready_url for c in self.extra_components},
         }
 
@@ -103,166 +185,62 @@ class Stack:
     def nginx_access_log(self) -> Path:
         return self.dir / "nginx" / "access.log"
 
+    def context(self) -> Context:
+        return Context(target="local", host=self.host, ports=self.ports, hosts=dict.fromkeys(self.ports, self.host),
+                       state_dir=self.dir, paths=paths("local", self.dir), config=self.cfg)
+
     # ------------------------------------------------------------------ rendering
+    def rule_files(self) -> list[str]:
+        """Every rules file in ``stack.rules_dir``, plus those manifests keep elsewhere."""
+        rules_dir = self.s.rules_dir.resolve()
+        extra = sorted({str(Path(r)) for cap in self.capabilities for r in cap.rules
+                        if Path(r).is_absolute() and Path(r).parent != rules_dir})
+        return [str(rules_dir / "*.yml"), *extra]
+
     def prometheus_config(self) -> dict[str, Any]:
-        fast, slow = format_duration(self.s.fast_interval), format_duration(self.s.slow_interval)
-        h, p = self.host, self.s.ports
-
-        def job(name: str, port: int, interval: str, **extra: Any) -> dict[str, Any]:
-            return {"job_name": name, "scrape_interval": interval, "scrape_timeout": interval,
-                    "static_configs": [{"targets": [f"{h}:{port}"]}], **extra}
-
-        return {
-            "global": {"scrape_interval": slow, "scrape_timeout": slow, "evaluation_interval": fast,
-                       "external_labels": {"stack": "promreflex-local"}},
-            "rule_files": [str(self.s.rules_dir.resolve() / "*.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{h}:{p.alertmanager}"]}]}]},
-            "scrape_configs": [
-                job("prometheus", p.prometheus, slow),
-                job("alertmanager", p.alertmanager, slow),
-                job("node", p.node_exporter, slow),
-                job("selftest", p.node_exporter, fast, params={"collect[]": ["textfile"]}),
-                job("nginx", p.nginx_exporter, "1s"),
-                job("accesslog", p.accesslog_exporter, fast),
-                job("promreflex-controller", p.controller, fast),
-                *[{"job_name": j.job, "metrics_path": j.metrics_path,
-                   "scrape_interval": format_duration(j.interval or self.s.fast_interval),
-                   "scrape_timeout": format_duration(j.interval or self.s.fast_interval),
-                   "static_configs": [{"targets": j.targets}]} for j in self.s.extra_scrape],
-            ],
-        }
+        return prometheus_config(self.context(), self.capabilities, self.rule_files(), self.s.extra_scrape)
 
     def alertmanager_config(self) -> dict[str, Any]:
-        gi = format_duration(self.s.group_interval)
-        return {
-            "route": {
-                "receiver": "promreflex",
-                "group_by": ["..."],
-                "group_wait": "0s",
-                "group_interval": gi,
-                "repeat_interval": "1h",
-                # Watchdog every minute: the controller's last-notification time doubles as a
-                # heartbeat of the whole alerting path.
-                "routes": [{"matchers": ['alertname="Watchdog"'], "receiver": "promreflex", "repeat_interval": "1m"}],
-            },
-            "receivers": [{
-                "name": "promreflex",
-                "webhook_configs": [{
-                    "url": f"{self.url('controller')}/webhook",
-                    "send_resolved": True,
-                    "max_alerts": 0,
-                    "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(self.token_file)}},
-                }],
-            }],
-            "inhibit_rules": [{
-                "source_matchers": ['alertname="PromreflexTargetDown"'],
-                "target_matchers": ['severity=~"warning|info"'],
-                "equal": ["job"],
-            }, {
-                # The rca action posts MeshRootCauseSymptom{service=<dependant>} for each service
-                # a root cause explains: mute that service's own response-time alert.
-                "source_matchers": ['alertname="MeshRootCauseSymptom"'],
-                "target_matchers": ['alertname="ServiceResponseTimeHigh"'],
-                "equal": ["service"],
-            }],
-        }
+        return alertmanager_config(self.context(), self.capabilities)
+
+    def files(self) -> dict[str, str]:
+        """Every file the processes need, relative to the state directory."""
+        ctx = self.context()
+        out = {"prometheus/prometheus.yml": dump_yaml(self.prometheus_config()),
+               "alertmanager/alertmanager.yml": dump_yaml(self.alertmanager_config())}
+        for p in self.processes:
+            if p.files:
+                out.update(p.files(ctx))
+        return out
 
     def nginx_config(self) -> str:
-        d, p, h = self.dir / "nginx", self.s.ports, self.host
-        if self.s.upstream:
-            location = (f"location / {{ proxy_pass http://{self.s.upstream}; proxy_http_version 1.1; "
-                        'proxy_set_header Connection ""; proxy_set_header Host $host; }')
-        else:
-            location = "location / { index index.html; }"
-        return f"""# Rendered by promreflex stack; edits are overwritten at the next `stack up`.
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    types {{ text/html html; text/css css; application/javascript js; image/svg+xml svg; }}
-    default_type application/octet-stream;
-    log_format promreflex '{NGINX_LOG_FORMAT}';
-    access_log {d}/access.log promreflex;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
-    keepalive_timeout 65;
-    server {{
-        listen {h}:{p.nginx};
-        root {self.s.site_dir.resolve()};
-        {location}
-    }}
-    server {{
-        listen {h}:{p.nginx_stub_status};
-        access_log off;
-        location = /stub_status {{ stub_status; }}
-    }}
-}}
-"""
+        return self.files()["nginx/nginx.conf"]
 
     def controller_config(self) -> dict[str, Any]:
-        c = self.cfg.controller.model_dump(mode="json")
-        c.update({
-            "listen_address": f"{self.host}:{self.s.ports.controller}",
-            "alertmanager_url": self.url("alertmanager"),
-            "prometheus_url": self.url("prometheus"),
-            "token_file": str(self.token_file),
-            "audit_log": str(self.audit_log),
-            "state_file": str(self.dir / "controller" / "state.json"),
-        })
-        return {"controller": c}
+        return yaml.safe_load(self.files()["controller/promreflex.yml"])
 
     def render(self) -> None:
         for sub in ("prometheus/data", "alertmanager/data", "nginx/tmp", "controller", "logs", "textfile"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         if not self.token_file.exists():
             atomic_write_text(self.token_file, secrets.token_urlsafe(32) + "\n", mode=0o600)
-        dump = lambda d: yaml.safe_dump(d, sort_keys=False)  # noqa: E731
-        atomic_write_text(self.dir / "prometheus" / "prometheus.yml", dump(self.prometheus_config()))
-        atomic_write_text(self.dir / "alertmanager" / "alertmanager.yml", dump(self.alertmanager_config()))
-        atomic_write_text(self.dir / "nginx" / "nginx.conf", self.nginx_config())
-        atomic_write_text(self.dir / "controller" / "promreflex.yml", dump(self.controller_config()))
+        for rel, text in self.files().items():
+            (self.dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.dir / rel, text)
         switch = self.textfile_dir / "promreflex_selftest.prom"
         if not switch.exists():
             write_selftest_switch(self.textfile_dir, False)
 
+    def argv(self, process: Process, ctx: Context) -> list[str]:
+        program = [process.binary] if process.binary else [self.python, "-m", "promreflex"]
+        return [*program, *process.args(ctx)]
+
     def components(self) -> list[Component]:
-        d, h, p = self.dir, self.host, self.s.ports
+        ctx = self.context()
         return [
             *self.extra_components,
-            Component("prometheus", p.prometheus, self.url("prometheus") + "/-/ready", [
-                BINARIES["prometheus"], f"--config.file={d}/prometheus/prometheus.yml",
-                f"--storage.tsdb.path={d}/prometheus/data", f"--web.listen-address={h}:{p.prometheus}",
-                f"--rules.alert.resend-delay={format_duration(self.s.resend_delay)}",
-                "--storage.tsdb.retention.time=2d", "--web.enable-lifecycle",
-            ]),
-            Component("alertmanager", p.alertmanager, self.url("alertmanager") + "/-/ready", [
-                BINARIES["alertmanager"], f"--config.file={d}/alertmanager/alertmanager.yml",
-                f"--storage.path={d}/alertmanager/data", f"--web.listen-address={h}:{p.alertmanager}",
-                "--cluster.listen-address=",
-            ]),
-            Component("node_exporter", p.node_exporter, self.url("node_exporter") + "/metrics", [
-                BINARIES["node_exporter"], f"--web.listen-address={h}:{p.node_exporter}",
-                "--no-collector.systemd", f"--collector.textfile.directory={self.textfile_dir}",
-            ]),
-            Component("nginx", p.nginx, f"http://{h}:{p.nginx_stub_status}/stub_status", [
-                BINARIES["nginx"], "-c", f"{d}/nginx/nginx.conf", "-p", f"{d}/nginx", "-g", "daemon off;",
-            ]),
-            Component("nginx_exporter", p.nginx_exporter, self.url("nginx_exporter") + "/metrics", [
-                BINARIES["nginx_exporter"], f"-nginx.scrape-uri=http://{h}:{p.nginx_stub_status}/stub_status",
-                f"-web.listen-address={h}:{p.nginx_exporter}", "-nginx.retries=10", "-nginx.retry-interval=1s",
-            ]),
-            Component("accesslog_exporter", p.accesslog_exporter, self.url("accesslog_exporter") + "/metrics", [
-                self.python, "-m", "promreflex", "exporter-accesslog",
-                f"--log={self.s.site}={self.nginx_access_log}:nginx_timed",
-                f"--web.listen-address={h}:{p.accesslog_exporter}", f"--state.dir={d}/accesslog",
-            ]),
-            Component("controller", p.controller, self.url("controller") + "/-/ready", [
-                self.python, "-m", "promreflex", "controller", f"--config.file={d}/controller/promreflex.yml",
-            ]),
+            *[Component(p.name, self.ports[p.main_port], self.url(p.ready_port or p.main_port) + p.ready_path,
+                        self.argv(p, ctx)) for p in self.processes],
         ]
 
     # ------------------------------------------------------------------ lifecycle
@@ -283,10 +261,11 @@ http {{
                 f"a stack is already running from {self.dir} ({listing}).\n"
                 f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down"
             )
-        missing = [b for b in BINARIES.values() if not os.access(b, os.X_OK)]
+        missing = [p.binary for p in self.processes if p.binary and not os.access(p.binary, os.X_OK)]
         if missing:
             raise StackError(f"missing binaries: {', '.join(missing)}; run `make deps` (scripts/install-system.sh)")
-        busy = [(name, port) for name, port in self.s.ports.model_dump().items() if port_in_use(self.host, port)]
+        names = [name for p in self.processes for name in p.ports]
+        busy = [(name, self.ports[name]) for name in names if port_in_use(self.host, self.ports[name])]
         if busy:
             listing = ", ".join(f"{port} ({name})" for name, port in busy)
             raise StackError(
@@ -324,7 +303,8 @@ http {{
         except Timeout as e:
             raise StackError(f"{comp.name} did not become ready: {e}\n--- {child.log_path}:\n{child.tail()}") from e
         if not child.alive():
-            raise StackError(f"{comp.name} exited at start (code {child.popen.returncode}).\n"
+            code = child.popen.returncode if child.popen else None
+            raise StackError(f"{comp.name} exited at start (code {code}).\n"
                              f"--- {child.log_path}:\n{child.tail()}")
         progress(f"  {comp.name:<19} ready in {time.monotonic() - t0:4.1f}s  pid {child.pid:<7} {self.urls[comp.name]}")
         return child.pid
@@ -377,8 +357,8 @@ def _cmdline_starts_with(pid: int, argv0: str) -> bool:
     nginx rewrites its title (``nginx: master process /usr/sbin/nginx -c ...``), so the program
     may stand anywhere in the command line."""
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
     first = cmd.split(" ", 1)[0]
     return argv0 in cmd or Path(first.rstrip(":")).name == Path(argv0).name

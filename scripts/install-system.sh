@@ -2,8 +2,16 @@
 # Installs the Debian packages promreflex runs for real, only those missing.
 # Daemons are never started by the packages' postinst scripts: a policy-rc.d that refuses
 # every start is put in place for the install (and removed again if we created it).
+#
+# Also python3-venv when uv is not on PATH: scripts/uv then installs uv from PyPI into a
+# virtual environment (Debian's python3 refuses `pip install` outside one, PEP 668).
+#
+# For tests (tests/unit/test_install_system.py), never needed otherwise:
+#   PROMREFLEX_BIN_ROOT   prefix of the checked binaries' paths (default: none, i.e. /usr/...)
+#   PROMREFLEX_POLICY_RC  the policy-rc.d guard's path (default /usr/sbin/policy-rc.d)
 set -euo pipefail
 
+root=${PROMREFLEX_BIN_ROOT:-}
 declare -A BIN_TO_PKG=(
   [/usr/bin/prometheus]=prometheus
   [/usr/bin/promtool]=prometheus
@@ -16,8 +24,11 @@ declare -A BIN_TO_PKG=(
 
 missing=()
 for bin in "${!BIN_TO_PKG[@]}"; do
-  [ -x "$bin" ] || missing+=("${BIN_TO_PKG[$bin]}")
+  [ -x "$root$bin" ] || missing+=("${BIN_TO_PKG[$bin]}")
 done
+if ! command -v uv >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 
@@ -28,14 +39,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 echo "install-system: installing ${missing[*]}"
-guard=/usr/sbin/policy-rc.d
+guard=${PROMREFLEX_POLICY_RC:-/usr/sbin/policy-rc.d}
 created_guard=0
 if [ ! -e "$guard" ]; then
   printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$guard" >/dev/null
   $SUDO chmod +x "$guard"
   created_guard=1
 fi
-cleanup() { [ "$created_guard" -eq 1 ] && $SUDO rm -f "$guard"; }
+# An `if`, not `[ ... ] && ...`: under set -e a false test as the trap's last command would
+# make the whole script exit 1 after a successful install (when the guard was already there).
+cleanup() { if [ "$created_guard" -eq 1 ]; then $SUDO rm -f "$guard"; fi; }
 trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive

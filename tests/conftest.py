@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from promreflex.config import Ports, load_config
+from promreflex.config import load_config, ports_model
 from promreflex.proc import free_port, pid_alive, wait_until
 from promreflex.stack import Stack
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def stack_config(state_dir: Path, **controller: Any):
-    ports = {name: free_port() for name in Ports.model_fields}
+    ports = {name: free_port() for name in ports_model().model_fields}
     overrides = {
         "stack.state_dir": str(state_dir),
         "stack.ports": ports,
@@ -82,3 +82,11 @@ def live_stack(tmp_path_factory):
         stack.down(quiet=True)
         for info in pids:
             assert not pid_alive(info["pid"]), f"pid {info['pid']} survived stack down"
+
+
+@pytest.fixture
+def corpus_dir() -> Path:
+    """The real-world corpus root (tests/corpus.py): skipped when missing, a failure under CI=true."""
+    from tests.corpus import require_corpus
+
+    return require_corpus()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def saved_share(served_loadonly: float, served_copy: float, served_guard: float) -> float | None:
@@ -45,6 +46,38 @@ def rolling_rate(bins: Mapping[int, Sequence[int]], bin_s: float, start: float, 
         if i + 1 >= per:
             out.append(((b0 + i + 1) * bin_s, acc / (per * bin_s)))
     return out
+
+
+def served_between(bins: Mapping[int, Sequence[int]], bin_s: float, start: float, end: float, column: int = 0) -> int:
+    """Completions (column 0: served, 1: failed) in the bins that lie wholly within [start, end)."""
+    b0, b1 = math.ceil(start / bin_s - 1e-9), math.floor(end / bin_s + 1e-9)
+    return sum(int(v[column]) for b, v in bins.items() if b0 <= b < b1)
+
+
+@dataclass
+class Window:
+    """The counting window shared by every loaded run of a round: ``seconds`` from each run's
+    own load start. ``contains_every_copy`` says whether every copy of the round ended inside it
+    (otherwise the round's comparison would reward a guard for pushing its copy past the window)."""
+
+    seconds: float
+    latest_copy_end_s: float | None
+    contains_every_copy: bool
+    late: list[str]
+
+
+def common_window(runs: Sequence[RunResult]) -> Window:
+    """The longest window every loaded run of a round has load data for (the shortest load), and
+    whether each copy of the round ended inside it, measured from that run's load start."""
+    loaded = [r for r in runs if r.load]
+    if not loaded:
+        raise ValueError("no loaded run")
+    seconds = min(r.load_end - r.load_start for r in loaded)
+    ends = {r.name: (r.copy_end - r.load_start) if r.copy_end is not None else math.inf
+            for r in loaded if r.copy}
+    late = [name for name, end in ends.items() if end > seconds + 1e-9]
+    latest = max(ends.values()) if ends else None
+    return Window(seconds, latest, not late, late)
 
 
 def per_second(bins: Mapping[int, Sequence[int]], bin_s: float, column: int = 0) -> dict[int, int]:
@@ -135,7 +168,12 @@ class RunResult:
     pause_intervals: list[tuple[float, float]] | None = None
     per_second: dict[int, int] | None = None
     failed_per_second: dict[int, int] | None = None
-    io_pressure_some_avg: float | None = None
+    served_window: int | None = None  # served within the round's common window (the compared figure)
+    failed_window: int | None = None
+    window_s: float | None = None
+    saved_responses: int | None = None  # served_window(guard) - served_window(load+copy)
+    lost_responses: int | None = None  # served_window(load-only) - served_window(load+copy)
+    host: dict[str, Any] | None = None  # bench.conditions summary during the run
     note: str = ""
 
     def reaction_summary(self) -> str:

@@ -4,24 +4,44 @@ Setup: the real local stack (Prometheus, Alertmanager, node_exporter, nginx prox
 shop-like site of ``bench/copy_guard/site.py``, the access-log exporter, the controller), a
 large copy onto the same disk with ``promreflex copy`` (O_DIRECT), Locust shoppers at a fixed
 offered rate. The site and the copy share an emulated slower disk (``--disk-mbps``, see
-``disk.py``: this VM's own disk copies at ~1 GB/s, so a copy of a few GB would be over in
+``bench/blkio.py``: this VM's own disk copies at ~1 GB/s, so a copy of a few GB would be over in
 seconds). The threshold is calibrated first with ``promreflex calibrate``'s code and published
 where the rules read it.
 
-Runs (each round alternates the order, since baselines drift 5-10 % here):
+Runs (``--runs``; each round alternates the order, since baselines drift 5-10 % here):
   load-only            the site under load, no copy
   load+copy            the copy starts ``--copy-delay`` s into the load, nothing guards it
-  load+copy+guard      route CopyGuardSiteOverloaded -> copy-guard
+  load+copy+guard-nohold  route CopyGuardSiteOverloaded -> copy-guard, resume as soon as it
+                       resolves (the paper's rule)
+  load+copy+guard      the same, each pause held at least ``--min-pause``
   load+copy+predictive route CopyGuardSiteOverloadPredicted as well
   quiet+copy+guard     no load at all, both routes: the copy must never pause
 
-Per run: responses served and failed (Locust, whole load window), the copy's duration (process
-start to exit; a guarded copy finishes after the load ends), time the served rate (completions
-over the last second, at 100 ms steps, as the rule's rate1s) spent below the threshold, the
-time below the threshold when each pause took hold (reaction), and the saved share
-``(served_guard - served_copy) / (served_loadonly - served_copy)`` within the round.
+The counting window. Every loaded run of a round offers the same load for the same
+``--load-seconds``, long enough that every copy of the round (the guarded ones included, which
+take longest) ends while the load still runs; responses are counted over the same window in
+every run: from the load's start to the end of the shortest load of the round. A guard cannot
+score by pushing its copy past the end of the measurement: each run does the whole copy and
+serves the shop for the same time. If a copy of a round does end after the window, the round is
+flagged and its saved shares are not reported (rerun with a longer ``--load-seconds``; the
+report says how long the latest copy took).
 
-    flock /tmp/promreflex-bench.lock uv run python -m bench.copy_guard [--quick]
+Per run: responses served and failed within the window (Locust's 100 ms completion bins), the
+lost responses the guard saved ``served_guard - served_copy`` and their share of what the copy
+cost ``(served_guard - served_copy) / (served_loadonly - served_copy)`` within the round, the
+copy's duration (process start to exit), the time the served rate (completions over the last
+second, at 100 ms steps, as the rule's rate1s) spent below the threshold, the time below the
+threshold when each pause took hold (reaction), and the machine's CPU (busy, steal, iowait) and
+load average during the run (psutil; other work shares these cores).
+
+    uv run python -m bench.copy_guard --lock /tmp/promreflex-heavy.lock [--quick]
+
+(``--lock`` takes the machine's heavy-job lock for each run and lets other heavy jobs go
+between runs; ``flock LOCK uv run ...`` around the whole bench works too.)
+
+Writes ``summary.json``, ``summary.md`` (table and conditions), ``timeline.png`` and
+``summary.png`` (small, committed) and ``results.json``/``results.csv`` (every run's timeline:
+raw, not committed) under ``--out``.
 """
 
 from __future__ import annotations
@@ -43,17 +63,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from bench.blkio import EmulatedDisk
+from bench.conditions import HostSampler, describe, heavy_lock
 from bench.copy_guard.analysis import (
     RunResult,
+    Window,
+    common_window,
     intervals,
     per_second,
     reaction_times,
     rolling_rate,
     saved_share,
     seconds_below,
+    served_between,
     slowdown,
 )
-from bench.blkio import EmulatedDisk
 from bench.copy_guard.site import ensure_data_file, site_component
 from controllers.copy_guard.calibrate import ShopLoad, calibrate
 from promreflex.config import Ports, load_config
@@ -82,13 +108,15 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_order(rounds: int, reverse_first: bool = False) -> list[tuple[int, str]]:
-    """Loaded runs, alternating direction by round (``reverse_first``: starting reversed, so two
-    single-round invocations together cover both orders); the quiet run last."""
+def run_order(rounds: int, reverse_first: bool = False, loaded: list[str] | None = None,
+              quiet: bool = True) -> list[tuple[int, str]]:
+    """Loaded runs (``loaded``, default all), alternating direction by round (``reverse_first``:
+    starting reversed, so two single-round invocations together cover both orders); the quiet run last."""
+    arms = list(loaded or LOADED)
     plan = []
     for r in range(rounds):
-        plan += [(r, m) for m in (LOADED if (r + reverse_first) % 2 == 0 else list(reversed(LOADED)))]
-    return plan + [(0, "quiet+copy+guard")]
+        plan += [(r, m) for m in (arms if (r + reverse_first) % 2 == 0 else list(reversed(arms)))]
+    return plan + ([(0, "quiet+copy+guard")] if quiet else [])
 
 
 def _get_json(url: str, timeout: float = 1.0) -> Any:
@@ -105,14 +133,6 @@ def _prom_value(prom: str, expr: str) -> float | None:
         return None
 
 
-def _io_pressure() -> float | None:
-    try:
-        line = Path("/proc/pressure/io").read_text().splitlines()[0]
-        return float(dict(kv.split("=") for kv in line.split()[1:])["avg10"])
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
-
-
 class CopyProcess:
     """One ``promreflex copy`` in a child process, in the emulated disk, sampled at 10 Hz."""
 
@@ -125,6 +145,7 @@ class CopyProcess:
         self.dst, self.disk, self.log_path = dst, disk, log_path
         self.samples: list[tuple[float, str, int]] = []  # (t, state, done_bytes)
         self.status: dict[str, Any] = {}
+        self.exited_at: float | None = None
         self._stop = threading.Event()
 
     def start(self) -> CopyProcess:
@@ -147,12 +168,17 @@ class CopyProcess:
             except (OSError, ValueError, KeyError):
                 pass
             self._stop.wait(0.1)
+        if self.proc.poll() is not None:
+            # the exit time, to 0.1 s: wait() is only called when the load has ended, which can be
+            # long after the copy did
+            self.exited_at = time.time()
 
     def wait(self, timeout: float) -> float | None:
         """Seconds from start to exit (None if it had to be killed)."""
         try:
             code = self.proc.wait(timeout=timeout)
-            self.ended = time.time()
+            self.thread.join(timeout=2)
+            self.ended = self.exited_at or time.time()
         except subprocess.TimeoutExpired:
             terminate(self.proc.pid, grace=5)
             self.ended = time.time()
@@ -196,6 +222,9 @@ class Bench:
         self.ports = {p: free_port() for p in Ports.model_fields}
         self.disk: EmulatedDisk | None = None
         self.results: list[RunResult] = []
+        self.timelines: dict[tuple[int, str], tuple[dict[int, list[int]], float]] = {}  # (round, run): Locust bins
+        self.windows: dict[int, Window] = {}
+        self.guard: tuple[str, bool] = ("none", False)
         self.threshold = 0.0
 
     # ------------------------------------------------------------------ setup
@@ -215,7 +244,6 @@ class Bench:
             "stack.state_dir": str(self.work / "stack"),
             "stack.ports": self.ports,
             "stack.upstream": f"127.0.0.1:{self.site_port}",
-            "stack.site": SITE,
             "controller.reconcile_interval": "1s",
             "controller.routes": self.routes(guard, hold),
         })
@@ -262,7 +290,8 @@ class Bench:
         load = ShopLoad(self.stack.url("nginx") + "/", a.rate, a.users, a.load_seconds, checkout_share=a.checkout_share)
         copy: CopyProcess | None = None
         t0 = time.time()
-        pressure: list[float] = []
+        host = HostSampler().start()
+        psutil.cpu_percent(interval=None)
         try:
             if load_on:
                 load.start()
@@ -279,14 +308,17 @@ class Bench:
                     next_progress += 10
                     rps = _prom_value(prom, f'site:promreflex_http_requests_served:rate1s{{site="{SITE}"}}')
                     st = copy.status if copy else {}
-                    p = _io_pressure()
-                    if p is not None:
-                        pressure.append(p)
+                    if copy is not None and copy.proc.poll() is not None:
+                        st = {**st, "state": "ended", "done_bytes": st.get("total_bytes", 1)}
                     done = f"{100 * st.get('done_bytes', 0) / max(1, st.get('total_bytes', 1)):5.1f}%" if st else "  -  "
                     log(f"  t={now - t0:5.0f}s served {rps if rps is not None else float('nan'):6.1f} req/s  "
-                        f"copy {done} {st.get('state', '-'):<9} pauses {st.get('pauses', 0):<3} io-pressure {p}")
+                        f"copy {done} {st.get('state', '-'):<9} pauses {st.get('pauses', 0):<3} "
+                        f"CPU busy {psutil.cpu_percent(interval=None):3.0f}% load {os.getloadavg()[0]:.1f}")
                 time.sleep(0.1)
             if load_on:
+                if copy is not None and copy.proc.poll() is None:
+                    log(f"  the copy is still running at the end of the load ({copy.status.get('state', '?')}): "
+                        "this round's window will not contain it; use a longer --load-seconds")
                 run = load.wait()
                 # the load's window ends with its last completion; its last second is partial
                 # (users stop mid-request), so it is left out like calibrate leaves it out
@@ -294,7 +326,7 @@ class Bench:
                 r.served, r.failed, r.load_end = run.ok, run.failed, last - 1.0
                 r.per_second = {k: v for k, v in per_second(run.bins, run.bin_s).items() if k < int(last - run.bin_s)}
                 r.failed_per_second = {k: v for k, v in per_second(run.bins, run.bin_s, 1).items() if k < int(last - run.bin_s)}
-                self._bins = (run.bins, run.bin_s)
+                self.timelines[(rnd, name)] = (run.bins, run.bin_s)
             if copy is not None:
                 limit = a.copy_gib * GB / (a.disk_mbps * 1e6 * 0.3 if a.disk_mbps else 100e6) + 120
                 r.copy_seconds = copy.wait(timeout=limit)
@@ -309,20 +341,47 @@ class Bench:
             if copy is not None:
                 copy.kill()
                 copy.cleanup()
-        if pressure:
-            r.io_pressure_some_avg = statistics.mean(pressure)
-        if load_on:
-            bins, bin_s = self._bins
-            start = r.load_start + a.warmup
-            rate = rolling_rate(bins, bin_s, start, r.load_end)
-            r.seconds_below = seconds_below(rate, self.threshold, bin_s)
-            if r.pause_intervals:
-                starts = [p0 for p0, _ in r.pause_intervals if p0 <= r.load_end]
-                r.reaction_s = reaction_times(rate, self.threshold, starts, bin_s)
+            r.host = host.stop()
         copy_txt = f"{r.copy_seconds:.1f}s" if r.copy_seconds is not None else "-"
-        log(f"  -> served {r.served}, failed {r.failed}, copy {copy_txt}, pauses {r.pauses} "
-            f"({r.paused_seconds:.1f}s), {r.seconds_below:.1f}s below threshold, reaction (median/max) {r.reaction_summary()}")
+        end_txt = f" (ended at +{r.copy_end - t0:.1f}s)" if r.copy_end is not None and load_on else ""
+        log(f"  -> served {r.served}, failed {r.failed} over {r.load_end - r.load_start:.1f}s of load, copy {copy_txt}"
+            f"{end_txt}, pauses {r.pauses} ({r.paused_seconds:.1f}s); {describe(r.host)}")
         return r
+
+    def count_in_windows(self) -> None:
+        """Per round: the common window, and each loaded run's served responses, time below the
+        threshold and reaction times within it."""
+        by_round: dict[int, list[RunResult]] = {}
+        for r in self.results:
+            if r.load:
+                by_round.setdefault(r.round, []).append(r)
+        for rnd, runs in by_round.items():
+            w = self.windows[rnd] = common_window(runs)
+            for r in runs:
+                bins, bin_s = self.timelines[(rnd, r.name)]
+                end = r.load_start + w.seconds
+                r.window_s = w.seconds
+                r.served_window = served_between(bins, bin_s, r.load_start, end)
+                r.failed_window = served_between(bins, bin_s, r.load_start, end, column=1)
+                rate = rolling_rate(bins, bin_s, r.load_start + self.a.warmup, end)
+                r.seconds_below = seconds_below(rate, self.threshold, bin_s)
+                if r.pause_intervals:
+                    starts = [p0 for p0, _ in r.pause_intervals if p0 <= end]
+                    r.reaction_s = reaction_times(rate, self.threshold, starts, bin_s)
+            named = {r.name: r for r in runs}
+            lo, cp = named.get("load-only"), named.get("load+copy")
+            if lo is None or cp is None or lo.served_window is None or cp.served_window is None:
+                continue
+            for name in GUARDED:
+                g = named.get(name)
+                if g is None or g.served_window is None:
+                    continue
+                g.lost_responses = lo.served_window - cp.served_window
+                g.saved_responses = g.served_window - cp.served_window
+                if w.contains_every_copy:
+                    g.saved_share = saved_share(lo.served_window, cp.served_window, g.served_window)
+                else:
+                    g.note = f"round {rnd + 1}: copies of {', '.join(w.late)} ended after the window; share not reported"
 
     def settle(self) -> None:
         """Between runs: wait until no copy-guard alert is active and the site is idle."""
@@ -345,19 +404,20 @@ class Bench:
             self.disk = EmulatedDisk(self.work, a.disk_mbps).create()
             log(f"emulated disk: blkio throttle {a.disk_mbps:g} MB/s read and write on {self.disk.device}, "
                 f"shared by the site and the copy ({self.disk.dir})")
-        self.guard = ("none", False)
         self.stack = self.make_stack("none")
         log(f"starting the stack (state {self.work / 'stack'})")
         try:
             self.stack.up(progress=lambda line: log(line))
             prom = self.stack.url("prometheus")
             wait_until(lambda: _prom_value(prom, 'up{job="accesslog"} == 1'), timeout=60, what="access-log exporter scraped")
-            self.calibrate()
-            plan = run_order(a.rounds, a.reverse)
+            with heavy_lock(a.lock):
+                self.calibrate()
+            plan = run_order(a.rounds, a.reverse, a.runs, quiet=not a.no_quiet)
             log(f"plan: {', '.join(f'{n}#{r + 1}' for r, n in plan)}")
             for rnd, name in plan:
-                self.settle()
-                self.results.append(self.one_run(rnd, name))
+                with heavy_lock(a.lock):
+                    self.settle()
+                    self.results.append(self.one_run(rnd, name))
         finally:
             self.stack.down(quiet=True)
             if self.disk:
@@ -369,7 +429,9 @@ class Bench:
                 shutil.rmtree(self.work / "site", ignore_errors=True)
             shutil.rmtree(self.work / "stack", ignore_errors=True)
         self.report()
-        return 0
+        # 3: some copy ended after its round's window (no saved share). The demo (--quick) shows
+        # the table and the note either way.
+        return 0 if self.a.quick or all(w.contains_every_copy for w in self.windows.values()) else 3
 
     def calibrate(self) -> None:
         a = self.a
@@ -380,6 +442,8 @@ class Bench:
                         progress=lambda s: log("  " + s.strip()))
         from controllers.copy_guard.calibrate import publish
 
+        if cal.threshold is None:
+            raise RuntimeError("calibration derived no threshold")
         self.threshold = float(cal.threshold)
         self.calibration = cal.to_json()
         publish(cal, self.stack.textfile_dir)
@@ -390,97 +454,179 @@ class Bench:
         log(f"threshold {self.threshold:.1f} req/s (lowest per-second served RPS; median {o.median:.1f}, p5 {o.p5:.1f})")
 
     # ------------------------------------------------------------------ output
-    def report(self) -> None:
-        a, rs = self.a, self.results
-        self.out.mkdir(parents=True, exist_ok=True)
-        by_round: dict[int, dict[str, RunResult]] = {}
-        for r in rs:
-            by_round.setdefault(r.round, {})[r.name] = r
-        for runs in by_round.values():
-            lo, cp = runs.get("load-only"), runs.get("load+copy")
-            for name in GUARDED:
-                if lo and cp and name in runs:
-                    runs[name].saved_share = saved_share(lo.served, cp.served, runs[name].served)
-        unguarded = [r.copy_seconds for r in rs if r.name == "load+copy" and r.copy_seconds]
-        base = statistics.mean(unguarded) if unguarded else None
+    def command(self) -> str:
+        """The command that reproduces this run (the flags that differ from the defaults)."""
+        defaults = vars(parse_args(["--quick"] if self.a.quick else []))
+        def value(v: Any) -> str:
+            return "" if v is True else " " + (",".join(v) if isinstance(v, list) else str(v))
+
+        flags = [f"--{k.replace('_', '-')}{value(v)}" for k, v in vars(self.a).items()
+                 if v != defaults.get(k) and v is not False]
+        return " ".join(["uv run python -m bench.copy_guard",
+                         *(["--quick"] if self.a.quick else []), *flags])
+
+    def conditions(self) -> str:
+        a = self.a
         load1, load5, _ = os.getloadavg()
-        cond = (f"{os.cpu_count()} cores, load average {load1:.2f} (1m) {load5:.2f} (5m) at the end; disk "
+        return (f"{os.cpu_count()} cores, load average {load1:.2f} (1m) {load5:.2f} (5m) at the end; disk "
                 f"{'emulated %g MB/s (blkio throttle, site + copy share it)' % a.disk_mbps if a.disk_mbps else 'raw'} "
                 f"on {self.work}; copy {a.copy_gib:g} GiB O_DIRECT; site {a.workers} workers, {a.reads_per_page} x 64 KiB "
                 f"uncached reads per page, 1 in {1 / a.checkout_share:.0f} requests an fsync'd checkout; "
                 f"load {a.rate:g} req/s offered by {a.users} users for {a.load_seconds:g}s, copy at +{a.copy_delay:g}s; "
-                f"threshold {self.threshold:.1f} req/s")
-        head = (f"{'run':<24}{'rnd':>4}{'served':>8}{'failed':>7}{'copy s':>8}{'slower':>8}{'pauses':>7}{'paused s':>9}"
-                f"{'below s':>8}{'react med/max':>14}{'saved':>7}")
+                f"threshold {self.threshold:.1f} req/s; guarded runs: min_pause {a.min_pause:g}s except guard-nohold")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per run: the figures the table, summary.json and the plots share."""
+        unguarded = [r.copy_seconds for r in self.results if r.name == "load+copy" and r.copy_seconds]
+        base = statistics.mean(unguarded) if unguarded else None
+        out = []
+        for r in self.results:
+            rx = sorted(r.reaction_s or [])
+            h = r.host or {}
+            out.append({
+                "run": r.name, "round": r.round + 1, "window_s": _r(r.window_s, 1),
+                "served": r.served_window if r.load else None, "failed": r.failed_window if r.load else None,
+                "lost_responses": r.lost_responses, "saved_responses": r.saved_responses,
+                "saved_share": _r(r.saved_share, 3),
+                "copy_seconds": _r(r.copy_seconds, 1),
+                "copy_slower": _r(slowdown(r.copy_seconds, base), 3) if r.guard != "none" and r.load else None,
+                "copy_end_s": _r(r.copy_end - (r.load_start or r.copy_start or 0.0), 1) if r.copy_end else None,
+                "pauses": r.pauses if r.copy else None, "paused_seconds": _r(r.paused_seconds, 1) if r.copy else None,
+                "seconds_below": _r(r.seconds_below, 1) if r.load else None,
+                "reaction_median_s": _r(rx[len(rx) // 2], 2) if rx else None, "reaction_max_s": _r(rx[-1], 2) if rx else None,
+                "cpu_busy_pct": h.get("cpu_busy_pct"), "cpu_steal_pct": h.get("cpu_steal_pct"),
+                "cpu_iowait_pct": h.get("cpu_iowait_pct"), "load1_max": h.get("load1_max"), "note": r.note,
+            })
+        return out
+
+    def report(self) -> None:
+        a = self.a
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.count_in_windows()
+        rows = self.rows()
+        cond = self.conditions()
+        windows: dict[int, dict[str, Any]] = {rnd + 1: {"seconds": round(w.seconds, 1), "latest_copy_end_s": _r(w.latest_copy_end_s, 1),
+                             "contains_every_copy": w.contains_every_copy, "late": w.late}
+                   for rnd, w in self.windows.items()}
+        wtext = "; ".join(f"round {k}: window {v['seconds']:.1f}s from each load start, latest copy end "
+                          f"+{v['latest_copy_end_s']}s" + ("" if v["contains_every_copy"] else
+                                                          f" -- NOT CONTAINED: {', '.join(v['late'])}")
+                          for k, v in windows.items())
+
+        def fmt(v: Any, spec: str = "") -> str:
+            return "-" if v is None else format(v, spec)
+
+        cols = [("run", "run", "", 24), ("rnd", "round", "", 4), ("served", "served", "", 8), ("failed", "failed", "", 7),
+                ("saved", "saved_responses", "+", 7), ("of lost", "lost_responses", "", 8),
+                ("share", "saved_share", ".1%", 7), ("copy s", "copy_seconds", ".1f", 8),
+                ("ends +s", "copy_end_s", ".1f", 8), ("slower", "copy_slower", "+.0%", 7), ("pauses", "pauses", "", 7),
+                ("paused s", "paused_seconds", ".1f", 9), ("below s", "seconds_below", ".1f", 8),
+                ("react s", "reaction_median_s", ".1f", 8), ("busy%", "cpu_busy_pct", ".0f", 6),
+                ("steal%", "cpu_steal_pct", ".0f", 7), ("load", "load1_max", ".1f", 6)]
+        head = "".join(f"{t:<{w}}" if i == 0 else f"{t:>{w}}" for i, (t, _, _, w) in enumerate(cols))
         lines = [head, "-" * len(head)]
-        for r in rs:
-            sd = slowdown(r.copy_seconds, base) if r.guard != "none" and r.load else None
-            lines.append(
-                f"{r.name:<24}{r.round + 1:>4}{r.served if r.load else '-':>8}{r.failed if r.load else '-':>7}"
-                f"{f'{r.copy_seconds:.1f}' if r.copy_seconds else '-':>8}{f'{sd:+.0%}' if sd is not None else '-':>8}"
-                f"{r.pauses if r.copy else '-':>7}{f'{r.paused_seconds:.1f}' if r.copy else '-':>9}"
-                f"{f'{r.seconds_below:.1f}' if r.load else '-':>8}{r.reaction_summary():>14}"
-                f"{f'{r.saved_share:.1%}' if r.saved_share is not None else '-':>7}")
+        for row in rows:
+            lines.append("".join(f"{fmt(row[k], spec):<{w}}" if i == 0 else f"{fmt(row[k], spec):>{w}}"
+                                 for i, (_, k, spec, w) in enumerate(cols)))
         table = "\n".join(lines)
+        notes = [row["note"] for row in rows if row["note"]]
+        legend = ("served/failed: responses within the round's common window; saved: served(guard) - served(load+copy), "
+                  "of lost = served(load-only) - served(load+copy); share = saved / lost; ends +s: copy end from the "
+                  "load start; slower: copy s / mean unguarded copy s - 1; react s: median seconds below the threshold "
+                  "when a pause took hold; busy%/steal%/load: CPU and max 1-min load average during the run")
         print("\n" + "=" * len(head))
-        print(f"copy guard, reproduced: {cond}\n")
+        print(f"copy guard, reproduced: {cond}\n{wtext}\ncommand: {self.command()}\n")
         print(table)
-        print(f"\npaper: saved {PAPER['saved_share']:.1%}; copy {PAPER['copy_unguarded_s']:.0f}s -> "
+        print("\n" + legend)
+        for n in notes:
+            print("NOTE: " + n)
+        print(f"paper: saved {PAPER['saved_share']:.1%}; copy {PAPER['copy_unguarded_s']:.0f}s -> "
               f"{PAPER['copy_guarded_s']:.0f}s ({PAPER['slowdown']:+.0%}); {PAPER['below_before_pause_s']:.0f}s below the "
-              "threshold before the pause. 'slower' = guarded copy / mean unguarded copy under load - 1.")
-        quiet = [r for r in rs if r.name == "quiet+copy+guard"]
+              "threshold before the pause.")
+        quiet = [r for r in self.results if r.name == "quiet+copy+guard"]
         if quiet:
             print(f"quiet site: {sum(q.pauses for q in quiet)} pause(s) of the copy (target 0)")
-        payload = {"conditions": cond, "args": {k: str(v) for k, v in vars(a).items()}, "threshold": self.threshold,
-                   "calibration": getattr(self, "calibration", None), "paper": PAPER,
-                   "runs": [asdict(r) for r in rs]}
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        summary = {"command": self.command(), "when": when, "conditions": cond, "windows": windows,
+                   "threshold": round(self.threshold, 2), "rows": rows, "paper": PAPER, "legend": legend}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        md = ["| run | round | served | failed | lost responses saved | copy s | copy ends at | pauses | s below threshold "
+              "| reaction median s | CPU busy / steal | load (max) |", "|" + "---|" * 12]
+        for row in rows:
+            saved = "-" if row["saved_responses"] is None else (
+                f"{row['saved_responses']:+} of {row['lost_responses']}"
+                + ("" if row["saved_share"] is None else f" ({row['saved_share']:.1%})"))
+            md.append(f"| {row['run']} | {row['round']} | {fmt(row['served'])} | {fmt(row['failed'])} | {saved} | "
+                      f"{fmt(row['copy_seconds'], '.1f')} | {fmt(row['copy_end_s'], '.1f')} | {fmt(row['pauses'])} | "
+                      f"{fmt(row['seconds_below'], '.1f')} | {fmt(row['reaction_median_s'], '.1f')} | "
+                      f"{fmt(row['cpu_busy_pct'], '.0f')}% / {fmt(row['cpu_steal_pct'], '.0f')}% | "
+                      f"{fmt(row['load1_max'], '.1f')} |")
+        (self.out / "summary.md").write_text(f"Copy guard, {when}. Command: `{self.command()}`\n\nConditions: {cond}.\n"
+                                             f"{wtext}.\n\n" + "\n".join(md) + "\n\n" + legend + ".\n"
+                                             + "".join(f"\nNOTE: {n}" for n in notes))
+        payload = {**summary, "args": {k: str(v) for k, v in vars(a).items()},
+                   "calibration": getattr(self, "calibration", None), "runs": [asdict(r) for r in self.results]}
         (self.out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
         with open(self.out / "results.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["run", "round", "served", "failed", "copy_seconds", "pauses", "paused_seconds", "seconds_below",
-                        "reaction_median_s", "reaction_max_s", "saved_share", "io_pressure_some_avg10"])
-            for r in rs:
-                rx = sorted(r.reaction_s or [])
-                w.writerow([r.name, r.round + 1, r.served, r.failed, r.copy_seconds, r.pauses, round(r.paused_seconds, 2),
-                            round(r.seconds_below, 2), rx[len(rx) // 2] if rx else "", rx[-1] if rx else "",
-                            r.saved_share, r.io_pressure_some_avg])
-        (self.out / "summary.txt").write_text(cond + "\n\n" + table + "\n")
-        from bench.copy_guard.plot import plot_timelines
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["run"])
+            w.writeheader()
+            w.writerows(rows)
+        from bench.copy_guard.plot import plot_summary, plot_timelines
 
-        png = plot_timelines(rs, self.threshold, self.out / "timeline.png",
-                             title=f"copy guard on this machine: served RPS vs threshold {self.threshold:.1f}, pauses shaded")
-        print(f"\nwrote {self.out / 'results.json'}, {self.out / 'results.csv'}, {self.out / 'summary.txt'}, {png}")
+        png = plot_timelines(self.results, self.threshold, self.out / "timeline.png",
+                             title=f"copy guard on this machine: served RPS vs threshold {self.threshold:.1f}, pauses "
+                                   "shaded, counting window to the dotted line")
+        bars = plot_summary(rows, self.out / "summary.png", title=f"copy guard, {when}: {self.command()}")
+        print(f"\nwrote {self.out / 'summary.json'}, {self.out / 'summary.md'}, {png}, {bars} "
+              f"(raw: {self.out / 'results.json'}, {self.out / 'results.csv'})")
+
+
+def _r(v: float | None, nd: int) -> float | None:
+    return None if v is None else round(v, nd)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.copy_guard", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short smoke version (~3 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="short version (~8 min): 0.25 GiB, 150 s of load, three loaded runs, one calibration run; "
+                         "exits 0 even when a copy outlived the window (the report says so)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/copy_guard"))
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/promreflex-bench-copy-guard"),
                     help="data, copy and stack state (same disk as the copy's destination)")
     ap.add_argument("--disk-mbps", type=float, default=100.0, help="emulated disk speed, MB/s; 0 = the raw disk")
-    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default 2, quick 1)")
+    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default 0.5, quick 0.25)")
     ap.add_argument("--site-data-mib", type=int, default=1024)
     ap.add_argument("--reads-per-page", type=int, default=24)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--rate", type=float, default=100.0, help="offered requests per second (paper: 100)")
     ap.add_argument("--users", type=int, default=100)
     ap.add_argument("--checkout-share", type=float, default=0.1)
-    ap.add_argument("--load-seconds", type=float, default=None, help="load per run (default 75, quick 35)")
+    ap.add_argument("--load-seconds", type=float, default=None, help="load per run, the same in every loaded run: long enough for the slowest (guarded) copy to end "
+                         "inside it (default 180, quick 150)")
     ap.add_argument("--copy-delay", type=float, default=None, help="copy starts this long into the load (default 8, quick 5)")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--cal-runs", type=int, default=None, help="calibration runs (default 3, quick 1; paper 5)")
     ap.add_argument("--cal-seconds", type=float, default=None, help="calibration run length (default 15, quick 12; paper 300)")
     ap.add_argument("--min-pause", type=float, default=20.0,
                     help="copy-guard min_pause for the guarded runs except guard-nohold (default 20s)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of the four loaded runs, alternating order")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the loaded runs, alternating order")
     ap.add_argument("--reverse", action="store_true", help="start with the loaded runs in reverse order")
     ap.add_argument("--keep-data", action="store_true", help="keep the source and site files for the next run")
+    ap.add_argument("--runs", type=lambda v: [x for x in v.split(",") if x], default=None,
+                    help=f"comma-separated loaded runs (default all: {','.join(LOADED)}); saved shares need "
+                         "load-only and load+copy")
+    ap.add_argument("--no-quiet", action="store_true", help="skip the quiet-site run")
+    ap.add_argument("--lock", type=Path, default=None,
+                    help="take this flock for the calibration and for each run (not in between), e.g. "
+                         "/tmp/promreflex-heavy.lock on a shared machine")
     a = ap.parse_args(argv)
+    if a.runs is not None and (not a.runs or set(a.runs) - set(LOADED)):
+        ap.error(f"--runs: choose from {', '.join(LOADED)}")
     quick = a.quick
-    for name, full, short in (("copy_gib", 2.0, 1.0), ("load_seconds", 75.0, 35.0), ("copy_delay", 8.0, 5.0),
-                              ("cal_runs", 3, 1), ("cal_seconds", 15.0, 12.0)):
+    for name, full, short in (("copy_gib", 0.5, 0.25), ("load_seconds", 180.0, 150.0), ("copy_delay", 8.0, 5.0),
+                              ("cal_runs", 3, 1), ("cal_seconds", 15.0, 12.0),
+                              ("runs", LOADED, ["load-only", "load+copy", "load+copy+predictive"])):
         if getattr(a, name) is None:
             setattr(a, name, short if quick else full)
     if a.quick and a.out == Path("bench/results/copy_guard"):

@@ -18,16 +18,20 @@ the front, the choice against nginx's built-in 75 s, Debian's 65 s and the paper
 then replays the early-stopping rule over the same records: runs-to-decision of early
 stopping vs the full grid, and whether the decision is the same.
 
-    flock /tmp/promreflex-bench.lock uv run python -m bench.nginx_tuner          # ~9 minutes
-    flock /tmp/promreflex-bench.lock uv run python -m bench.nginx_tuner --quick  # ~2 minutes
+    flock /tmp/promreflex-heavy.lock uv run python -m bench.nginx_tuner          # ~9 minutes
+    flock /tmp/promreflex-heavy.lock uv run python -m bench.nginx_tuner --quick  # ~2 minutes
 
-Results: ``bench/results/nginx_tuner/{sweep.json,sweep-trials.csv,sweep-pareto.png,summary.txt}``.
+Results: ``bench/results/nginx_tuner/`` (``--quick``: its ``quick/`` folder): ``summary.md`` and
+``summary.json`` (the table, the command and the conditions: CPU busy and steal, load average,
+sampled with psutil) and ``sweep-pareto.png`` are small and committed; ``sweep.json`` and
+``sweep-trials.csv`` (every trial) are raw.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import ssl
@@ -37,7 +41,9 @@ import tempfile
 import urllib.request
 import time
 from pathlib import Path
+from typing import Any
 
+from bench.conditions import HostSampler, describe
 from controllers.nginx_tuner.memory import nginx_memory
 from controllers.nginx_tuner.nginx_ctl import NginxControl
 from controllers.nginx_tuner.pareto import Interval
@@ -52,9 +58,9 @@ PAGE_SIZES = {"index.html": 133 * 1024, "index.css": 243 * 1024}
 # Full: 7 candidates x 4 repeats = 28 trials of (5 s ramp + 10 s measured + ~3 s apply and
 # Locust start) ~ 9 minutes. Think times 2..20 s put the interesting part of the grid (2..20 s)
 # inside the think-time distribution; 60/65/75 outlast every think time, so they should tie.
-FULL = {"candidates": (2.0, 5.0, 10.0, 20.0, 60.0, 65.0, 75.0), "repeats": 4, "duration": 10.0, "users": 200,
+FULL: dict[str, Any] = {"candidates": (2.0, 5.0, 10.0, 20.0, 60.0, 65.0, 75.0), "repeats": 4, "duration": 10.0, "users": 200,
         "spawn_rate": 40.0, "think": (2.0, 20.0), "min_repeats": 2}
-QUICK = {"candidates": (2.0, 15.0, 65.0), "repeats": 3, "duration": 5.0, "users": 100, "spawn_rate": 50.0, "think": (1.0, 8.0),
+QUICK: dict[str, Any] = {"candidates": (2.0, 15.0, 65.0), "repeats": 3, "duration": 5.0, "users": 100, "spawn_rate": 50.0, "think": (1.0, 8.0),
          "min_repeats": 2}
 
 COMMON = """worker_processes 1;
@@ -191,6 +197,7 @@ async def main_async(args: argparse.Namespace) -> int:
     html = {k: page(k, v) for k, v in PAGE_SIZES.items()}
     started = time.monotonic()
     la_start = os.getloadavg()
+    host = HostSampler(interval=2.0).start()
     print(f"nginx keepalive tuner bench ({'quick' if args.quick else 'full'}): candidates {', '.join(f'{c:g}' for c in candidates)} s, "
           f"{repeats} repeats, {duration:g} s per trial, {users} users thinking {think_min:g}..{think_max:g} s (uniform), "
           f"arriving at {spawn_rate:g}/s; page view = index.html 133 KB + index.css 243 KB over {scheme.upper()}; load average at start {la_start[0]:.2f} {la_start[1]:.2f} {la_start[2]:.2f}")
@@ -218,7 +225,7 @@ async def main_async(args: argparse.Namespace) -> int:
                                paths=("/index.html", "/index.css"))
         warm = await measure(65.0)  # one discarded run: the first run after start reads high (cold caches, heap)
         print(f"warm-up run at 65 s (discarded): mean {warm.mean_s * 1000:.2f} ms, memory {warm.memory_bytes / 1024:.0f} KiB")
-        sweep = Sweep(settings, ctl.apply, measure, 65.0)
+        sweep = Sweep(settings, lambda v: ctl.apply(int(v)), measure, 65.0)
         result = await sweep.run()
         result.load_average = os.getloadavg()
         es_choice, es_runs, es_dropped = replay(result.records, sweep.plan, 65.0, sweep.settings)
@@ -233,14 +240,20 @@ async def main_async(args: argparse.Namespace) -> int:
             + (f"; pruned {', '.join(f'{v:g}' for v in es_dropped)}" if es_dropped else "")
         )
         la_end = result.load_average
+        conditions = host.stop()
         lines.append(f"conditions: {os.cpu_count()} CPUs, load average {la_start[0]:.2f} at start, {la_end[0]:.2f} {la_end[1]:.2f} "
                      f"{la_end[2]:.2f} at end; {time.monotonic() - started:.0f} s wall; memory method "
-                     f"{result.records[0].memory_method if result.records else '?'}")
+                     f"{result.records[0].memory_method if result.records else '?'}; {describe(conditions)}")
         text = "\n".join(lines)
+        command = "flock /tmp/promreflex-heavy.lock uv run python -m bench.nginx_tuner " + " ".join(sys.argv[1:])
         print("\n" + text)
+        print(f"command: {command}")
         paths = write_results(result, out, title=f"keepalive_timeout, {scheme.upper()}: {users} thinking users ({think_min:g}-{think_max:g} s), {repeats} x {duration:g} s (95% CI)")
-        (out / "summary.txt").write_text(text + "\n")
-        print("results: " + ", ".join(str(p) for p in [*paths.values(), out / "summary.txt"]))
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        (out / "summary.md").write_text(f"nginx keepalive tuner, {when}. Command: `{command.strip()}`\n\n```\n{text}\n```\n")
+        (out / "summary.json").write_text(json.dumps({"command": command.strip(), "when": when, "conditions": conditions,
+                                                      "lines": lines}, indent=1) + "\n")
+        print("results: " + ", ".join(str(p) for p in [*paths.values(), out / "summary.md", out / "summary.json"]))
         return 0 if result.final_ok else 1
     finally:
         if relay is not None:
@@ -249,6 +262,7 @@ async def main_async(args: argparse.Namespace) -> int:
             if child is not None:
                 stop_nginx(child)
         shutil.rmtree(base, ignore_errors=True)
+        host.stop()
 
 
 def main() -> int:
@@ -267,8 +281,10 @@ def main() -> int:
                    help="emulated handshake delay of each new client connection (0: none); default 30 ms")
     p.add_argument("--memory-scope", choices=("all", "workers"), default="workers")
     p.add_argument("--memory-method", choices=("pss", "uss"), default="uss")
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=None, help=f"default {RESULTS} (--quick: its quick/ folder)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = str(RESULTS / "quick" if args.quick else RESULTS)
     if not Path(NGINX).exists():
         print(f"{NGINX} is not installed", flush=True)
         return 2

@@ -25,7 +25,7 @@ from bench.rca.mesh import Mesh
 from bench.rca.procstats import read_usage
 
 ROUNDTRIPS = (1, 2, 5, 10, 15)
-PAPER = {"order_max_increase_ms": 1395.0, "carts_db_cpu_pct": {1: 25.7, 15: 84.1}}
+PAPER: dict[str, Any] = {"order_max_increase_ms": 1395.0, "carts_db_cpu_pct": {1: 25.7, 15: 84.1}}
 WATCH = ("orders", "carts", "carts-db")
 
 
@@ -58,9 +58,9 @@ def run_level(mesh: Mesh, roundtrips: int, duration_s: float, rate: float, think
             time.sleep(1.0)
             now = time.monotonic()
             for s in WATCH:
-                cpu = read_usage(mesh.pid(s)).cpu_seconds
-                samples[s].append((cpu - prev[s]) / (now - prev_t) * 100)
-                prev[s] = cpu
+                used = read_usage(mesh.pid(s)).cpu_seconds
+                samples[s].append((used - prev[s]) / (now - prev_t) * 100)
+                prev[s] = used
             prev_t = now
         load.wait(timeout=duration_s + 60)
     finally:

@@ -65,6 +65,10 @@ class Mesh:
     def mesh_file(self) -> Path:
         return self.workdir / "mesh.json"
 
+    @property
+    def edge_delays_file(self) -> Path:
+        return self.workdir / "edge-delays.json"
+
     def log_path(self, service: str) -> Path:
         return self.workdir / "logs" / f"{service}.log"
 
@@ -107,7 +111,8 @@ class Mesh:
         self.app_ports = {s: free_port() for s in self.services}
         self.outbound_ports = {s: free_port() for s in self.services}
         self.exporter_port = free_port() if self.with_exporter else None
-        layout = {"namespace": NAMESPACE, "services": {
+        self.edge_delays_file.write_text("{}")
+        layout = {"namespace": NAMESPACE, "edge_delays_file": str(self.edge_delays_file), "services": {
             s: {"port": self.ports[s], "app_port": self.app_ports[s], "outbound_port": self.outbound_ports[s],
                 "log": str(self.log_path(s)), "format": self.log_format_of(s),
                 "data_dir": str(self.workdir / "data" / s)} for s in self.services}}
@@ -186,6 +191,22 @@ class Mesh:
 
     def clear(self, service: str) -> dict[str, Any]:
         return self._fault_request(service, "DELETE")
+
+    def delay_edge(self, caller: str, callee: str, delay_s: float) -> None:
+        """Slow the link caller -> callee by ``delay_s`` (0 clears it): the caller's sidecar
+        waits before forwarding, as a degraded network path would. Only the caller's side of
+        the edge sees it; the callee's own records do not."""
+        try:
+            table = json.loads(self.edge_delays_file.read_text())
+        except (OSError, ValueError):
+            table = {}
+        if delay_s > 0:
+            table.setdefault(caller, {})[callee] = delay_s
+        else:
+            table.get(caller, {}).pop(callee, None)
+        tmp = self.edge_delays_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        tmp.replace(self.edge_delays_file)
 
     def fault_status(self, service: str) -> dict[str, Any]:
         return self._fault_request(service, "GET")

@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from controllers.rca import evaluate
+
 
 @dataclass(frozen=True)
 class CaseOutcome:
@@ -31,16 +33,11 @@ class CaseOutcome:
 
 
 def ac_at(outcomes: Sequence[CaseOutcome], k: int) -> float:
-    if k < 1:
-        raise ValueError("k must be at least 1")
-    if not outcomes:
-        return float("nan")
-    hits = sum(1 for o in outcomes if (r := o.rank) is not None and r <= k)
-    return hits / len(outcomes)
+    return evaluate.ac_at([o.rank for o in outcomes], k)
 
 
 def avg_at(outcomes: Sequence[CaseOutcome], k: int) -> float:
-    return sum(ac_at(outcomes, j) for j in range(1, k + 1)) / k
+    return evaluate.avg_at([o.rank for o in outcomes], k)
 
 
 def flag_times(outcomes: Sequence[CaseOutcome]) -> dict[str, float | int]:

@@ -50,6 +50,19 @@ class Sidecar:
         self.me = me
         self.log = AccessLogWriter(me["log"], me["format"])
         self.session: aiohttp.ClientSession | None = None
+        # Network delay per outbound edge (destination -> seconds), the "link" fault: read from
+        # mesh["edge_delays_file"] (written by Mesh.delay_edge), re-read every 0.5 s.
+        self.delays: dict[str, float] = {}
+        self.delays_file = Path(mesh["edge_delays_file"]) if mesh.get("edge_delays_file") else None
+
+    async def watch_delays(self) -> None:
+        while self.delays_file is not None:
+            try:
+                table = json.loads(self.delays_file.read_text())
+                self.delays = {str(d): float(v) for d, v in table.get(self.name, {}).items()}
+            except (OSError, ValueError, AttributeError):
+                self.delays = {}
+            await asyncio.sleep(0.5)
 
     def destination(self, authority: str) -> str | None:
         host = authority.split(":")[0].split(".")[0]
@@ -81,7 +94,7 @@ class Sidecar:
         self.log.write({
             "start_time": start, "method": request.method, "path": request.path_qs, "protocol": "HTTP/1.1",
             "response_code": resp.status, "response_flags": flags, "response_code_details": details,
-            "bytes_received": request.content_length or 0, "bytes_sent": len(resp.body or b""),
+            "bytes_received": request.content_length or 0, "bytes_sent": resp.content_length or 0,
             "duration": _ms(time.perf_counter() - t0), "upstream_service_time": None if ust is None else _ms(ust),
             "user_agent": request.headers.get("User-Agent"), "request_id": request.headers.get("x-request-id"),
             "authority": request.host, "downstream_remote_address": f"{peer[0]}:{peer[1]}" if peer else None,
@@ -106,6 +119,8 @@ class Sidecar:
             self.write(request, resp, start, t0, None, ("NR",), "route_not_found", upstream_cluster=None)
             return resp
         addr = f"127.0.0.1:{self.mesh['services'][dest]['port']}"
+        if self.delays.get(dest):  # the link to dest is slow: seen by this (the caller's) side only
+            await asyncio.sleep(self.delays[dest])
         resp, ust, flags, details = await self.forward(request, f"http://{addr}{request.path_qs}", f"{dest}:{SERVICE_PORT}")
         self.write(request, resp, start, t0, ust, flags, details,
                    upstream_host=addr if not flags else None,
@@ -126,7 +141,7 @@ class Sidecar:
                 await runner.setup()
                 await web.TCPSite(runner, "127.0.0.1", int(port)).start()
                 runners.append(runner)
-            await asyncio.Event().wait()
+            await self.watch_delays() if self.delays_file is not None else await asyncio.Event().wait()
         finally:
             for r in runners:
                 await r.cleanup()

@@ -4,9 +4,18 @@ The engine guarantees, for every action:
 - one run at a time per target (``target()``), and at most ``concurrency`` runs of the action
   at once across targets;
 - ``fire`` and ``resolve`` alternate per (route, alert): a duplicate or a reconcile never runs
-  the same transition twice;
+  the same transition twice once it completed;
+- at least once per transition: a run the controller did not see complete (the process was
+  killed during it, or it timed out) is run again, so ``fire`` and ``resolve`` must be
+  idempotent (pausing a paused copy, writing the same report again);
+- each run is cancelled after ``timeout`` (the route's ``timeout``, else the class attribute)
+  and counted as failed: an action must not hold its target forever. Work pushed to a thread
+  is not stopped by the cancellation; keep such calls short or give them their own timeout;
+- a failed run is retried ``max_retries`` times (route) with exponential backoff and full
+  jitter, then given up until something new arrives for the alert;
 - the cooldown (from the route) delays a new ``fire`` on the same target, never a ``resolve``:
-  undoing an action (resuming a paused copy) is always allowed at once;
+  undoing an action (resuming a paused copy) is always allowed at once. It starts after every
+  ``fire`` run, failed or not, so a failing action does not hammer its target;
 - ``shutdown`` runs when the controller stops, so an action can undo what must not outlive it.
 
 Alert label values reach an action as data (``ctx.labels``). An action must never execute them,
@@ -52,12 +61,18 @@ class Action(abc.ABC):
     Params: ClassVar[type[BaseModel]] = NoParams
     concurrency: ClassVar[int] = 1
     resolved_means: ClassVar[str] = "nothing"
+    timeout: ClassVar[float] = 300.0  # seconds one fire/resolve may take (a route may override it)
 
     def __init__(self) -> None:
         self.log = logging.getLogger(f"promreflex.action.{self.name}")
         # The validated params of every route bound to this action, set by the engine before
         # ``start``: what an action needs to recover its own state after a crash.
         self.route_params: list[BaseModel] = []
+
+    def run_timeout(self, params: BaseModel) -> float:
+        """Seconds one run may take with these parameters, unless the route sets ``timeout``.
+        An action whose runs last as long as its parameters say (a sweep) overrides this."""
+        return self.timeout
 
     def target(self, ctx: ActionContext) -> str:
         """What two runs must not touch at once. Default: one target per route and alert."""

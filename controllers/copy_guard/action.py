@@ -8,6 +8,15 @@ Route it from ``CopyGuardSiteOverloaded`` (and, to act earlier, ``CopyGuardSiteO
       action: copy-guard
       params: {registry_dir: /var/lib/promreflex/copies, max_pause: 2m, lease: 10s}
 
+Control of ``promreflex copy`` processes goes through the controller's aiohttp session, to the
+``control_url`` of their registry entry, and only to a loopback address unless the route names
+the host in ``control_hosts``; the bearer token sent is the one in the route's
+``control_token_file`` (read once by the controller; group/world-readable files are refused).
+A registry entry names no token and no token file: whoever can write an entry must not be able
+to make the controller send a secret anywhere. At start (and in ``check-config``) the registry
+directory must be owned by root or the controller's user and not writable by group or others
+(:func:`~controllers.copy_guard.registry.check_dir`).
+
 An *episode* per site starts with the first firing alert and ends when the last one resolves
 (the alerts are its holders, by fingerprint: the predictive alert resolving while the overload
 alert fires does not resume anything). During an episode a supervisor task, every ``tick``:
@@ -30,33 +39,34 @@ Alert label values are data: the ``site`` label is only compared with registry e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.copy_guard import freeze
-from controllers.copy_guard.registry import DEFAULT_DIR, Entry, Registry
+from controllers.copy_guard.registry import DEFAULT_DIR, Entry, Registry, check_dir
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
+from promreflex.httpd import read_token_file
 
 log = logging.getLogger("promreflex.action.copy-guard")
 
 STATE_NAME = "copy-guard.state"
 RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
 HTTP_TIMEOUT = 2.0
+_HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
 
 
 class CopyGuardParams(BaseModel):
@@ -72,6 +82,21 @@ class CopyGuardParams(BaseModel):
     tick: Duration = Field(default=0.2, gt=0, le=5)
     adopt_methods: list[Literal["cgroup2", "cgroup1", "signal"]] | None = None  # default: what the host offers
     watchdog: bool = True  # start the lease keeper for adopted copies
+    # Hosts beyond loopback whose copiers' control endpoints may be called (names or IPs, as
+    # the entries' control_url spell them). Empty: loopback only.
+    control_hosts: list[str] = Field(default_factory=list)
+    # The bearer token sent to copiers' control endpoints (copies started with the same
+    # --web.token-file). Read by the controller at start; never a path from a registry entry.
+    control_token_file: Path | None = None
+
+    @field_validator("control_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        hosts = [h.strip().lower().removeprefix("[").removesuffix("]") for h in value]
+        bad = [h for h, norm in zip(value, hosts, strict=True) if not _HOST.match(norm)]
+        if bad:
+            raise ValueError(f"not host names or addresses: {', '.join(map(repr, bad))} (no scheme, port or path)")
+        return hosts
 
 
 @dataclass
@@ -79,7 +104,6 @@ class Held:
     id: str
     kind: str
     control_url: str | None = None
-    token_file: str | None = None
     renewed: float = 0.0
 
 
@@ -96,8 +120,7 @@ class Episode:
     def to_json(self) -> dict[str, Any]:
         return {"site": self.site, "params": self.params.model_dump(mode="json"), "since": self.since,
                 "holders": self.holders, "forced": self.forced, "resume_at": self.resume_at,
-                "held": {i: {"kind": h.kind, "control_url": h.control_url, "token_file": h.token_file}
-                         for i, h in self.held.items()}}
+                "held": {i: {"kind": h.kind, "control_url": h.control_url} for i, h in self.held.items()}}
 
 
 class GuardMetrics:
@@ -135,18 +158,40 @@ class GuardMetrics:
             self.errors.labels(site, op)
 
 
-def _control(held: Held, command: str, **query: Any) -> dict[str, Any]:
-    """POST a command to a copier's control endpoint (blocking; run in a thread)."""
-    url = urllib.parse.urlsplit(held.control_url or "")
-    if url.scheme != "http" or not url.hostname or (not is_loopback(url.hostname) and not held.token_file):
-        raise ValueError(f"refusing control URL {held.control_url!r} (http on loopback, or a token file)")
-    headers = {}
-    if held.token_file:
-        headers["Authorization"] = "Bearer " + Path(held.token_file).read_text().strip()
-    target = f"{url.scheme}://{url.netloc}/{command}?{urllib.parse.urlencode(query)}"
-    req = urllib.request.Request(target, data=b"", method="POST", headers=headers)
-    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:  # noqa: S310 - checked above
-        return json.load(resp)
+class ControlError(Exception):
+    """A copier's control endpoint refused or failed a command."""
+
+
+class ControlClient:
+    """Sends ``pause``/``throttle``/``resume`` to ``promreflex copy`` processes' control
+    endpoints over an aiohttp session: plain http, to loopback or to a host in ``hosts`` only,
+    no redirects followed, with ``token`` (if any) as the bearer token."""
+
+    def __init__(self, session: aiohttp.ClientSession, token: str = "", hosts: list[str] | tuple[str, ...] = ()):
+        self.session = session
+        self.token = token
+        self.hosts = frozenset(h.lower() for h in hosts)
+
+    def url(self, control_url: str | None, command: str) -> str:
+        """The command's URL; ValueError for a control URL the route does not allow."""
+        u = urllib.parse.urlsplit(control_url or "")
+        host = (u.hostname or "").lower()
+        if u.scheme != "http" or not host or u.username is not None or u.password is not None:
+            raise ValueError(f"refusing control URL {control_url!r}: plain http://HOST:PORT only")
+        if not is_loopback(host) and host not in self.hosts:
+            raise ValueError(f"refusing control URL {control_url!r}: {host} is neither loopback nor in the route's "
+                             "control_hosts")
+        return f"http://{u.netloc}/{command}"
+
+    async def __call__(self, held: Held, command: str, **query: Any) -> dict[str, Any]:
+        url = self.url(held.control_url, command)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with self.session.post(url, params={k: str(v) for k, v in query.items()}, headers=headers,
+                                     allow_redirects=False, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as resp:
+            if resp.status != 200:
+                raise ControlError(f"{command} on copy {held.id}: HTTP {resp.status} {(await resp.text())[:200]}")
+            body = await resp.json(content_type=None)
+        return body if isinstance(body, dict) else {}
 
 
 @register
@@ -169,15 +214,27 @@ class CopyGuardAction(Action):
         self._watchdogs: dict[Path, subprocess.Popen] = {}
         self._last_tick = time.monotonic()
         self._seen_sites: set[str] = set()
+        self._tokens: dict[Path, str] = {}
+        self._own_session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ engine hooks
     def target(self, ctx: ActionContext) -> str:
         return f"copy-guard/{ctx.labels.get('site', '')}"
 
+    def preflight(self, params: CopyGuardParams) -> None:
+        """What ``check-config`` and the start check for a route (UserError, one line): a registry
+        directory nobody else can write, a readable private control token file."""
+        check_dir(params.registry_dir)
+        self._token(params)
+
     async def start(self, services: dict[str, Any]) -> None:
         self.services = services
         self.metrics = GuardMetrics(services.get("registry") or CollectorRegistry())
-        await self.recover([p for p in self.route_params if isinstance(p, CopyGuardParams)])
+        mine = [p for p in self.route_params if isinstance(p, CopyGuardParams)]
+        for params in mine:
+            check_dir(params.registry_dir, create=True)
+            self._token(params)
+        await self.recover(mine)
         self._task = asyncio.get_running_loop().create_task(self._supervise())
 
     async def shutdown(self) -> None:
@@ -194,6 +251,9 @@ class CopyGuardAction(Action):
                 for h in ep.holders.values():
                     h["confirmed"] = False  # re-pause after a restart only if Alertmanager confirms
             self._save()
+        if self._own_session is not None:
+            await self._own_session.close()
+            self._own_session = None
 
     async def fire(self, ctx: ActionContext) -> str:
         params: CopyGuardParams = ctx.params  # type: ignore[assignment]
@@ -253,11 +313,13 @@ class CopyGuardAction(Action):
                     continue
                 for raw in data.get("episodes", []):
                     try:
-                        params = CopyGuardParams.model_validate(raw["params"])
+                        # The episode goes on under the route's current params (its control
+                        # hosts and token), not under what the state file says.
+                        params = self.known[reg_dir]
                         ep = Episode(str(raw["site"]), params, float(raw["since"]),
                                      {str(k): {"alertname": str(v.get("alertname", "")), "confirmed": False}
                                       for k, v in dict(raw.get("holders", {})).items()},
-                                     {str(i): Held(str(i), str(h["kind"]), h.get("control_url"), h.get("token_file"))
+                                     {str(i): Held(str(i), str(h["kind"]), _str_or_none(h.get("control_url")))
                                       for i, h in dict(raw.get("held", {})).items()},
                                      bool(raw.get("forced", False)))
                     except (KeyError, TypeError, ValueError, ValidationError) as e:
@@ -344,9 +406,9 @@ class CopyGuardAction(Action):
                 m.site(site)
                 self._seen_sites.add(site)
             m.registered.labels(site).set(counts.get(site, 0))
-            ep = self.episodes.get(site)
-            m.paused.labels(site).set(len(ep.held) if ep else 0)
-            m.episode.labels(site).set(1 if ep else 0)
+            current = self.episodes.get(site)
+            m.paused.labels(site).set(len(current.held) if current else 0)
+            m.episode.labels(site).set(1 if current else 0)
         if changed:
             self._save()
 
@@ -373,15 +435,15 @@ class CopyGuardAction(Action):
 
     async def _hold(self, ep: Episode, entry: Entry, renew: bool) -> None:
         p = ep.params
-        held = ep.held.get(entry.id) or Held(entry.id, entry.kind, entry.control_url, entry.token_file)
+        held = ep.held.get(entry.id) or Held(entry.id, entry.kind, entry.control_url)
         op = "renew" if renew else "pause"
         try:
             if entry.kind == "copier":
+                control = self._client(p)
                 if p.mode == "throttle":
-                    await asyncio.to_thread(_control, held, "throttle", bytes_per_second=p.throttle_bytes_per_second,
-                                            lease=p.lease)
+                    await control(held, "throttle", bytes_per_second=p.throttle_bytes_per_second, lease=p.lease)
                 else:
-                    await asyncio.to_thread(_control, held, "pause", lease=p.lease)
+                    await control(held, "pause", lease=p.lease)
             else:
                 await asyncio.to_thread(self._hold_adopted, ep, entry)
         except Exception as e:  # noqa: BLE001 - counted; retried at the next tick
@@ -431,8 +493,8 @@ class CopyGuardAction(Action):
         try:
             if held.kind == "copier":
                 try:
-                    await asyncio.to_thread(_control, held, "resume")
-                except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                    await self._client(ep.params)(held, "resume")
+                except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
                     log.info("copy %s did not answer resume (%r): it ended, or its lease will resume it", held.id, e)
             else:
                 await asyncio.to_thread(self._release_adopted, ep.params.registry_dir, held.id)
@@ -471,6 +533,23 @@ class CopyGuardAction(Action):
             self.metrics = GuardMetrics(CollectorRegistry())
         return self.metrics
 
+    def _token(self, params: CopyGuardParams) -> str:
+        path = params.control_token_file
+        if path is None:
+            return ""
+        if path not in self._tokens:
+            self._tokens[path] = read_token_file(path, "copy-guard control_token_file")
+        return self._tokens[path]
+
+    def _client(self, params: CopyGuardParams) -> ControlClient:
+        """A control client with the route's token and hosts, on the controller's session."""
+        session = self.services.get("session")
+        if session is None:  # outside a controller (tests, tools): a session of our own
+            if self._own_session is None:
+                self._own_session = aiohttp.ClientSession()
+            session = self._own_session
+        return ControlClient(session, self._token(params), params.control_hosts)
+
     def _know(self, params: CopyGuardParams) -> None:
         self.known.setdefault(Path(params.registry_dir), params)
 
@@ -483,3 +562,7 @@ class CopyGuardAction(Action):
             if not episodes and not path.exists():
                 continue
             atomic_write_json(path, {"episodes": episodes, "updated": time.time()})
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

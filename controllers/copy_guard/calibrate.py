@@ -192,7 +192,7 @@ class ShopLoad:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.running():
+        if self.proc is not None and self.running():
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
@@ -292,6 +292,8 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 100.0, users: in
         progress(f"calibrate run {i}/{runs}: {rate:g} req/s offered by {users} users for {duration_s:g}s ...")
         load = run_shop_load(target, rate, users, duration_s, checkout_share=checkout_share)
         if source == "prometheus":
+            if prometheus_url is None:
+                raise CalibrationError("--source prometheus needs a Prometheus URL")
             served = load.served()
             first = min(served) + math.ceil(warmup_s) if served else load.started + warmup_s
             last = (max(served) - 1) if served else load.ended
@@ -331,8 +333,7 @@ def _seconds(text: str) -> float:
 
 def _stack_defaults(args: argparse.Namespace) -> tuple[str, Path, str]:
     """Target URL, textfile dir and Prometheus URL of the local stack the flags describe."""
-    from promreflex.cli import DEFAULT_CONFIG
-    from promreflex.config import load_config
+    from promreflex.config import DEFAULT_CONFIG, load_config
     from promreflex.stack import Stack
 
     overrides = {"stack.state_dir": str(args.state_dir)} if args.state_dir else {}

@@ -8,6 +8,7 @@ Run as ``promreflex copy SRC DST`` and ``promreflex copy-guard adopt|list|resume
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import re
 import sys
@@ -84,21 +85,31 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _resume_all(args: argparse.Namespace) -> int:
-    from controllers.copy_guard.action import Held, _control
+    return asyncio.run(_resume_all_async(args))
 
+
+async def _resume_all_async(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from controllers.copy_guard.action import ControlClient, Held
+    from promreflex.httpd import read_token_file
+
+    token = read_token_file(args.token_file, "--control.token-file")
     failed = 0
-    for e in Registry(args.registry_dir).entries():
-        try:
-            if e.kind == "copier":
-                _control(Held(e.id, e.kind, e.control_url, e.token_file), "resume")
-            elif e.pause:
-                freeze.resume(e.pause)
-                e.pause = None
-                Registry(args.registry_dir).update(e)
-            print(f"resumed {e.id}")
-        except Exception as exc:  # noqa: BLE001 - report each and go on
-            failed += 1
-            print(f"could not resume {e.id}: {exc}", file=sys.stderr)
+    async with aiohttp.ClientSession() as session:
+        control = ControlClient(session, token, args.control_hosts)
+        for e in Registry(args.registry_dir).entries():
+            try:
+                if e.kind == "copier":
+                    await control(Held(e.id, e.kind, e.control_url), "resume")
+                elif e.pause:
+                    freeze.resume(e.pause)
+                    e.pause = None
+                    Registry(args.registry_dir).update(e)
+                print(f"resumed {e.id}")
+            except Exception as exc:  # noqa: BLE001 - report each and go on
+                failed += 1
+                print(f"could not resume {e.id}: {exc}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -115,7 +126,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cp.add_argument("--no-register", action="store_true", help="do not register (the guard will not see it)")
     cp.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
                     help="/metrics and control endpoint (default: a free loopback port)")
-    cp.add_argument("--web.token-file", dest="token_file", help="bearer token for control (required beyond loopback)")
+    cp.add_argument("--web.token-file", dest="token_file",
+                    help="bearer token for control (required beyond loopback; mode 0600). The guard's route sends "
+                         "the token of its control_token_file param: give both the same token")
     cp.add_argument("--chunk-size", type=parse_size, default=1 << 20, help="bytes per read/write (default 1M)")
     cp.add_argument("--rate-limit", type=parse_size, default=0, help="bytes per second, 0 = none (default 0)")
     cp.add_argument("--io", choices=IO_MODES, default="fadvise",
@@ -140,8 +153,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument("--src", help="for the listing only")
     ad.add_argument("--dst", help="for the listing only")
     ad.add_argument("--id")
-    for p in (ad, sub.add_parser("list", help="registered copies"),
-              sub.add_parser("resume-all", help="resume every registered copy now")):
+    ra = sub.add_parser("resume-all", help="resume every registered copy now")
+    ra.add_argument("--control.token-file", dest="token_file", type=Path,
+                    help="bearer token for copies started with --web.token-file (the route's control_token_file)")
+    ra.add_argument("--control.host", dest="control_hosts", action="append", default=[], metavar="HOST",
+                    help="a host beyond loopback whose copies may be resumed (repeat; the route's control_hosts)")
+    for p in (ad, sub.add_parser("list", help="registered copies"), ra):
         p.add_argument("--registry.dir", dest="registry_dir", type=Path, default=DEFAULT_DIR)
     ad.set_defaults(func=_adopt)
     sub.choices["list"].set_defaults(func=_list)

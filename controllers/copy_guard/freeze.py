@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PREFIX = "promreflex-copy-"
 METHODS = ("cgroup2", "cgroup1", "signal")
@@ -33,42 +35,25 @@ class PauseError(Exception):
 
 
 # ---------------------------------------------------------------------- processes
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _all_pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
 def group_members(pgid: int) -> list[int]:
-    """Every process of process group ``pgid`` (field 5 of /proc/PID/stat)."""
+    """Every live (non-zombie) process of process group ``pgid``."""
     out = []
-    for pid in _all_pids():
-        f = _stat(pid)
-        if f is not None and len(f) > 2 and f[2] == str(pgid) and f[0] != "Z":
-            out.append(pid)
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass  # exited meanwhile
     return sorted(out)
 
 
 def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for p in _all_pids():
-        f = _stat(p)
-        if f is not None and len(f) > 1 and f[1].isdigit():
-            children.setdefault(int(f[1]), []).append(p)
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        if _stat(p) is None:
-            continue
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return sorted(out)
+    """``pid`` and every process below it ([] when ``pid`` is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return sorted([pid, *(kid.pid for kid in proc.children(recursive=True))])
+    except (psutil.NoSuchProcess, ValueError):
+        return []
 
 
 def members(pid: int | None = None, pgid: int | None = None) -> list[int]:
@@ -258,8 +243,7 @@ def resume(record: dict[str, Any]) -> None:
                     os.kill(int(p), signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        _wait_state(lambda: not any(process_state(int(p)) in ("T", "t") for p in record.get("pids", [])),
-                    timeout=1.0)
+        _wait_state(lambda: not any(stopped(int(p)) for p in record.get("pids", [])), timeout=1.0)
     elif method in ("cgroup2", "cgroup1"):
         _thaw_cgroup(record)
     else:
@@ -275,10 +259,12 @@ def forget(record: dict[str, Any]) -> None:
         pass
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of /proc/PID/stat (``T`` stopped, ``S``/``R``/``D`` ...)."""
-    f = _stat(pid)
-    return f[0] if f else None
+def stopped(pid: int) -> bool | None:
+    """True while ``pid`` is stopped by a signal (or traced), None when it is gone."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.NoSuchProcess, ValueError):
+        return None
 
 
 def is_frozen(record: dict[str, Any]) -> bool:
@@ -286,7 +272,7 @@ def is_frozen(record: dict[str, Any]) -> bool:
     method = record.get("method")
     if method == "signal":
         pids = record.get("pids", [])
-        return bool(pids) and all(process_state(int(p)) in ("T", "t", None) for p in pids)
+        return bool(pids) and all(stopped(int(p)) is not False for p in pids)
     cg = Path(record.get("cgroup", ""))
     try:
         if method == "cgroup2":

@@ -78,7 +78,7 @@ class Shopper(FastHttpUser):
     def shop(self) -> None:
         opts = self.environment.parsed_options
         if random.random() < opts.checkout_share:
-            self.client.post("/checkout", data=b"cart=1&qty=1", name="checkout",
+            self.client.post("/checkout", data="cart=1&qty=1", name="checkout",
                              headers={"Content-Type": "application/x-www-form-urlencoded"})
         else:
             self.client.get(f"/product/{random.randrange(opts.product_count)}", name="product")

@@ -3,48 +3,90 @@
 
 A copy registers itself (``promreflex copy``) or is adopted (``promreflex copy-guard adopt``):
 
-    {"id": "...", "kind": "copier" | "adopted", "pid": 1234, "pid_start": 567890,
+    {"id": "...", "kind": "copier" | "adopted", "pid": 1234, "pid_start": 1.7e9,
      "pgid": 1234 | null, "site": "shop", "src": "...", "dst": "...",
-     "control_url": "http://127.0.0.1:PORT" | null, "token_file": null, "created": 1.7e9,
+     "control_url": "http://127.0.0.1:PORT" | null, "created": 1.7e9,
      "pause": null | {"method": "cgroup2" | "cgroup1" | "signal", "until": 1.7e9, ...}}
 
-``pid_start`` (the process start time in clock ticks, /proc/PID/stat field 22) guards against
-PID reuse: an entry whose process is gone, or whose PID now belongs to another process, is
-stale; :meth:`Registry.entries` ignores and removes it. Entries are written atomically; the
-``pause`` record of adopted copies is the lease the watchdog enforces (see ``watchdog.py``).
+``pid_start`` (the process's start time, Unix seconds, from psutil) guards against PID reuse:
+an entry whose process is gone, or whose PID now belongs to another process, is stale;
+:meth:`Registry.entries` ignores and removes it. Entries are written atomically; the ``pause``
+record of adopted copies is the lease the watchdog enforces (see ``watchdog.py``).
+
+The directory is a trust boundary: whoever can write an entry can have the guard stop a
+process group and make the controller send control requests. So the controller refuses to
+start (:func:`check_dir`) unless the directory is owned by root or by the controller's own
+user and is not writable by group or others; entries carry no secrets and no token paths (an
+entry's ``token_file`` from older versions is ignored); where control requests may go and
+with which token is the route's decision (``control_hosts``, ``control_token_file``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from promreflex.errors import UserError
 from promreflex.fsutil import atomic_write_json
-from promreflex.proc import pid_alive
 
 DEFAULT_DIR = Path(".promreflex/copies")
 ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
 
-def process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (None when it does not exist)."""
+START_TOLERANCE = 0.05  # seconds: psutil's start time has clock-tick (10 ms) resolution
+
+
+def process_start(pid: int) -> float | None:
+    """Start time of ``pid`` (Unix seconds; None when it does not exist)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, ValueError):
         return None
 
 
-def same_process(pid: int, pid_start: int | None) -> bool:
-    """True when ``pid`` is alive and is still the process that was registered."""
-    if not pid_alive(pid):
+def same_process(pid: int, pid_start: float | None) -> bool:
+    """True when ``pid`` is alive (not a zombie) and is still the process that was registered."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return pid_start is None or abs(proc.create_time() - float(pid_start)) < START_TOLERANCE
+    except (psutil.Error, ValueError):
         return False
-    return pid_start is None or process_start(pid) == pid_start
+
+
+def check_dir(directory: str | Path, *, create: bool = False) -> None:
+    """Refuse (:class:`UserError`, one line) a registry directory that someone else could write:
+    it must be a directory owned by root or by this process's user, not writable by group or
+    others. ``create`` makes a missing one (mode 0700); otherwise a missing one is fine (the
+    first copy creates it that way)."""
+    path = Path(directory)
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"copy registry {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"copy registry {path} is not a directory")
+    uid = os.geteuid()
+    if st.st_uid not in (0, uid):
+        raise UserError(f"copy registry {path} is owned by uid {st.st_uid}: it must be owned by root or by the "
+                        f"controller's user (uid {uid}), since its entries decide which processes the guard stops")
+    if st.st_mode & 0o022:
+        raise UserError(f"copy registry {path} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
+                        f"run chmod go-w {path}")
 
 
 def new_id(prefix: str = "copy") -> str:
@@ -59,10 +101,9 @@ class Entry:
     site: str
     src: str = ""
     dst: str = ""
-    pid_start: int | None = None
+    pid_start: float | None = None
     pgid: int | None = None  # adopted by process group
     control_url: str | None = None
-    token_file: str | None = None
     created: float = field(default_factory=time.time)
     pause: dict[str, Any] | None = None
 
@@ -73,8 +114,12 @@ class Entry:
     def from_dict(cls, data: dict[str, Any]) -> Entry:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         entry = cls(**known)
-        if not ID_RE.match(entry.id) or entry.kind not in ("copier", "adopted") or not isinstance(entry.pid, int):
-            raise ValueError(f"bad registry entry {data!r}")
+        if (not isinstance(entry.id, str) or not ID_RE.match(entry.id) or entry.kind not in ("copier", "adopted")
+                or not isinstance(entry.pid, int) or isinstance(entry.pid, bool) or entry.pid <= 0
+                or not (entry.pid_start is None or isinstance(entry.pid_start, (int, float)))
+                or not (entry.control_url is None or isinstance(entry.control_url, str))
+                or not isinstance(entry.site, str)):
+            raise ValueError(f"bad registry entry {str(data)[:200]}")
         return entry
 
 
@@ -88,8 +133,9 @@ class Registry:
         return self.dir / f"{copy_id}.json"
 
     def add(self, entry: Entry) -> Path:
-        # 0700: whoever can write an entry can have the guard stop a process group.
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0700: whoever can write an entry can have the guard stop a process group; a directory
+        # others can write is refused here too (UserError), as the controller refuses it.
+        check_dir(self.dir, create=True)
         path = self.path(entry.id)
         atomic_write_json(path, asdict(entry))
         return path

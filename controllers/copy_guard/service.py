@@ -1,5 +1,7 @@
 """One ``promreflex copy`` process: the :class:`~controllers.copy_guard.copier.Copier` in the
-main thread, its ``/metrics`` and control endpoint in a server thread, and its registry entry.
+main thread, its ``/metrics`` and control endpoint in a server thread (an asyncio loop serving
+through :mod:`promreflex.httpd`, so it has the same header and body timeouts, connection cap
+and no-draining rule as every promreflex server), and its registry entry.
 
 Control endpoint (``--web.listen-address``, default an ephemeral loopback port):
 
@@ -11,15 +13,19 @@ Control endpoint (``--web.listen-address``, default an ephemeral loopback port):
     POST /throttle?bytes_per_second=N&lease=SECONDS
     POST /resume
 
-Control commands need ``Authorization: Bearer <token>`` when a token file is given, and a token
-file is required to listen beyond loopback (like the controller). Exit status: 0 done,
-1 failed, 3 stopped (resumable: run the same command again), 2 unusable arguments.
+Control commands need ``Authorization: Bearer <token>`` when a token file is given (mode 0600:
+a group- or world-readable one is refused), and a token file is required to listen beyond
+loopback (like the controller). The registry entry names the control URL only, never the token
+or its file: the copy-guard route sends the token of its own ``control_token_file`` (give it
+the same token), and calls a non-loopback URL only when its ``control_hosts`` names the host.
+Exit status: 0 done, 1 failed, 3 stopped (resumable: run the same command again), 2 unusable
+arguments.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 import logging
 import os
 import signal
@@ -27,17 +33,19 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from controllers.copy_guard.copier import COMMANDS, Control, CopyCollector, Copier, CopyError, Stopped
 from controllers.copy_guard.registry import Entry, Registry, new_id, process_start
 from promreflex.config import is_loopback, split_host_port
+from promreflex.errors import UserError
+from promreflex.httpd import (
+    ADDRESSES, BodyError, add_standard_routes, discard_small_body, read_body, read_token_file, serving,
+)
 
 log = logging.getLogger("promreflex.copy")
 
@@ -59,8 +67,10 @@ class CopyService:
         self.requests = {(c, r): 0 for c in COMMANDS for r in ("ok", "error", "unauthorized")}
         self.metrics = CollectorRegistry()
         self.metrics.register(CopyCollector(lambda: self.copier, self.control, self.site, self.copy_id, self.requests))
-        self.server: ThreadingHTTPServer | None = None
         self.entry: Entry | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ HTTP
     def status(self) -> dict[str, Any]:
@@ -73,18 +83,18 @@ class CopyService:
                 "paused_seconds": round(ctl["paused_seconds"], 3), "pauses": ctl["pauses"],
                 "lease_expiries": ctl["lease_expiries"], "error": p.error}
 
-    def command(self, name: str, query: dict[str, list[str]], auth: str) -> tuple[int, dict[str, Any]]:
+    def command(self, name: str, query: dict[str, str], auth: str) -> tuple[int, dict[str, Any]]:
         if name not in COMMANDS:
             return 404, {"error": f"unknown command {name!r} (pause, resume, throttle)"}
-        if self.token and not hmac.compare_digest(auth, f"Bearer {self.token}"):
+        if not self.authorized(auth):
             self.requests[(name, "unauthorized")] += 1
             return 401, {"error": "a bearer token is required"}
         try:
-            lease = float(query["lease"][0]) if "lease" in query else None
+            lease = float(query["lease"]) if "lease" in query else None
             if name == "pause":
                 self.control.pause(lease)
             elif name == "throttle":
-                self.control.throttle(float(query.get("bytes_per_second", [""])[0]), lease)
+                self.control.throttle(float(query.get("bytes_per_second", "")), lease)
             else:
                 self.control.resume()
         except (ValueError, IndexError) as e:
@@ -93,68 +103,89 @@ class CopyService:
         self.requests[(name, "ok")] += 1
         return 200, self.status()
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        service = self
+    def authorized(self, auth: str) -> bool:
+        return not self.token or hmac.compare_digest(auth.encode("utf-8", "surrogateescape"),
+                                                     f"Bearer {self.token}".encode())
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "promreflex-copy"
+    def app(self) -> web.Application:
+        async def status(_: web.Request) -> web.Response:
+            return web.json_response(self.status())
 
-            def log_message(self, fmt: str, *args: Any) -> None:  # quiet
-                log.debug(fmt, *args)
+        async def command(request: web.Request) -> web.Response:
+            name = request.match_info["command"]
+            auth = request.headers.get("Authorization", "")
+            if name not in COMMANDS or not self.authorized(auth):
+                code, body = self.command(name, dict(request.query), auth)
+                await discard_small_body(request)
+                resp = web.json_response(body, status=code)
+                if not request.content.is_eof():
+                    resp.force_close()
+                return resp
+            try:
+                await read_body(request, MAX_BODY)  # nothing is expected; read it within the limits
+            except BodyError as e:
+                resp = web.json_response({"error": str(e)}, status=e.status)
+                resp.force_close()
+                return resp
+            code, body = self.command(name, dict(request.query), auth)
+            return web.json_response(body, status=code)
 
-            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802
-                path = urlsplit(self.path).path
-                if path == "/metrics":
-                    self._send(200, generate_latest(service.metrics), CONTENT_TYPE_LATEST)
-                elif path == "/status":
-                    self._send(200, json.dumps(service.status()).encode())
-                elif path in ("/-/ready", "/-/healthy"):
-                    self._send(200, b"ok\n", "text/plain")
-                else:
-                    self._send(404, b'{"error": "not found"}')
-
-            def do_POST(self) -> None:  # noqa: N802
-                url = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    self._send(413, b'{"error": "body too large"}')
-                    return
-                self.rfile.read(length)
-                code, body = service.command(url.path.strip("/"), parse_qs(url.query),
-                                             self.headers.get("Authorization", ""))
-                self._send(code, json.dumps(body).encode())
-
-        return Handler
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_get("/status", status)
+        app.router.add_post("/{command}", command)
+        return add_standard_routes(app, self.metrics, "promreflex copy")
 
     def start_server(self) -> str:
-        host, port = split_host_port(self.listen)
+        """Serve the control endpoint in a thread; return its URL (``http://HOST:PORT``)."""
+        host, _ = split_host_port(self.listen)
         if not is_loopback(host) and not self.token:
             raise ValueError(f"{self.listen} is beyond loopback: give --web.token-file")
-        self.server = ThreadingHTTPServer((host, port), self._handler())
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, name="copy-http", daemon=True).start()
-        h, p = self.server.server_address[:2]
-        return f"http://{h}:{p}"
+        started = threading.Event()
+        result: dict[str, Any] = {}
+
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            app = self.app()
+            try:
+                async with serving(self.listen, app):
+                    h, p = app[ADDRESSES][0][:2]
+                    result["url"] = f"http://{'[' + h + ']' if ':' in h else h}:{p}"
+                    started.set()
+                    await self._stop.wait()
+            except BaseException as e:  # noqa: BLE001 - handed to the starting thread
+                result["error"] = e
+                started.set()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            try:
+                self._loop.run_until_complete(main())
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="copy-http", daemon=True)
+        self._thread.start()
+        started.wait()
+        if "error" in result:
+            raise result["error"]
+        return str(result["url"])
 
     def stop_server(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        loop, stop, thread = self._loop, self._stop, self._thread
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop already ended
+                pass
+        if thread is not None:
+            thread.join(timeout=10)
 
     # ------------------------------------------------------------------ run
-    def run(self, linger: float = 0.0, token_file: str | None = None) -> int:
+    def run(self, linger: float = 0.0) -> int:
         url = self.start_server()
         if self.registry is not None:
             self.entry = Entry(id=self.copy_id, kind="copier", pid=os.getpid(), pid_start=process_start(os.getpid()),
-                               site=self.site, src=str(self.copier.src), dst=str(self.copier.dst),
-                               control_url=url, token_file=token_file)
+                               site=self.site, src=str(self.copier.src), dst=str(self.copier.dst), control_url=url)
             self.registry.add(self.entry)
         p = self.copier.progress
         log.info("copy %s: %s -> %s, %d files, %d bytes (%d already done), io=%s, control %s",
@@ -188,12 +219,11 @@ def run_copy(src: str, dst: str, *, site: str = "shop", registry_dir: str | Path
              rate_limit: float = 0.0, io: str = "fadvise", checkpoint_bytes: int = 16 << 20,
              max_lease: float = 600.0, fresh: bool = False, linger: float = 0.0, copy_id: str | None = None) -> int:
     """The ``promreflex copy`` command (blocking); returns the exit status."""
-    token = ""
-    if token_file:
-        token = Path(token_file).read_text().strip()
-        if not token:
-            print(f"copy: token file {token_file} is empty", file=sys.stderr)
-            return EXIT_USAGE
+    try:
+        token = read_token_file(token_file, "--web.token-file")
+    except UserError as e:
+        print(f"copy: {e}", file=sys.stderr)
+        return EXIT_USAGE
     control = Control(rate_limit=rate_limit, max_lease=max_lease)
     try:
         copier = Copier(src, dst, control=control, chunk_size=chunk_size, io=io,
@@ -211,7 +241,7 @@ def run_copy(src: str, dst: str, *, site: str = "shop", registry_dir: str | Path
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        return service.run(linger=linger, token_file=token_file)
-    except (OSError, ValueError) as e:
+        return service.run(linger=linger)
+    except (OSError, ValueError, UserError) as e:
         print(f"copy: {e}", file=sys.stderr)
         return EXIT_USAGE

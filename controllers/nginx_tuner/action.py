@@ -40,13 +40,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import Counter, Gauge
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.nginx_ctl import NginxControl, nginx_seconds
 from controllers.nginx_tuner.passive import DEFAULT_MEMORY_QUERY, PassiveMeasurer
-from controllers.nginx_tuner.sweep import LoadMeasurer, Sweep, SweepSettings, write_results
+from controllers.nginx_tuner.sweep import LoadMeasurer, Measure, Sweep, SweepSettings, write_results
 from promreflex.config import Duration, Strict
 
 RETUNE_RESULTS = ("changed", "kept", "outside_window", "failed")
@@ -143,6 +143,14 @@ class RetuneNginx(Action):
         params: RetuneParams = ctx.params  # type: ignore[assignment]
         return f"nginx:{params.nginx_config}"
 
+    def run_timeout(self, params: BaseModel) -> float:
+        """A sweep measures every candidate ``repeats`` times (a dwell under live traffic, or a
+        load run), each with a settle and a reload: far beyond the engine's 5-minute default.
+        Bound it by that worst case plus 10 minutes, unless the route sets ``timeout``."""
+        p = params if isinstance(params, RetuneParams) else RetuneParams.model_validate(params.model_dump())
+        per_trial = max(p.dwell, p.duration) + p.settle + p.reload_timeout
+        return len(p.candidates) * p.repeats * per_trial + 600.0
+
     async def start(self, services: dict[str, Any]) -> None:
         self.services = services
         registry = services.get("registry")
@@ -190,6 +198,7 @@ class RetuneNginx(Action):
         current = nginx_seconds(args[0]) if args else 75.0
         if self.metrics is not None:
             self.metrics.set_applied(current)
+        measure: Measure
         if p.mode == "passive":
             prom = services.get("prometheus")
             if prom is None:

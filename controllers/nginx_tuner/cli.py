@@ -57,39 +57,54 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("nginx")
     g.add_argument("--nginx.config", dest="nginx_config", type=Path, required=True, help="the -c file of the running nginx")
     g.add_argument("--nginx.prefix", dest="nginx_prefix", type=Path, help="its -p prefix (default: the config's folder)")
-    g.add_argument("--nginx.binary", dest="nginx_binary", default="/usr/sbin/nginx")
+    g.add_argument("--nginx.binary", dest="nginx_binary", default="/usr/sbin/nginx",
+                   help="nginx program used for -t and -s reload (default /usr/sbin/nginx)")
     g.add_argument("--nginx.pid-file", dest="nginx_pid_file", type=Path, help="default: from the config / nginx -V")
     g.add_argument("--nginx.server-name", dest="server_name", help="tune this server block instead of http")
     g.add_argument("--nginx.health-url", dest="health_url", help="GET after each reload must answer 2xx (default: --load.url in active mode)")
     g.add_argument("--nginx.stub-status-url", dest="stub_status_url", help="stub_status page: idle connections and handshakes per request")
-    g.add_argument("--nginx.reload-timeout", dest="reload_timeout", type=_duration, default=30.0)
+    g.add_argument("--nginx.reload-timeout", dest="reload_timeout", type=_duration, default=30.0,
+                   help="longest wait for the new workers after a reload (default 30s)")
     s = p.add_argument_group("sweep")
     s.add_argument("--candidates", type=parse_candidates, default=parse_candidates("5..100:5"), help="START..STOP:STEP or a,b,c (default 5..100:5)")
-    s.add_argument("--repeats", type=int, default=3)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--confidence", type=float, default=0.95)
-    s.add_argument("--rule", choices=("sum", "utopia"), default="sum")
+    s.add_argument("--repeats", type=int, default=3, help="trials per candidate (default 3)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the trial order (default 0)")
+    s.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence required to prefer a candidate over the current value (default 0.95)")
+    s.add_argument("--rule", choices=("sum", "utopia"), default="sum",
+                   help="pick on the Pareto front: lowest normalised sum, or nearest the utopia point (default sum)")
     s.add_argument("--max-error-ratio", type=float, default=0.01, help="a trial above this failure ratio rolls back (default 0.01)")
     s.add_argument("--early-stop", action="store_true", help="prune dominated candidates and stop once the decision is stable")
-    s.add_argument("--min-repeats", type=int, default=3)
-    s.add_argument("--patience", type=int, default=2)
-    s.add_argument("--mode", choices=("active", "passive"), default="active")
+    s.add_argument("--min-repeats", type=int, default=3, help="with --early-stop: trials before pruning (default 3)")
+    s.add_argument("--patience", type=int, default=2,
+                   help="with --early-stop: rounds the decision must stay the same (default 2)")
+    s.add_argument("--mode", choices=("active", "passive"), default="active",
+                   help="active: generate load with Locust; passive: measure live traffic via Prometheus (default active)")
     a = p.add_argument_group("active mode (Locust thinking clients)")
-    a.add_argument("--load.url", dest="load_url")
-    a.add_argument("--load.users", dest="users", type=int, default=300)
+    a.add_argument("--load.url", dest="load_url", help="URL the Locust clients load (required in active mode)")
+    a.add_argument("--load.users", dest="users", type=int, default=300, help="thinking clients (default 300)")
     a.add_argument("--load.spawn-rate", dest="spawn_rate", type=float, default=30, help="users started per second (default 30: a 10 s ramp for 300 users)")
-    a.add_argument("--load.duration", dest="duration", type=_duration, default=20.0)
-    a.add_argument("--load.think-min", dest="think_min", type=_duration, default=0.5)
-    a.add_argument("--load.think-max", dest="think_max", type=_duration, default=8.0)
+    a.add_argument("--load.duration", dest="duration", type=_duration, default=20.0,
+                   help="length of each trial (default 20s)")
+    a.add_argument("--load.think-min", dest="think_min", type=_duration, default=0.5,
+                   help="shortest think time between a client's requests (default 500ms)")
+    a.add_argument("--load.think-max", dest="think_max", type=_duration, default=8.0,
+                   help="longest think time between a client's requests (default 8s)")
     q = p.add_argument_group("passive mode (live traffic, read from Prometheus)")
-    q.add_argument("--prometheus.url", dest="prometheus_url", default="http://127.0.0.1:9090")
+    q.add_argument("--prometheus.url", dest="prometheus_url", default="http://127.0.0.1:9090",
+                   help="Prometheus holding the access-log exporter's series (default http://127.0.0.1:9090)")
     q.add_argument("--passive.site", dest="site", default="shop", help="site label of the access-log exporter")
-    q.add_argument("--passive.dwell", dest="dwell", type=_duration, default=300.0)
-    q.add_argument("--passive.settle", dest="settle", type=_duration, default=15.0)
-    q.add_argument("--passive.memory-query", dest="memory_query", default=None)
-    q.add_argument("--passive.min-requests", dest="min_requests", type=int, default=20)
+    q.add_argument("--passive.dwell", dest="dwell", type=_duration, default=300.0,
+                   help="how long each candidate serves live traffic (default 5m)")
+    q.add_argument("--passive.settle", dest="settle", type=_duration, default=15.0,
+                   help="time after a reload left out of the measurement (default 15s)")
+    q.add_argument("--passive.memory-query", dest="memory_query", default=None,
+                   help="PromQL for nginx memory (default sum(promreflex_nginx_memory_bytes))")
+    q.add_argument("--passive.min-requests", dest="min_requests", type=int, default=20,
+                   help="fewer requests in a dwell make the trial inconclusive (default 20)")
     o = p.add_argument_group("output")
-    o.add_argument("--results.dir", dest="results_dir", type=Path, default=Path(".promreflex/tune-nginx"))
+    o.add_argument("--results.dir", dest="results_dir", type=Path, default=Path(".promreflex/tune-nginx"),
+                   help="where sweep.json, sweep-trials.csv and sweep-pareto.png go (default .promreflex/tune-nginx)")
     o.add_argument("--web.listen-address", dest="listen_address", default="", help="serve the tuner's /metrics here while it runs")
 
 
@@ -107,8 +122,8 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
     from prometheus_client import CollectorRegistry
 
     from controllers.nginx_tuner.metrics import TunerMetrics
-    from controllers.nginx_tuner.nginx_ctl import NginxControl
-    from controllers.nginx_tuner.sweep import LoadMeasurer, Sweep, SweepSettings, summary_table, write_results
+    from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
+    from controllers.nginx_tuner.sweep import Measure, LoadMeasurer, Sweep, SweepSettings, summary_table, write_results
 
     prefix = args.nginx_prefix or args.nginx_config.parent
     if args.mode == "active" and not args.load_url:
@@ -123,13 +138,17 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
                        health_url=args.health_url or (args.load_url if args.mode == "active" else None),
                        pid_path=args.nginx_pid_file, reload_timeout=args.reload_timeout)
     current = _current(ctl)
-    metrics = TunerMetrics(sorted({*settings.candidates, current}), registry=registry)
+    metrics = TunerMetrics(sorted({*settings.candidates, *([current] if current is not None else [])}),
+                           registry=registry)
     ctl.metrics = metrics
     if current is not None:
         metrics.set_applied(current)
 
-    async def go(measure) -> int:  # noqa: ANN001
-        sweep = Sweep(settings, ctl.apply, measure, current, metrics=metrics, progress=progress)
+    def apply(value: float) -> ApplyResult:
+        return ctl.apply(int(value))  # the sweep passes whole seconds
+
+    async def go(measure: Measure) -> int:
+        sweep = Sweep(settings, apply, measure, current, metrics=metrics, progress=progress)
         result = await sweep.run()
         result.load_average = os.getloadavg()
         paths = write_results(result, args.results_dir, title=f"keepalive_timeout sweep ({args.mode})")
@@ -145,19 +164,19 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
         if args.listen_address:
             await stack.enter_async_context(serving(args.listen_address, metrics_app(registry, "promreflex tune-nginx")))
         if args.mode == "active":
-            measure = LoadMeasurer(ctl, args.load_url, users=args.users, spawn_rate=args.spawn_rate, duration_s=args.duration,
+            active = LoadMeasurer(ctl, args.load_url, users=args.users, spawn_rate=args.spawn_rate, duration_s=args.duration,
                                    think_min=args.think_min, think_max=args.think_max, stub_status_url=args.stub_status_url)
-            return await go(measure)
+            return await go(active)
         import aiohttp
 
         from controllers.nginx_tuner.passive import DEFAULT_MEMORY_QUERY, PassiveMeasurer
         from promreflex.clients import PrometheusClient
 
         async with aiohttp.ClientSession() as session:
-            measure = PassiveMeasurer(PrometheusClient(args.prometheus_url, session), site=args.site, dwell_s=args.dwell,
+            passive = PassiveMeasurer(PrometheusClient(args.prometheus_url, session), site=args.site, dwell_s=args.dwell,
                                       settle_s=args.settle, memory_query=args.memory_query or DEFAULT_MEMORY_QUERY,
                                       max_error_ratio=args.max_error_ratio, min_requests=args.min_requests)
-            return await go(measure)
+            return await go(passive)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -169,8 +188,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def add_exporter_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nginx.pid-file", dest="pid_file", type=Path, required=True)
-    p.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9114")
+    p.add_argument("--nginx.pid-file", dest="pid_file", type=Path, required=True,
+                   help="pid file of the nginx master whose memory (PSS of master and workers) is exported")
+    p.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9114",
+                   help="where /metrics is served (default 127.0.0.1:9114)")
 
 
 async def _serve_memory(args: argparse.Namespace) -> int:

@@ -302,11 +302,11 @@ def _insert_line(text: str, block_line: int, directive: str, args: tuple[str, ..
     lines = text.splitlines(keepends=True)
     brace_text = lines[brace.line - 1]
     eol = brace_text[len(brace_text.rstrip("\r\n")) :] or "\n"
-    block_indent = re.match(r"[ \t]*", lines[block_line - 1]).group()
+    block_indent = _indent(lines[block_line - 1])
     indent = block_indent + "    "
     for nxt in lines[brace.line :]:
         if nxt.strip():
-            cand = re.match(r"[ \t]*", nxt).group()
+            cand = _indent(nxt)
             if len(cand) > len(block_indent):
                 indent = cand
             break
@@ -382,6 +382,11 @@ def restore_backup(file: Path, backup_dir: Path) -> None:
     if not src.exists():
         raise ConfigEditError(f"no backup of {file} in {backup_dir}")
     atomic_write(file, _read_text(src))
+
+
+def _indent(line: str) -> str:
+    """The leading blanks of ``line``."""
+    return line[: len(line) - len(line.lstrip(" \t"))]
 
 
 def set_directive(

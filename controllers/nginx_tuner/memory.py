@@ -9,10 +9,10 @@ processes *outside* nginx (libc with every other program) are split with them to
 figure moves a little when unrelated processes start or stop: compare readings taken
 side by side, not across days.
 
-Source: ``/proc/PID/smaps_rollup`` (Linux >= 4.14, one small read per process). When it is
-missing, ``/proc/PID/smaps`` is summed for USS (unique set size: ``Private_Clean +
-Private_Dirty``), which leaves out everything shared, including nginx's own shared zones, so
-it reads lower than PSS; the result names the method so a sweep never mixes the two.
+Source: psutil's ``memory_full_info()`` (``/proc/PID/smaps_rollup``, one small read per
+process, or ``/proc/PID/smaps`` on kernels before 4.14). PSS by default; USS (unique set size:
+private pages only, which leaves out everything shared, including nginx's own shared zones, so
+it reads lower) on request. The result names the method so a sweep never mixes the two.
 
 What the keepalive sweep should expect: an idle keepalive connection in nginx costs a
 connection slot plus small buffers (the request pool is freed between requests), and worker
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import psutil
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from controllers.nginx_tuner.procfs import PROC, children, cmdline
+from controllers.nginx_tuner.procfs import children, cmdline
 
 Method = Literal["pss", "uss"]
 
@@ -45,57 +46,41 @@ class MemoryReading:
     vanished: tuple[int, ...] = ()  # processes that exited while being read (not counted)
 
 
-def _kb_fields(text: str, names: tuple[str, ...]) -> int:
-    """Sum of the ``Name:   123 kB`` lines for the given names, in bytes."""
-    total = 0
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in names:
-            parts = rest.split()
-            if len(parts) != 2 or parts[1] != "kB":
-                raise ValueError(f"unexpected smaps line: {line!r}")
-            total += int(parts[0]) * 1024
-    return total
+def process_memory(pid: int, method: Method = "pss") -> int:
+    """PSS (or USS) of one process in bytes. Raises ProcessLookupError when it is gone and
+    PermissionError when its memory map may not be read (another user's process, not root)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: no memory map any more
+            raise ProcessLookupError(f"pid {pid} exited")
+        info = proc.memory_full_info()
+    except psutil.NoSuchProcess as e:
+        raise ProcessLookupError(f"pid {pid} exited") from e
+    except psutil.AccessDenied as e:
+        raise PermissionError(f"may not read the memory map of pid {pid}") from e
+    return int(info.pss if method == "pss" else info.uss)
 
 
-def process_pss(pid: int, proc_root: Path = PROC) -> int:
-    """PSS of one process in bytes, from smaps_rollup (raises OSError when unavailable)."""
-    return _kb_fields((proc_root / str(pid) / "smaps_rollup").read_text(), ("Pss",))
-
-
-def process_uss(pid: int, proc_root: Path = PROC) -> int:
-    """USS of one process in bytes: private pages summed over every mapping in smaps."""
-    return _kb_fields((proc_root / str(pid) / "smaps").read_text(), ("Private_Clean", "Private_Dirty"))
-
-
-def pss_available(pid: int, proc_root: Path = PROC) -> bool:
-    return (proc_root / str(pid) / "smaps_rollup").exists()
-
-
-def group_memory(pids: list[int], proc_root: Path = PROC, method: Method | None = None) -> MemoryReading:
-    """Sum PSS (or USS when smaps_rollup is missing) over ``pids``; one method for all."""
+def group_memory(pids: list[int], method: Method | None = None) -> MemoryReading:
+    """Sum PSS (default) or USS over ``pids``; processes that exit meanwhile are reported, not counted."""
     if not pids:
         raise ValueError("no processes to measure")
-    if method is None:
-        method = "pss" if pss_available(pids[0], proc_root) else "uss"
-    reader = process_pss if method == "pss" else process_uss
+    method = method or "pss"
     per: dict[int, int] = {}
     vanished: list[int] = []
     for pid in pids:
         try:
-            per[pid] = reader(pid, proc_root)
-        except FileNotFoundError:
-            vanished.append(pid)  # exited between listing and reading (e.g. old worker)
+            per[pid] = process_memory(pid, method)
         except ProcessLookupError:
-            vanished.append(pid)
+            vanished.append(pid)  # exited between listing and reading (e.g. an old worker)
     if not per:
         raise ProcessLookupError(f"all of {pids} exited before they could be measured")
     return MemoryReading(sum(per.values()), method, per, tuple(vanished))
 
 
-def nginx_memory(master_pid: int, proc_root: Path = PROC, method: Method | None = None) -> MemoryReading:
+def nginx_memory(master_pid: int, method: Method | None = None) -> MemoryReading:
     """Memory of an nginx master and all its children (workers, cache manager/loader)."""
-    return group_memory([master_pid, *children(master_pid, proc_root)], proc_root, method)
+    return group_memory([master_pid, *children(master_pid)], method)
 
 
 class NginxMemoryCollector:
@@ -107,28 +92,27 @@ class NginxMemoryCollector:
     ``promreflex exporter-nginx-memory``; the passive tuner and ``rules/nginx.rules.yml`` read it.
     """
 
-    def __init__(self, pid_file: Path, registry: CollectorRegistry = REGISTRY, proc_root: Path = PROC):
+    def __init__(self, pid_file: Path, registry: CollectorRegistry = REGISTRY):
         self.pid_file = Path(pid_file)
-        self.proc_root = proc_root
         registry.register(self)
 
     def _master(self) -> int:
         pid = int(self.pid_file.read_text().strip())
-        if "master process" not in cmdline(pid, self.proc_root):
+        if "master process" not in cmdline(pid):
             raise ProcessLookupError(f"pid {pid} is not an nginx master")
         return pid
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("promreflex_nginx_memory_up", "1 when nginx's master was found and measured.")
         try:
-            reading = nginx_memory(self._master(), self.proc_root)
+            reading = nginx_memory(self._master())
         except (OSError, ValueError, ProcessLookupError):
             up.add_metric([], 0)
             yield up
             return
         mem = GaugeMetricFamily(
             "promreflex_nginx_memory_bytes",
-            "nginx memory: PSS (or USS where smaps_rollup is missing) summed over master and workers.",
+            "nginx memory: PSS summed over master and workers.",
             labels=["method"],
         )
         mem.add_metric([reading.method], reading.total_bytes)

@@ -2,7 +2,7 @@
 
 Reload: SIGHUP to the master named in the pid file (the same thing ``nginx -s reload`` does,
 without it re-parsing the config just to find the pid file). It is asynchronous, so
-:meth:`NginxControl.reload` then WAITS, polling ``/proc`` for the master's children:
+:meth:`NginxControl.reload` then WAITS, polling the master's children (psutil):
 
 - success = new children appeared (the master started workers of the new cycle) and, once
   all old workers are gone, ``drained`` is true. Memory measured before that would count
@@ -158,7 +158,7 @@ class NginxControl:
     def _build_paths(self) -> dict[str, str]:
         """``--pid-path=`` etc. from ``nginx -V``: the defaults when the config names none."""
         out = _run([self.nginx_bin, "-V"]).stderr
-        return dict(m.groups() for m in re.finditer(r"--([a-z-]+-path)=(\S+)", out))
+        return {m[1]: m[2] for m in re.finditer(r"--([a-z-]+-path)=(\S+)", out)}
 
     def _in_prefix(self, path: str) -> Path:
         p = Path(path)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from controllers.nginx_tuner.sweep import Measurement
@@ -52,7 +52,7 @@ class PassiveMeasurer:
     max_error_ratio: float = 0.01
     min_requests: int = 20
     check_interval: float = 5.0
-    sleep: Callable[[float], object] = asyncio.sleep
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
     clock: Callable[[], float] = time.time
 
     def queries(self, window_s: float) -> dict[str, str]:

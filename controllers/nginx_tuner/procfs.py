@@ -1,49 +1,55 @@
-"""Reading the nginx process tree from /proc.
+"""The nginx process tree, read with psutil.
 
 nginx's master forks its workers (and cache manager/loader); a reload replaces all of them.
-Children are found by scanning ``/proc/*/stat`` for the parent PID rather than reading
-``/proc/PID/task/TID/children``, which the kernel documents as unreliable unless the tasks
-are frozen and which needs CONFIG_PROC_CHILDREN. ``proc_root`` is a parameter so tests can
-point the readers at fixture trees.
+psutil finds children by each process's parent PID (it scans ``/proc/*/stat``), not from
+``/proc/PID/task/TID/children``, which the kernel documents as unreliable unless the tasks are
+frozen. Zombies are left out everywhere: they serve nothing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-PROC = Path("/proc")
+import psutil
 
 
-def _stat_fields(pid: int, proc_root: Path = PROC) -> list[str]:
-    """Fields of /proc/PID/stat after the ``(comm)`` field (which may contain spaces)."""
-    text = (proc_root / str(pid) / "stat").read_text()
-    return text.rsplit(")", 1)[1].split()
-
-
-def ppid(pid: int, proc_root: Path = PROC) -> int | None:
-    """Parent PID, or None when the process is gone (or a zombie: it serves nothing)."""
+def _live(pid: int) -> psutil.Process | None:
     try:
-        fields = _stat_fields(pid, proc_root)
-    except (OSError, IndexError):
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+    except (psutil.NoSuchProcess, ValueError):
         return None
-    if fields[0] == "Z":
-        return None
-    return int(fields[1])
 
 
-def children(pid: int, proc_root: Path = PROC) -> list[int]:
-    """Live (non-zombie) children of ``pid``, sorted."""
+def ppid(pid: int) -> int | None:
+    """Parent PID, or None when the process is gone or a zombie."""
+    proc = _live(pid)
+    try:
+        return proc.ppid() if proc is not None else None
+    except psutil.NoSuchProcess:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """Live (non-zombie) children of ``pid``, sorted; [] when ``pid`` is gone."""
+    proc = _live(pid)
+    if proc is None:
+        return []
     out = []
-    for entry in proc_root.iterdir():
-        if entry.name.isdigit() and ppid(int(entry.name), proc_root) == pid:
-            out.append(int(entry.name))
+    try:
+        kids = proc.children()
+    except psutil.NoSuchProcess:
+        return []
+    for kid in kids:
+        try:
+            if kid.status() != psutil.STATUS_ZOMBIE:
+                out.append(kid.pid)
+        except psutil.NoSuchProcess:
+            pass
     return sorted(out)
 
 
-def cmdline(pid: int, proc_root: Path = PROC) -> str:
+def cmdline(pid: int) -> str:
     """The process title (nginx rewrites argv to ``nginx: worker process`` etc.), or ''."""
     try:
-        raw = (proc_root / str(pid) / "cmdline").read_bytes()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline()).strip()
+    except (psutil.Error, ValueError):
         return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()

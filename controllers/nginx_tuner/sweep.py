@@ -263,7 +263,7 @@ class Sweep:
     def __init__(
         self,
         settings: SweepSettings,
-        apply: Callable[[float], ApplyResult],
+        apply: Callable[[int], ApplyResult],
         measure: Measure,
         current: float | None,
         *,
@@ -412,7 +412,8 @@ def _progress_line(r: TrialRecord, done: int, planned: int) -> str:
         extra += f" idle={r.idle_connections:.0f}"
     if r.accepts_per_request is not None:
         extra += f" new-conn/req={r.accepts_per_request:.2f}"
-    return (f"{head}: mean {r.mean_s * 1000:.2f} ms p95 {r.p95_s * 1000:.1f} ms mem {r.memory_bytes / 1024:.0f} KiB "
+    mean_s, p95_s, memory_bytes = r.mean_s or 0.0, r.p95_s or 0.0, r.memory_bytes or 0.0  # all set when ok
+    return (f"{head}: mean {mean_s * 1000:.2f} ms p95 {p95_s * 1000:.1f} ms mem {memory_bytes / 1024:.0f} KiB "
             f"({r.memory_method}) reqs {r.requests} fail {r.failures}{extra} [{r.seconds:.0f}s]")
 
 

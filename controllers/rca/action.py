@@ -60,10 +60,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field, model_validator
 
 from controllers.actions.base import Action, ActionContext, register
-from controllers.rca.cli import DEFAULT_REPORT
 from controllers.rca.engine import analyse
 from controllers.rca.graph import path_to_root
 from controllers.rca.models import AnalysisConfig, Finding
+from controllers.rca.presets import DEFAULT_REPORT, MESH_QUERIES
 from controllers.rca.promsource import PromSourceConfig, collect
 from promreflex.clients import iso
 from promreflex.config import Duration, Strict
@@ -73,16 +73,6 @@ log = logging.getLogger("promreflex.action.rca")
 
 FINDING_RESULTS = ("root_cause", "no_root_cause", "no_candidates", "error")
 
-#: The recorded series of rules/mesh.rules.yml, as the analysis reads them. A ``source.queries``
-#: given in the route's params is merged over these, key by key.
-MESH_QUERIES: dict[str, Any] = {
-    "edges": "group by (source, destination) (last_over_time(promreflex_mesh_edge_info[$span]))",
-    "latency": "service:promreflex_mesh_request_duration_seconds:p99_1m",
-    "latency_service_label": "service",
-    "latency_max": "max by (service) (max_over_time(service:promreflex_mesh_request_duration_seconds:max_1m[$window]))",
-    "alerts": 'ALERTS{alertname="ServiceResponseTimeHigh",alertstate="firing"}',
-    "alert_service_labels": ["service"],
-}
 DEFAULT_THRESHOLD_QUERY = "mesh:promreflex_mesh_response_time_threshold_seconds:default"
 
 
@@ -455,7 +445,7 @@ class RcaAction(Action):
                                + (f" of {', '.join(deps)}" if deps else "") + ".",
                     "description": f"{last_step} {explain}".strip(),
                     "score": f"{score:.2f}",
-                    "runbook_url": "docs/runbook.md#meshrootcause",
+                    "runbook_url": "https://github.com/promreflex/promreflex/blob/main/docs/runbook.md#meshrootcause",
                 },
             })
         for dep, root in sorted(inc.symptoms.items()):
@@ -464,7 +454,7 @@ class RcaAction(Action):
                 "annotations": {
                     "summary": f"{dep} is slow because {root} is; its {p.alertname} is inhibited.",
                     "description": f"{dep} waits on {root} (chain of slow dependencies). {explain}",
-                    "runbook_url": "docs/runbook.md#meshrootcausesymptom",
+                    "runbook_url": "https://github.com/promreflex/promreflex/blob/main/docs/runbook.md#meshrootcausesymptom",
                 },
             })
         return alerts

@@ -1,5 +1,6 @@
-"""``promreflex rca``: ``offline DIR`` analyses a folder of metric CSVs, ``analyse`` asks a
-Prometheus server (the mesh rules' recorded series) once, ``explain`` prints the chain of
+"""``promreflex rca``: ``offline PATH`` analyses recorded metrics (RCAEval/RCD CSVs, MicroRCA
+folders, or a range of a live Prometheus), ``eval DATASET`` scores a folder of fault cases,
+``analyse`` asks a Prometheus server (the mesh rules' recorded series) once, ``explain`` prints the chain of
 reasoning of the latest report (the online controller's ``rca`` action writes it).
 
 :func:`register` adds the subcommand to an argparse parser; each handler is stored as
@@ -9,14 +10,19 @@ reasoning of the latest report (the online controller's ``rca`` action writes it
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from controllers.rca.presets import DEFAULT_REPORT, MESH_QUERIES
 from promreflex.config import parse_duration
 
-DEFAULT_REPORT = Path(".promreflex/rca/latest.json")
+if TYPE_CHECKING:
+    from controllers.rca.models import Finding
+    from controllers.rca.tabular import TableOptions
 
 
 def _seconds(text: str) -> float:
@@ -29,21 +35,102 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _offline(args: argparse.Namespace) -> int:
-    from controllers.rca.offline import OfflineDataError, analyse_dir
+def _time(text: str) -> float:
+    from controllers.rca.offline import OfflineDataError, _timestamp
 
     try:
-        finding = analyse_dir(args.dir, threshold=args.threshold)
+        return _timestamp(text, "time")
+    except OfflineDataError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _table_options(args: argparse.Namespace) -> TableOptions:
+    from controllers.rca.tabular import TableOptions, parse_mapping
+
+    return TableOptions(column_map=parse_mapping(args.map or []), latency_unit_s=args.latency_unit)
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from controllers.rca.engine import analyse
+    from controllers.rca.models import AnalysisConfig
+    from controllers.rca.offline import OfflineDataError, analyse_dir
+    from controllers.rca.tabular import is_table_case, load_case, read_graph
+
+    try:
+        if args.prometheus_url:
+            return _offline_prometheus(args)
+        if not args.path:
+            print("rca offline: give a PATH or --prometheus.url with --start and --end", file=sys.stderr)
+            return 2
+        path = Path(args.path)
+        graph = read_graph(args.graph) if args.graph else None
+        if is_table_case(path):
+            data = load_case(path, inject_time=args.inject_time, graph=graph, options=_table_options(args))
+            finding = analyse(data, AnalysisConfig(threshold_s=args.threshold))
+        else:
+            finding = analyse_dir(path, threshold=args.threshold)
     except OfflineDataError as e:
         print(f"rca offline: {e}", file=sys.stderr)
         return 2
     return _show(finding, args)
 
 
+def _offline_prometheus(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controllers.rca.models import AnalysisConfig
+    from controllers.rca.promsource import PromSourceConfig, PromSourceError, analyse_range
+
+    if args.start is None or args.end is None or not args.start < args.end:
+        print("rca offline: --prometheus.url needs --start before --end", file=sys.stderr)
+        return 2
+    if args.inject_time is not None and not args.start < args.inject_time < args.end:
+        print("rca offline: --inject-time must lie between --start and --end", file=sys.stderr)
+        return 2
+    source = PromSourceConfig.model_validate({
+        "queries": {**MESH_QUERIES, "resources": args.resources}, "step": args.step,
+    })
+    try:
+        finding = asyncio.run(analyse_range(
+            args.prometheus_url, source, AnalysisConfig(threshold_s=args.threshold),
+            start=args.start, end=args.end, inject_time=args.inject_time,
+        ))
+    except PromSourceError as e:
+        print(f"rca offline: {e}", file=sys.stderr)
+        return 2
+    return _show(finding, args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from controllers.rca import evaluate
+    from controllers.rca.offline import OfflineDataError
+    from controllers.rca.tabular import read_graph
+
+    try:
+        graph = read_graph(args.graph) if args.graph else None
+        results = evaluate.run(args.dataset, graph=graph, options=_table_options(args), use_split=not args.no_split)
+    except OfflineDataError as e:
+        print(f"rca eval: {e}", file=sys.stderr)
+        return 2
+    summary = evaluate.summary(results)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for r in results:
+            print(f"{r.case:<28} truth {r.service:<14} rank {r.rank if r.rank is not None else '-':<3} top {', '.join(r.top[:3])}")
+        print()
+        print(evaluate.table(summary))
+        print(f"\npublished: {summary['published']}")
+    if args.out:
+        mode = "split withheld, start found by change point" if args.no_split else "baseline split as given"
+        js, png = evaluate.write(summary, results, args.out, title=f"rca eval {Path(args.dataset).name} ({mode})")
+        print(f"wrote {js} and {png}", file=sys.stderr)
+    return 0
+
+
 def _analyse(args: argparse.Namespace) -> int:
     import asyncio
 
-    from controllers.rca.action import MESH_QUERIES
     from controllers.rca.models import AnalysisConfig
     from controllers.rca.promsource import PromSourceConfig, PromSourceError, analyse_prometheus
 
@@ -59,7 +146,7 @@ def _analyse(args: argparse.Namespace) -> int:
     return _show(finding, args)
 
 
-def _show(finding, args: argparse.Namespace) -> int:
+def _show(finding: Finding, args: argparse.Namespace) -> int:
     if args.save:
         finding.save(args.save)
     if args.json:
@@ -88,21 +175,53 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--graph", metavar="CSV", help="call graph, source,destination rows (optional)")
+    p.add_argument("--map", action="append", metavar="PATTERN=KIND",
+                   help="metric-name pattern -> latency, cpu, memory, disk_io, network, errors or ignore "
+                        "(repeatable; tried before the built-in patterns)")
+    p.add_argument("--latency-unit", dest="latency_unit", type=_seconds, default=1.0, metavar="DURATION",
+                   help="unit of CSV latency columns: 1s (default), 1ms")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``rca offline``, ``rca analyse`` and ``rca explain`` to a CLI's subcommands."""
+    """Add ``rca offline``, ``rca eval``, ``rca analyse`` and ``rca explain`` to a CLI's subcommands."""
     from controllers.rca.promsource import RESOURCE_PRESETS
 
     rca = subparsers.add_parser("rca", help="root-cause analysis of slow services")
-    sub = rca.add_subparsers(dest="rca_command", metavar="{offline,analyse,explain}")
+    sub = rca.add_subparsers(dest="rca_command", metavar="{offline,eval,analyse,explain}")
     sub.required = True
 
-    off = sub.add_parser("offline", help="analyse a folder of MicroRCA-style metric CSVs")
-    off.add_argument("dir", help="folder with *_mpg.csv, *_latency_*.csv and <prefix>_<service>.csv")
+    off = sub.add_parser("offline", help="analyse recorded metrics: RCAEval/RCD CSVs, MicroRCA folders, a Prometheus range")
+    off.add_argument("path", nargs="?", metavar="PATH",
+                     help="a CSV (time + <service>_<metric> columns), a folder with normal.csv + anomalous.csv "
+                          "or data.csv [+ inject_time.txt], or a MicroRCA folder (*_mpg.csv, *_latency_*.csv)")
+    off.add_argument("--inject-time", dest="inject_time", type=_time, metavar="TIME",
+                     help="when the anomaly started (unix seconds or ISO); default: found by change-point detection")
+    off.add_argument("--prometheus.url", dest="prometheus_url", metavar="URL",
+                     help="read --start..--end from this Prometheus instead of files (the live action's queries)")
+    off.add_argument("--start", type=_time, metavar="TIME", help="range start for --prometheus.url")
+    off.add_argument("--end", type=_time, metavar="TIME", help="range end for --prometheus.url")
+    off.add_argument("--step", type=_seconds, default=15.0, metavar="DURATION",
+                     help="range query step for --prometheus.url (default 15s)")
+    off.add_argument("--resources", choices=sorted(RESOURCE_PRESETS), default="cadvisor",
+                     help="resource queries for --prometheus.url (default cadvisor)")
+    _add_table_flags(off)
     off.add_argument("--threshold", type=_seconds, default=3.0, metavar="SECONDS",
-                     help="absolute candidate line: 3, 3s, 500ms (default 3s)")
+                     help="absolute latency line (evidence, not a gate): 3, 3s, 500ms (default 3s)")
     off.add_argument("--json", action="store_true", help="print the finding as JSON")
     off.add_argument("--save", metavar="FILE", help="also write the finding as a JSON report")
     off.set_defaults(func=_offline)
+
+    ev = sub.add_parser("eval", help="run a folder of fault cases and print AC@1, AC@3, Avg@5 per fault kind")
+    ev.add_argument("dataset", metavar="DATASET",
+                    help="folder of cases named <service>-<fault>[/<run>] (RCD, RCAEval) holding either layout")
+    _add_table_flags(ev)
+    ev.add_argument("--no-split", dest="no_split", action="store_true",
+                    help="withhold the normal/anomalous split and inject times: the start must be found")
+    ev.add_argument("--out", metavar="DIR", help="write summary.json and ranks.png (a plot of the ranks) there")
+    ev.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ev.set_defaults(func=_eval)
 
     ana = sub.add_parser("analyse", help="analyse once from a Prometheus server (rules/mesh.rules.yml series)")
     ana.add_argument("--prometheus.url", dest="prometheus_url", default="http://127.0.0.1:9090", metavar="URL",

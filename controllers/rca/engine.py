@@ -1,39 +1,44 @@
-"""The decision: which slow service is the cause, and why.
+"""The decision: which service is the cause, and why.
 
-1. Candidates are slow services: ``ServiceResponseTimeHigh`` firing, latency above the paper's
-   absolute line (3 s), or (``relative``) a peak that is both statistically unusual for that
-   service (robust z >= 3.5) and practically large (>= 1.5x its typical value).
-2. Root-cause candidates are slow services whose slowness is not explained downstream: none of
-   their callees is slow (or, for a cycle of slow services, none outside the cycle is). A slow
-   callee does not explain a caller whose own resources peaked while the callee's did not and
-   to whose added latency it contributed little (``explain_share``): its slowness is collateral.
-3. They are ranked by ``latency_score x (1 + resource_score)``. Both scores are normalised to
-   their own line (1.0 = just at the candidate threshold), so a service slow by the absolute
-   rule and one slow by the relative rule compare on one scale; resources multiply, so they
-   order candidates but cannot make a healthy service slow. The resource score is the largest
-   of CPU, memory and disk I/O, not their sum: one saturated resource is enough to explain
-   slowness, and summing would favour services that merely have more metrics.
-4. Every service gets a place in one ranking (root-cause candidates, then symptoms, then the
-   rest; score within each), which is what AC@1 / AC@3 evaluations read.
+1. Every series of every service (callee- and caller-side latency, CPU, memory, disk and
+   network I/O, error ratio, whatever the source gave) is scored robustly against the
+   baseline before the anomaly (:mod:`controllers.rca.stats`: BARO's median/IQR scaling). A
+   service's score is the largest of its series' scores: one saturated resource or one slow
+   path is enough, and a sum would favour services that merely have more metrics. Every
+   service with any metric is ranked by that score; none is left out for lacking latency.
+2. The paper's dependency rule is evidence, not a gate. Slow services are the ones whose
+   ``ServiceResponseTimeHigh`` fires, whose latency is above the absolute line (3 s), or
+   (``relative``) whose latency peak is both statistically unusual (robust z >= 3.5) and
+   practically large (>= 1.5x typical). A slow service with a slow dependency that explains
+   it is a symptom, and its latency rise is not counted in its score (it waited; its own CPU,
+   memory or errors still count). A slow callee does not explain a caller whose own resources
+   peaked while the callee's did not and to whose added latency it contributed little
+   (``explain_share``): its slowness is collateral. The groups (root-cause candidate, symptom,
+   not slow) and the 3 s line break ties and are report fields; the live action flags the
+   root-cause candidates that explain the alerting services.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controllers.rca.changepoint import detect
 from controllers.rca.graph import adjacency, path_to_root, root_components, slow_subgraph
 from controllers.rca.models import (
+    KINDS,
     RESOURCE_NAMES,
     RESOURCES,
     AnalysisConfig,
     AnalysisInput,
     Finding,
     Group,
+    Kind,
     LatencyStats,
-    Resource,
     ResourceEvidence,
     ServiceData,
     ServiceVerdict,
+    SignalScore,
+    TimeSeries,
     fmt_seconds,
 )
 from controllers.rca.stats import RobustScore, p99, robust_score, split
@@ -61,21 +66,28 @@ class _LatencyView:
         return text
 
 
-def _latency(stats: LatencyStats | None, alerting: bool, cfg: AnalysisConfig, baseline_end: float | None) -> _LatencyView:
+def _latency(
+    stats: LatencyStats | None, more: list[TimeSeries], alerting: bool, cfg: AnalysisConfig, baseline_end: float | None,
+) -> _LatencyView:
+    """The latency evidence of one service: the callee-side series and any other latency
+    series (caller-side, other quantiles); the most anomalous one speaks for the service."""
     view = _LatencyView()
     if alerting:
         view.slow = True
         view.reasons.append("ServiceResponseTimeHigh is firing")
-    if stats is None:
+    if stats is None and not more:
         return view
-    view.value = stats.max_s if cfg.statistic == "max" else stats.p99_s
-    series = stats.series
-    if series is not None and series.points:
-        view.robust = robust_score(
-            series, baseline_end,
-            min_baseline_points=cfg.min_baseline_points,
+    view.value = None if stats is None else (stats.max_s if cfg.statistic == "max" else stats.p99_s)
+    candidates = [x for x in [stats.series if stats else None, *more] if x is not None and x.points]
+    scored = [
+        (rs, x) for x in candidates
+        if (rs := robust_score(
+            x, baseline_end, min_baseline_points=cfg.min_baseline_points,
             floor_abs=cfg.latency_scale_floor_s, floor_ratio=cfg.scale_floor_ratio,
-        )
+        )) is not None
+    ]
+    if scored:
+        view.robust, series = max(scored, key=lambda p: p[0].z)
         if view.value is None:
             recent = split(series, baseline_end, cfg.min_baseline_points)[1]
             view.value = max(recent) if cfg.statistic == "max" else p99(recent)
@@ -100,37 +112,64 @@ def _latency(stats: LatencyStats | None, alerting: bool, cfg: AnalysisConfig, ba
     return view
 
 
-def _resources(data: ServiceData | None, cfg: AnalysisConfig, baseline_end: float | None) -> dict[Resource, ResourceEvidence | None]:
-    out: dict[Resource, ResourceEvidence | None] = {}
-    for res in RESOURCES:
-        series = data.resources.get(res) if data else None
+def _signals(data: ServiceData | None, cfg: AnalysisConfig, baseline_end: float | None) -> list[tuple[SignalScore, RobustScore]]:
+    """Every series of a service, scored against the baseline (latency included)."""
+    if data is None:
+        return []
+    named: list[tuple[Kind, str, TimeSeries]] = []
+    if data.latency is not None and data.latency.series is not None:
+        named.append(("latency", "latency", data.latency.series))
+    named += [(res, res, series) for res, series in data.resources.items()]
+    named += [(m.kind, m.name, m.series) for m in data.metrics]
+    out = []
+    for kind, name, series in named:
+        floor = cfg.latency_scale_floor_s if kind == "latency" else cfg.resource_scale_floor.get(kind, 0.0)
         rs = robust_score(
-            series, baseline_end,
-            min_baseline_points=cfg.min_baseline_points,
-            floor_abs=cfg.resource_scale_floor.get(res, 0.0), floor_ratio=cfg.scale_floor_ratio,
-        ) if series is not None else None
-        out[res] = None if rs is None else ResourceEvidence(
-            resource=res, max=rs.max, mean=rs.mean, baseline_median=rs.baseline_median,
+            series, baseline_end, min_baseline_points=cfg.min_baseline_points,
+            floor_abs=floor, floor_ratio=cfg.scale_floor_ratio,
+        )
+        if rs is not None:
+            out.append((SignalScore(kind=kind, name=name, max=rs.max, baseline_median=rs.baseline_median,
+                                    scale=rs.scale, z=rs.z), rs))
+    return out
+
+
+def _evidence(signals: list[tuple[SignalScore, RobustScore]], cfg: AnalysisConfig) -> dict[Kind, ResourceEvidence | None]:
+    """Per resource kind (and error ratio, when measured), its most anomalous series."""
+    out: dict[Kind, ResourceEvidence | None] = {}
+    for kind in KINDS:
+        if kind == "latency":
+            continue
+        mine = [(sig, rs) for sig, rs in signals if sig.kind == kind]
+        if not mine:
+            if kind in RESOURCES:
+                out[kind] = None
+            continue
+        _, rs = max(mine, key=lambda p: p[0].z)
+        out[kind] = ResourceEvidence(
+            resource=kind, max=rs.max, mean=rs.mean, baseline_median=rs.baseline_median,
             scale=rs.scale, peak_to_mean=rs.peak_to_mean, z=rs.z,
             anomalous=rs.z >= cfg.resource_z_threshold,
         )
     return out
 
 
-def _describe_resources(service: str, evidence: dict[Resource, ResourceEvidence | None]) -> str:
+def _describe_resources(service: str, evidence: dict[Kind, ResourceEvidence | None]) -> str:
     if all(e is None for e in evidence.values()):
-        return f"{service} resources: no CPU, memory or disk I/O data."
+        return f"{service} resources: no CPU, memory, disk or network data."
     parts = []
+    missing = [RESOURCE_NAMES[r] for r, e in evidence.items() if e is None]
     for res, e in evidence.items():
         name = RESOURCE_NAMES[res]
         if e is None:
-            parts.append(f"{name}: no data")
             continue
         gap = f"max/avg = {e.peak_to_mean:.2f}" if e.peak_to_mean is not None else f"max {e.max:.3g}"
         parts.append(
             f"{name} {gap} (max {e.max:.3g} vs typical {e.baseline_median:.3g}, robust z {e.z:.1f}"
             f"{', anomalous' if e.anomalous else ''})"
         )
+    if missing:
+        parts.append(f"no data for {', '.join(missing)}")
     return f"{service} resources: " + "; ".join(parts) + "."
 
 
@@ -145,19 +184,48 @@ def _names(items: list[str]) -> str:
     return ", ".join(items)
 
 
+def _with_start(data: AnalysisInput, cfg: AnalysisConfig) -> AnalysisInput:
+    """``data`` with a baseline end: its own, or the change point over all its series."""
+    if data.baseline_end is not None or not cfg.detect_start:
+        return data
+    every = [
+        x for d in data.services.values()
+        for x in ([d.latency.series] if d.latency and d.latency.series else []) + list(d.resources.values())
+        + [m.series for m in d.metrics]
+    ]
+    cp = detect(every, cfg.change_min_segment)
+    if cp is None:
+        return data
+    note = (
+        f"No anomaly start was given: the earliest significant change point over {cp.series} series is "
+        f"t={cp.start:.0f} (summed log-likelihood ratio {cp.llr:.1f}); what came before it is the baseline."
+    )
+    return data.model_copy(update={"baseline_end": cp.baseline_end, "notes": [*data.notes, note]})
+
+
+def _latency_series(data: ServiceData | None) -> list[TimeSeries]:
+    return [m.series for m in data.metrics if m.kind == "latency"] if data else []
+
+
 def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Finding:
-    """Rank the services of ``data`` as root causes of slowness, with the reasoning."""
+    """Rank every service of ``data`` as the root cause, with the reasoning."""
     cfg = config or AnalysisConfig()
+    data = _with_start(data, cfg)
     services = data.all_services()
     adj = adjacency(data.edges, services)
     alerting = set(data.alerting)
-    latency = {
-        s: _latency(data.services[s].latency if s in data.services else None, s in alerting, cfg, data.baseline_end)
-        for s in services
-    }
-    evidence = {s: _resources(data.services.get(s), cfg, data.baseline_end) for s in services}
+    got = data.services.get
+    latency = {}
+    for s in services:
+        d = got(s)
+        latency[s] = _latency(d.latency if d else None, _latency_series(d), s in alerting, cfg, data.baseline_end)
+    signals = {s: _signals(got(s), cfg, data.baseline_end) for s in services}
+    evidence = {s: _evidence(signals[s], cfg) for s in services}
     slow = {s for s, v in latency.items() if v.slow}
-    peaked = {s for s in services if any(e is not None and e.anomalous for e in evidence[s].values())}
+    peaked = {
+        s for s in services
+        if any(e is not None and e.anomalous for k, e in evidence[s].items() if k in RESOURCES)
+    }
 
     def added(s: str) -> float | None:
         lv = latency[s]
@@ -171,6 +239,13 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
             return True
         return a_callee >= cfg.explain_share * a_caller
 
+    def latency_anomalous(s: str) -> bool:
+        rs = latency[s].robust
+        ratio = rs.ratio_to_typical if rs is not None else None
+        return s in slow or (
+            rs is not None and rs.z >= cfg.z_threshold and (ratio is None or ratio >= cfg.min_slowdown)
+        )
+
     slow_calls = slow_subgraph(adj, slow)
     unexplaining = {s: [c for c in deps if not explains(c, s)] for s, deps in slow_calls.items()}
     slow_adj = {s: [c for c in deps if c not in unexplaining[s]] for s, deps in slow_calls.items()}
@@ -181,24 +256,39 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
         lv = latency[s]
         ev = evidence[s]
         resource_score = max(
-            [max(0.0, e.z) / cfg.resource_z_threshold for e in ev.values() if e is not None], default=0.0
+            [max(0.0, e.z) / cfg.resource_z_threshold for k, e in ev.items() if e is not None and k in RESOURCES],
+            default=0.0,
         )
         group: Group = "not_slow" if s not in slow else ("root_cause" if s in roots else "symptom")
         cycle = sorted(comp_of[s] - {s}) if s in comp_of else []
         slow_deps = [c for c in adj[s] if c in slow]
         collateral = unexplaining.get(s, [])
+        # The dependency rule as evidence: a latency rise that a slow dependency explains is
+        # the dependency's, not this service's (outside slow cycles, which explain nothing).
+        explained = group == "symptom" or (
+            s not in slow and any(latency_anomalous(c) and explains(c, s) for c in adj[s])
+        )
+        sigs = [sig.model_copy(update={"counted": not (explained and sig.kind == "latency")}) for sig, _ in signals[s]]
+        if lv.robust is not None and not any(sig.kind == "latency" for sig in sigs):
+            sigs.append(SignalScore(kind="latency", name="latency", max=lv.robust.max,
+                                    baseline_median=lv.robust.baseline_median, scale=lv.robust.scale,
+                                    z=lv.robust.z, counted=not explained))
+        counted = [sig for sig in sigs if sig.counted]
+        top = max(counted, key=lambda sig: sig.z, default=None)
         verdicts.append(ServiceVerdict(
             service=s, rank=0, group=group, slow=lv.slow, slow_reasons=lv.reasons,
             latency_s=lv.value,
             latency_baseline_s=lv.robust.baseline_median if lv.robust else None,
             latency_z=lv.robust.z if lv.robust else None,
             latency_score=lv.score, resource_score=resource_score,
-            score=lv.score * (1.0 + resource_score),
+            score=max(0.0, top.z) if top is not None else 0.0,
+            top_signal=f"{top.kind}:{top.name}" if top is not None else None,
+            latency_explained=explained, signals=sigs,
             resources=ev, dependencies=adj[s], slow_dependencies=slow_deps, unexplaining_dependencies=collateral,
             dependencies_healthy=not [c for c in slow_deps if c not in cycle and c not in collateral],
             cycle_with=cycle,
         ))
-    verdicts.sort(key=lambda v: (_GROUP_ORDER[v.group], -v.score, -v.resource_score, -v.latency_score, v.service))
+    verdicts.sort(key=lambda v: (-v.score, _GROUP_ORDER[v.group], -v.latency_score, -v.resource_score, v.service))
     ranking = [v.model_copy(update={"rank": i}) for i, v in enumerate(verdicts, 1)]
     root_causes = [v.service for v in ranking if v.group == "root_cause"]
     steps = _reasoning(cfg, data, ranking, latency, slow_adj, roots)
@@ -230,7 +320,10 @@ def _reasoning(
         measured = [v for v in ranking if v.latency_s is not None]
         worst = max(measured, key=lambda v: v.latency_score, default=None)
         tail = f" The closest is {worst.service}: {latency[worst.service].describe(cfg)}." if worst else ""
-        steps.append(f"No service is slow, so there is nothing to explain and no root cause is named.{tail}")
+        steps.append(
+            f"No service is slow, so the dependency rule has nothing to explain and no root cause is named.{tail}"
+        )
+        steps.append(_most_anomalous(ranking))
         return steps
 
     chains = {v.service: path_to_root(v.service, slow_adj, roots) for v in slow if v.group == "symptom"}
@@ -251,17 +344,17 @@ def _reasoning(
         healthy = [d for d in v.dependencies if d not in v.slow_dependencies]
         collateral = v.unexplaining_dependencies
         if v.cycle_with:
-            deps = f" and its dependencies outside it ({_names(healthy)}) are healthy" if healthy else ""
+            outside = f" and its dependencies outside it ({_names(healthy)}) are healthy" if healthy else ""
             steps.append(
-                f"{head}; it calls and is called by the slow {_names(v.cycle_with)} in a cycle{deps}, "
+                f"{head}; it calls and is called by the slow {_names(v.cycle_with)} in a cycle{outside}, "
                 "so the cycle is not explained downstream and each member is a candidate."
             )
         elif healthy or collateral:
-            measured = [d for d in healthy if by_name[d].latency_s is not None]
+            timed = [d for d in healthy if by_name[d].latency_s is not None]
             unmeasured = [d for d in healthy if by_name[d].latency_s is None]
             said = []
-            if measured:
-                said.append(f"{_names(measured)} healthy")
+            if timed:
+                said.append(f"{_names(timed)} healthy")
             if unmeasured:
                 said.append(f"{_names(unmeasured)} not measured (no latency data, no alert)")
             if collateral:
@@ -282,11 +375,14 @@ def _reasoning(
                 f"{cfg.explain_share:.0%}), so {d}'s slowness is collateral and both stay candidates."
             )
         steps.append(_describe_resources(v.service, v.resources))
+    if not candidates:
+        steps.append("Every slow service is explained downstream, by a cycle or not at all: no root-cause candidate.")
+        steps.append(_most_anomalous(ranking))
+        return steps
     top = candidates[0]
-    formula = f"score {top.score:.2f} = latency {top.latency_score:.2f} x (1 + resources {top.resource_score:.2f})"
     if len(candidates) > 1:
         order = ", ".join(f"{v.service} ({v.score:.2f})" for v in candidates)
-        steps.append(f"{len(candidates)} candidates remain; ranked by latency score x (1 + resource score): {order}.")
+        steps.append(f"{len(candidates)} candidates remain; ranked by their anomaly score: {order}.")
     anomalous = [RESOURCE_NAMES[r] for r, e in top.resources.items() if e is not None and e.anomalous]
     if anomalous:
         why = f"its {' and '.join(anomalous)} peaked well above normal"
@@ -300,5 +396,26 @@ def _reasoning(
             "its measured resources stayed normal: look at locks, connection pools, external "
             "calls and configuration"
         )
-    steps.append(f"-> root cause {top.service} ({formula}); {why}.")
+    if ranking[0].service != top.service:
+        steps.append(_most_anomalous(ranking))
+    steps.append(f"-> root cause {top.service} ({_score_words(top)}); {why}.")
     return steps
+
+
+def _score_words(v: ServiceVerdict) -> str:
+    sig = next((x for x in v.signals if v.top_signal == f"{x.kind}:{x.name}"), None)
+    if sig is None:
+        return f"score {v.score:.2f}"
+    return (f"score {v.score:.2f}: robust z of {sig.name} ({RESOURCE_NAMES[sig.kind]}), "
+            f"peak {sig.max:.3g} against a typical {sig.baseline_median:.3g}")
+
+
+def _most_anomalous(ranking: list[ServiceVerdict]) -> str:
+    """The head of the ranking, which AC@k reads, whatever the dependency rule said."""
+    top = ranking[0] if ranking else None
+    if top is None or top.top_signal is None:
+        return "No series was measured: nothing to rank."
+    rule = {"root_cause": "also a root-cause candidate by the dependency rule",
+            "symptom": "slow with a slow dependency that explains its latency",
+            "not_slow": "not slow by the latency rules"}[top.group]
+    return f"Ranked first by anomaly: {top.service} ({_score_words(top)}; {rule})."

@@ -18,11 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from promreflex.fsutil import atomic_write_text
 
-Resource = Literal["cpu", "memory", "disk_io"]
-RESOURCES: tuple[Resource, ...] = ("cpu", "memory", "disk_io")
-RESOURCE_NAMES: dict[str, str] = {"cpu": "CPU", "memory": "memory", "disk_io": "disk I/O"}
+Resource = Literal["cpu", "memory", "disk_io", "network"]
+RESOURCES: tuple[Resource, ...] = ("cpu", "memory", "disk_io", "network")
+#: What a scored series measures. Every kind counts towards a service's anomaly score.
+Kind = Literal["latency", "cpu", "memory", "disk_io", "network", "errors"]
+KINDS: tuple[Kind, ...] = ("latency", "cpu", "memory", "disk_io", "network", "errors")
+RESOURCE_NAMES: dict[str, str] = {
+    "cpu": "CPU", "memory": "memory", "disk_io": "disk I/O", "network": "network",
+    "latency": "latency", "errors": "error ratio",
+}
 
-KIND = "promreflex.rca.finding"
+KIND: Literal["promreflex.rca.finding"] = "promreflex.rca.finding"
 Group = Literal["root_cause", "symptom", "not_slow"]
 
 
@@ -76,9 +82,27 @@ class LatencyStats(_Model):
     series: TimeSeries | None = None
 
 
+class Metric(_Model):
+    """One more scored series of a service: a caller-side latency, another latency quantile,
+    an error ratio, a second CPU column. ``name`` is what the source called it."""
+
+    kind: Kind
+    name: str
+    series: TimeSeries
+
+
 class ServiceData(_Model):
+    """``latency``: callee-side response time (the 3 s line is tested on it); ``resources``:
+    one series per resource; ``metrics``: any further series, each scored on its own."""
+
     latency: LatencyStats | None = None
     resources: dict[Resource, TimeSeries] = Field(default_factory=dict)
+    metrics: list[Metric] = Field(default_factory=list)
+
+
+_SCALE_FLOORS: dict[Kind, float] = {
+    "cpu": 0.001, "memory": 1024.0 * 1024.0, "disk_io": 1024.0, "network": 1024.0, "errors": 0.01,
+}
 
 
 class AnalysisConfig(_Model):
@@ -98,6 +122,9 @@ class AnalysisConfig(_Model):
     18 % (3.5 x 5 %) above it before it can count as anomalous, however quiet the baseline.
     ``min_baseline_points``: fewer baseline samples than this and the whole window is used as
     its own baseline.
+    ``detect_start``: when the input gives no baseline end, find the anomaly's start as the
+    most likely change point over all series (:mod:`controllers.rca.changepoint`) and score
+    against what came before it; each segment holds at least ``change_min_segment`` samples.
     ``explain_share``: a slow callee explains its slow caller (the caller is then a symptom)
     unless the evidence points at the caller itself: the caller's own resources peaked
     (robust z >= ``resource_z_threshold``) while the callee's did not, AND the callee added
@@ -115,10 +142,10 @@ class AnalysisConfig(_Model):
     statistic: Literal["max", "p99"] = "max"
     scale_floor_ratio: float = Field(default=0.05, ge=0)
     latency_scale_floor_s: float = Field(default=0.001, ge=0)
-    resource_scale_floor: dict[Resource, float] = Field(
-        default_factory=lambda: {"cpu": 0.001, "memory": 1024.0 * 1024.0, "disk_io": 1024.0}
-    )
+    resource_scale_floor: dict[Kind, float] = Field(default_factory=lambda: dict(_SCALE_FLOORS))
     min_baseline_points: int = Field(default=3, ge=1)
+    detect_start: bool = True
+    change_min_segment: int = Field(default=5, ge=2)
     explain_share: float = Field(default=0.5, ge=0, le=1)
 
 
@@ -146,11 +173,25 @@ class AnalysisInput(_Model):
         return sorted(names)
 
 
-class ResourceEvidence(_Model):
-    """One resource of one service. ``peak_to_mean`` is the paper's signal (a gap between the
-    maximum and the average); ``z`` is the robust score the ranking uses."""
+class SignalScore(_Model):
+    """One scored series of one service: its peak after the baseline against the baseline's
+    median, in robust standard deviations (``z``). ``counted``: whether it entered the
+    service's score (a latency whose rise a slow dependency explains does not)."""
 
-    resource: Resource
+    kind: Kind
+    name: str
+    max: float
+    baseline_median: float
+    scale: float
+    z: float
+    counted: bool = True
+
+
+class ResourceEvidence(_Model):
+    """One resource of one service (its strongest series). ``peak_to_mean`` is the paper's
+    signal (a gap between the maximum and the average); ``z`` is the robust score."""
+
+    resource: Kind
     max: float
     mean: float
     baseline_median: float
@@ -171,8 +212,12 @@ class ServiceVerdict(_Model):
     latency_z: float | None = None
     latency_score: float = 0.0
     resource_score: float = 0.0
+    # The ranking key: the largest robust z over every counted series of the service.
     score: float = 0.0
-    resources: dict[Resource, ResourceEvidence | None] = Field(default_factory=dict)
+    top_signal: str | None = None  # "<kind>:<name>" of the series that gave the score
+    latency_explained: bool = False  # its latency rise is explained by a slow dependency
+    signals: list[SignalScore] = Field(default_factory=list)
+    resources: dict[Kind, ResourceEvidence | None] = Field(default_factory=dict)
     dependencies: list[str] = Field(default_factory=list)
     slow_dependencies: list[str] = Field(default_factory=list)
     # slow callees whose slowness does not explain this service's (AnalysisConfig.explain_share)

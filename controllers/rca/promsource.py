@@ -25,7 +25,17 @@ import aiohttp
 from pydantic import Field, field_validator, model_validator
 
 from controllers.rca.engine import analyse
-from controllers.rca.models import AnalysisConfig, AnalysisInput, Finding, LatencyStats, Resource, ServiceData, TimeSeries
+from controllers.rca.models import (
+    AnalysisConfig,
+    AnalysisInput,
+    Finding,
+    Kind,
+    LatencyStats,
+    Metric,
+    Resource,
+    ServiceData,
+    TimeSeries,
+)
 from promreflex.clients import APIError, PrometheusClient
 from promreflex.config import Duration, Strict, format_duration
 
@@ -109,6 +119,12 @@ class PromQueries(Strict):
     # the maximum of the latency series is used.
     latency_max: str | None = None
     resources: dict[Resource, str] = Field(default_factory=lambda: dict(CADVISOR_RESOURCES))
+    # Optional range queries grouped by ``signal_service_label``, each scored as its own
+    # series of the service: the caller-side latency (a delay on the network or in the
+    # caller's sidecar shows only there) and the error ratio of the calls it receives.
+    latency_caller: str | None = None
+    errors: str | None = None
+    signal_service_label: str = "service"
     alerts: str | None = 'ALERTS{alertname="ServiceResponseTimeHigh",alertstate="firing"}'
     alert_service_labels: list[str] = Field(default_factory=lambda: ["service", "destination"])
 
@@ -131,7 +147,7 @@ class PromQueries(Strict):
                 raise ValueError(f"{res}: {e}") from e
         return value
 
-    @field_validator("edges", "latency", "latency_max", "alerts")
+    @field_validator("edges", "latency", "latency_max", "alerts", "latency_caller", "errors")
     @classmethod
     def _grouped(cls, value: str | None) -> str | None:
         return None if value is None else _check_template(value, per_service=False)
@@ -190,12 +206,15 @@ async def collect(
     end = time.time() if end is None else end
     span = cfg.window + cfg.baseline
     start = end - span
-    fill = {"window": cfg.window, "span": span}
+    window = cfg.window
+
+    def fill_in(template: str, service: str | None = None) -> str:
+        return render(template, service=service, window=window, span=span)
     notes: list[str] = []
 
     try:
-        edge_rows = await client.query(render(q.edges, **fill), time=end)
-        latency_rows = await client.query_range(render(q.latency, **fill), start, end, cfg.step)
+        edge_rows = await client.query(fill_in(q.edges), time=end)
+        latency_rows = await client.query_range(fill_in(q.latency), start, end, cfg.step)
     except _QUERY_ERRORS as e:
         raise PromSourceError(f"cannot read the call graph or latencies from {client.base_url}: {e}") from e
 
@@ -212,7 +231,7 @@ async def collect(
     maxima: dict[str, float] = {}
     if q.latency_max:
         try:
-            for row in await client.query(render(q.latency_max, **fill), time=end):
+            for row in await client.query(fill_in(q.latency_max), time=end):
                 name = _labels(row).get(q.latency_service_label)
                 value = _value(row)
                 if name and value is not None and value >= 0:
@@ -220,10 +239,26 @@ async def collect(
         except _QUERY_ERRORS as e:
             notes.append(f"latency maxima query failed ({e}); using the maximum of the latency series.")
 
+    signals: dict[str, list[Metric]] = {}
+    for kind, name, template in (("latency", "caller-side latency", q.latency_caller), ("errors", "error ratio", q.errors)):
+        if not template:
+            continue
+        try:
+            rows = await client.query_range(fill_in(template), start, end, cfg.step)
+        except _QUERY_ERRORS as e:
+            notes.append(f"{name} query failed ({e}); deciding without it.")
+            continue
+        for row in rows if isinstance(rows, list) else []:
+            label = _labels(row).get(q.signal_service_label)
+            series = _series(row)
+            if label and series.points:
+                k: Kind = kind  # type: ignore[assignment]
+                signals.setdefault(label, []).append(Metric(kind=k, name=name, series=series))
+
     alerting: set[str] = set()
     if q.alerts:
         try:
-            for row in await client.query(render(q.alerts, **fill), time=end):
+            for row in await client.query(fill_in(q.alerts), time=end):
                 labels = _labels(row)
                 name = next((labels[k] for k in q.alert_service_labels if labels.get(k)), None)
                 if name:
@@ -231,27 +266,27 @@ async def collect(
         except _QUERY_ERRORS as e:
             notes.append(f"alerts query failed ({e}); deciding on latencies only.")
 
-    services = sorted({n for e in edges for n in e} | set(by_service) | alerting)
+    services = sorted({n for e in edges for n in e} | set(by_service) | set(signals) | alerting)
     limit = asyncio.Semaphore(cfg.concurrency)
     failures: list[str] = []
 
     async def resource(service: str, res: Resource, template: str) -> tuple[str, Resource, TimeSeries | None]:
         async with limit:
             try:
-                rows = await client.query_range(render(template, service=service, **fill), start, end, cfg.step)
+                rows = await client.query_range(fill_in(template, service=service), start, end, cfg.step)
             except _QUERY_ERRORS as e:
                 failures.append(f"{service}/{res}: {e}")
                 return service, res, None
-        series = [_series(r) for r in rows]
-        return service, res, (TimeSeries.max_of(series) if series else None)
+        found = [_series(r) for r in rows]
+        return service, res, (TimeSeries.max_of(found) if found else None)
 
     results = await asyncio.gather(*(resource(s, r, t) for s in services for r, t in q.resources.items()))
     if failures:
         notes.append(f"{len(failures)} resource queries failed, treated as missing data: {'; '.join(failures[:5])}.")
     resources: dict[str, dict[Resource, TimeSeries]] = {s: {} for s in services}
-    for service, res, series in results:
-        if series is not None and series.points:
-            resources[service][res] = series
+    for service, res, got in results:
+        if got is not None and got.points:
+            resources[service][res] = got
 
     data = {}
     for s in services:
@@ -261,11 +296,31 @@ async def collect(
                 max_s=maxima.get(s),
                 series=TimeSeries.max_of(by_service[s]) if s in by_service else None,
             )
-        data[s] = ServiceData(latency=latency, resources=resources[s])
+        data[s] = ServiceData(latency=latency, resources=resources[s], metrics=signals.get(s, []))
     return AnalysisInput(
         edges=edges, services=data, alerting=sorted(alerting),
         baseline_end=end - cfg.window, source=client.base_url, notes=notes,
     )
+
+
+async def analyse_range(
+    base_url: str,
+    source: PromSourceConfig,
+    analysis: AnalysisConfig | None = None,
+    *,
+    start: float,
+    end: float,
+    inject_time: float | None = None,
+) -> Finding:
+    """``rca offline --prometheus.url``: analyse ``[start, end]`` with the live action's queries.
+    The baseline is what came before ``inject_time``; without one, the engine finds the start."""
+    split = inject_time if inject_time is not None else start
+    cfg = source.model_copy(update={"window": end - split, "baseline": split - start})
+    async with aiohttp.ClientSession() as session:
+        inputs = await collect(PrometheusClient(base_url, session), cfg, end=end)
+    if inject_time is None:
+        inputs = inputs.model_copy(update={"baseline_end": None})
+    return analyse(inputs, analysis)
 
 
 async def analyse_prometheus(

@@ -3,14 +3,19 @@
 Why not the paper's "gap between maximum and average" alone: a max/mean ratio has no idea of a
 series' normal spread (a bursty but healthy service always looks anomalous), it explodes when
 the mean is near zero, and the mean itself is pulled up by the very anomaly it should expose.
-The score here is the modified z-score of Iglewicz and Hoaglin, the scaling BARO (FSE 2024)
-uses for multi-source RCA, with the median absolute deviation instead of BARO's IQR:
+The score here is BARO's RobustScorer (Pham et al., FSE 2024; scikit-learn's RobustScaler
+fitted on the data before the anomaly), expressed in standard deviations so one threshold
+reads the same on every series:
 
-    z = (max(recent) - median(baseline)) / (1.4826 * MAD(baseline))
+    z = (max(recent) - median(baseline)) / (IQR(baseline) / 1.349)
 
-Median and MAD tolerate up to half of the baseline being anomalous (the IQR only a quarter),
-which matters when no clean baseline exists and a window is scored against itself. The
-paper's ratio is still computed and reported as evidence.
+Only rises count: a fault shows as more latency, more CPU, memory, I/O or errors at its
+service, while drops are what its victims show (less traffic reaches them). The baseline must
+come before the anomaly (a given split, a normal/anomalous pair, or the change point found by
+:mod:`controllers.rca.changepoint`); scored against a window that contains it, a fault that
+covers half the window scores near 0. When no split can be made at all (too few samples), the
+window is its own baseline and the spread is the MAD (Iglewicz and Hoaglin's modified z). The paper's ratio is still computed and reported as
+evidence.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from controllers.rca.models import TimeSeries
 
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of a normal distribution times this is its sigma
+IQR_TO_SIGMA = 1.349  # 2 * Phi^-1(3/4): the IQR of a normal distribution divided by this is its sigma
 _TINY = 1e-12  # keeps z finite (and JSON-serialisable) even with every floor set to 0
 
 
@@ -71,8 +77,10 @@ def robust_score(
         return None
     base, recent, whole = split(series, baseline_end, min_baseline_points)
     median = statistics.median(base)
-    mad = statistics.median(abs(v - median) for v in base)
-    scale = max(MAD_TO_SIGMA * mad, floor_ratio * abs(median), floor_abs, _TINY)
+    # A window scored against itself holds the anomaly: the MAD tolerates it up to half the
+    # samples, the IQR only up to a quarter. A clean baseline gets BARO's IQR.
+    spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in base) if whole else iqr(base) / IQR_TO_SIGMA
+    scale = max(spread, floor_ratio * abs(median), floor_abs, _TINY)
     peak = max(recent)
     z = (peak - median) / scale
     return RobustScore(
@@ -83,6 +91,14 @@ def robust_score(
         z=z,
         whole_window=whole,
     )
+
+
+def iqr(values: list[float]) -> float:
+    """Interquartile range (inclusive method, as numpy's default percentile)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 def p99(values: list[float]) -> float:

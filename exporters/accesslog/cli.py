@@ -3,38 +3,74 @@
 
 Either a YAML file (``--config.file``) or one ``--log SITE=PATH[:FORMAT]`` per log; flags given
 with a file override its top-level keys. ``custom`` formats and routes need the file.
+
+Read positions are kept in ``--state.dir`` (default ``$XDG_STATE_HOME/promreflex/accesslog``,
+i.e. ``~/.local/state/promreflex/accesslog``), so a restart, and rotations while the exporter is
+down, lose and double-count nothing. A first start on an existing log begins at its end and
+says so (log line, ``promreflex_accesslog_skipped_bytes_total``); ``--log.from-start`` reads it.
+``--backfill`` counts the whole rotated set (``.gz`` included) once, prints the totals and exits.
+SIGHUP (logrotate's postrotate) makes every log be re-checked at once; it does not reload the
+configuration (restart for that: positions are saved). SIGINT/SIGTERM stop it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import glob
 import logging
+import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from exporters.accesslog.config import AccessLogConfig, load_accesslog_config
+from exporters.accesslog.config import AccessLogConfig, default_state_dir, load_accesslog_config
 from exporters.accesslog.parse import FORMATS
 from promreflex.config import ConfigError, validation_problems
-from promreflex.httpd import metrics_app, serving, stop_on_signals
+from promreflex.errors import UserError
 
 log = logging.getLogger("promreflex.exporter.accesslog")
 
 COMMAND = "exporter-accesslog"
 
 
+_FLAG_FORMATS = tuple(f for f in FORMATS if f != "custom")
+_FORMAT_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
 def parse_log_flag(value: str) -> dict[str, str]:
-    """``shop=/var/log/nginx/access.log:nginx_timed`` -> {site, path, format}."""
+    """``shop=/var/log/nginx/access.log:nginx_timed`` -> {site, path, format}.
+
+    A suffix after the last ``:`` that looks like a format name but is none (``:nginx_timd``)
+    is an error naming the known formats, not part of the path (unless that whole path exists);
+    a glob is an error too: one ``--log`` per file.
+    """
     site, eq, rest = value.partition("=")
     if not eq or not site or not rest:
         raise argparse.ArgumentTypeError(f"{value!r} is not SITE=PATH[:FORMAT]")
+    known = ", ".join(_FLAG_FORMATS)
     path, colon, fmt = rest.rpartition(":")
-    if colon and fmt in FORMATS and fmt != "custom":
-        return {"site": site, "path": path, "format": fmt}
-    return {"site": site, "path": rest}
+    if colon and fmt in _FLAG_FORMATS:
+        out = {"site": site, "path": path, "format": fmt}
+    elif colon and fmt == "custom":
+        raise argparse.ArgumentTypeError(f"{value!r}: format custom needs a log_format: use --config.file")
+    elif colon and _FORMAT_LIKE.fullmatch(fmt) and not os.path.exists(rest):
+        close = difflib.get_close_matches(fmt, _FLAG_FORMATS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise argparse.ArgumentTypeError(f"{value!r}: unknown format {fmt!r}{hint}; known formats: {known}")
+    else:
+        out = {"site": site, "path": rest}
+    if glob.has_magic(out["path"]) and not os.path.exists(out["path"]):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: {out['path']!r} is a glob: give one --log SITE=PATH[:FORMAT] per file (formats: {known}); "
+            "rotated copies are found by themselves"
+        )
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,9 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web.listen-address", dest="listen_address", default=None,
                    help="where /metrics is served (default 127.0.0.1:9181)")
     p.add_argument("--state.dir", dest="state_dir", type=Path, default=None,
-                   help="where each log's read position is kept across restarts")
+                   help="where each log's read position is kept across restarts and rotations "
+                        f"(default {default_state_dir()}, from $XDG_STATE_HOME)")
     p.add_argument("--log.from-start", dest="from_start", action="store_true", default=None,
-                   help="read the existing content of logs with no saved position (default: start at the end)")
+                   help="read the existing content of logs with no saved position (default: start at the end, "
+                        "counted in promreflex_accesslog_skipped_bytes_total)")
+    p.add_argument("--log.poll-interval", dest="poll_interval", default=None, metavar="DURATION",
+                   help="how often each log is read, e.g. 250ms (default 250ms)")
+    p.add_argument("--backfill", action="store_true",
+                   help="count each log's whole rotated set (access.log.N.gz ... access.log.1, access.log) once, "
+                        "print the totals as a Prometheus exposition and exit")
     p.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -57,7 +100,8 @@ def config_from_args(args: argparse.Namespace) -> AccessLogConfig:
     """The configuration the flags describe; ConfigError names every problem."""
     overrides: dict[str, Any] = {
         k: v for k, v in (("listen_address", args.listen_address), ("state_dir", args.state_dir),
-                          ("from_start", args.from_start)) if v is not None
+                          ("from_start", args.from_start), ("poll_interval", getattr(args, "poll_interval", None)))
+        if v is not None
     }
     if args.config_file is not None:
         if args.logs:
@@ -70,6 +114,8 @@ def config_from_args(args: argparse.Namespace) -> AccessLogConfig:
             raise ConfigError("(flags)", ["no log to follow: give --config.file or at least one --log SITE=PATH"])
         data = {"logs": args.logs, **overrides}
         source = "(flags)"
+    if data.get("state_dir") is None:  # safe by default: positions kept unless a state dir is given elsewhere
+        data["state_dir"] = default_state_dir()
     try:
         return AccessLogConfig.model_validate(data)
     except ValidationError as e:
@@ -80,17 +126,27 @@ async def _serve(config: AccessLogConfig) -> int:
     from prometheus_client import REGISTRY, disable_created_metrics
 
     from exporters.accesslog.exporter import AccessLogExporter
+    from promreflex.httpd import metrics_app, serving, stop_on_signals  # aiohttp: not for --backfill
 
     disable_created_metrics()  # this process is the exporter: halve /metrics, Prometheus ignores them
     exporter = AccessLogExporter(config, registry=REGISTRY)
     try:
+        log.info("read positions are kept in %s", config.state_dir)
         for line in exporter.resume_infos():
             log.info("%s", line)
         stop = stop_on_signals()
+        wake = asyncio.Event()
+
+        def on_sighup() -> None:
+            log.info("SIGHUP: re-checking every log now (rotations are followed anyway; "
+                     "the configuration is not reloaded: restart to change it, positions are saved)")
+            wake.set()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
         try:
             async with serving(config.listen_address, metrics_app(REGISTRY, "promreflex access-log exporter")):
                 log.info("serving /metrics on http://%s/metrics", config.listen_address)
-                await exporter.run(stop)
+                await exporter.run(stop, wake)
         except OSError as e:
             print(f"promreflex exporter-accesslog: cannot listen on {config.listen_address}: {e.strerror}",
                   file=sys.stderr)
@@ -102,8 +158,14 @@ async def _serve(config: AccessLogConfig) -> int:
 
 
 def cmd_exporter_accesslog(args: argparse.Namespace) -> int:
-    """Run the exporter until SIGINT/SIGTERM. Configuration errors raise ConfigError."""
+    """Run the exporter until SIGINT/SIGTERM (or, with ``--backfill``, count the rotated sets and
+    exit). Configuration errors raise ConfigError; unusable files raise UserError."""
     config = config_from_args(args)
+    if getattr(args, "backfill", False):
+        from exporters.accesslog.backfill import backfill
+
+        backfill(config)
+        return 0
     return asyncio.run(_serve(config))
 
 
@@ -129,3 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"promreflex exporter-accesslog: configuration error in {e}", file=sys.stderr)
         return 2
+    except UserError as e:
+        print(f"promreflex exporter-accesslog: {e}", file=sys.stderr)
+        return 1

@@ -19,6 +19,8 @@ configured route names, or ``other``.
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 from itertools import pairwise
 from pathlib import Path
@@ -71,6 +73,20 @@ class LogSource(Strict):
     format: Format = "nginx_combined"
     log_format: str | None = None
     routes: list[Route] = Field(default_factory=list, max_length=MAX_ROUTES)
+    rotated: str | None = Field(default=None, min_length=1)
+    """Glob of the rotated copies, when they are not beside the log as ``<name>.N[.gz]`` or
+    ``<name>-DATE[.gz]`` (logrotate ``olddir``, other names)."""
+
+    @field_validator("path")
+    @classmethod
+    def _not_a_glob(cls, value: Path) -> Path:
+        if glob.has_magic(str(value)) and not value.exists():
+            raise ValueError(
+                f"{str(value)!r} is a glob pattern: the exporter follows one file per log (one `site` "
+                "label each); list each log separately. Rotated copies are found by themselves "
+                "(or name them with `rotated:`)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _format_consistent(self) -> LogSource:
@@ -122,6 +138,14 @@ class AccessLogConfig(Strict):
     def has_routes(self) -> bool:
         """True when any log maps paths to routes: only then is there a ``route`` label."""
         return any(s.routes for s in self.logs)
+
+
+def default_state_dir() -> Path:
+    """Where read positions live when no ``state_dir`` is given: ``$XDG_STATE_HOME/promreflex/accesslog``
+    (``~/.local/state/promreflex/accesslog``). Positions are what make a restart, and a rotation
+    while the exporter is down, lose and double-count nothing, so they are kept by default."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "promreflex" / "accesslog"
 
 
 def load_accesslog_config(path: str | Path) -> AccessLogConfig:

@@ -2,15 +2,18 @@
 
 ``python -m exporters.mesh --config.file mesh.yml`` or, wired into the main CLI through
 :func:`register`, ``promreflex exporter-mesh --config.file mesh.yml``. ``--oneshot`` reads the
-logs once from the start, prints the metrics and exits (a dry run for a new format string).
+logs once from the start, prints the metrics and exits (a dry run for a new format string);
+it exits 1 when a configured path or glob names no file. Paths may be globs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import hashlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +21,12 @@ from pathlib import Path
 from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
 
 from promreflex.config import ConfigError
-from promreflex.follow import LogFollower, follow
+from promreflex.errors import UserError
+from promreflex.follow import FollowStats, LogFollower, follow, read_lines
 from promreflex.httpd import metrics_app, serving, stop_on_signals
 
 from exporters.mesh.collector import MeshExporter, MeshStream
-from exporters.mesh.config import MeshExporterConfig, load_mesh_config
+from exporters.mesh.config import LogSource, MeshExporterConfig, load_mesh_config
 
 log = logging.getLogger("promreflex.exporter.mesh")
 
@@ -45,32 +49,71 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def build(
-    cfg: MeshExporterConfig, registry: CollectorRegistry, *, from_start: bool | None = None
-) -> tuple[MeshExporter, list[tuple[LogFollower, MeshStream]]]:
-    """The exporter and one (follower, stream) pair per configured log (``from_start`` overrides each log's)."""
-    exporter = MeshExporter(
+_GLOB = re.compile(r"[*?[]")
+
+
+class MissingLogError(UserError):
+    """A configured log path (or glob) names no file."""
+
+
+def expand(cfg: MeshExporterConfig, *, must_exist: bool) -> list[tuple[LogSource, Path]]:
+    """Every (log source, file) the configuration names: globs expanded (sorted), plain paths
+    as given. ``must_exist``: a path or glob that names no file is an error (``--oneshot``);
+    otherwise a plain path may appear later (the follower waits for it) and an empty glob is
+    an error, since nothing would ever be read for it."""
+    out: list[tuple[LogSource, Path]] = []
+    missing: list[str] = []
+    for src in cfg.logs:
+        text = str(src.path)
+        if _GLOB.search(text):
+            matches = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
+            if not matches:
+                missing.append(f"{text} (a pattern that matches no file)")
+            out += [(src, m) for m in matches]
+        elif must_exist and not src.path.is_file():
+            missing.append(text)
+        else:
+            out.append((src, src.path))
+    if missing:
+        raise MissingLogError(f"no such log: {', '.join(missing)}")
+    return out
+
+
+def _exporter(cfg: MeshExporterConfig, registry: CollectorRegistry) -> MeshExporter:
+    return MeshExporter(
         registry=registry,
         namespaces=cfg.namespaces,
         max_services=cfg.max_services,
         max_line_bytes=cfg.max_line_bytes,
     )
+
+
+def _stream(exporter: MeshExporter, src: LogSource, path: Path) -> MeshStream:
+    return exporter.add_stream(
+        src.workload,
+        src.format,
+        src.format_string,
+        json_format=src.json_format,
+        workload_field=src.workload_field,
+        name=str(path),
+    )
+
+
+def build(
+    cfg: MeshExporterConfig, registry: CollectorRegistry, *, from_start: bool | None = None
+) -> tuple[MeshExporter, list[tuple[LogFollower, MeshStream]]]:
+    """The exporter and one (follower, stream) pair per log file (globs expanded;
+    ``from_start`` overrides each log's)."""
+    exporter = _exporter(cfg, registry)
     pairs = []
-    for src in cfg.logs:
-        stream = exporter.add_stream(
-            src.workload,
-            src.format,
-            src.format_string,
-            json_format=src.json_format,
-            workload_field=src.workload_field,
-            name=str(src.path),
-        )
+    for src, path in expand(cfg, must_exist=False):
+        stream = _stream(exporter, src, path)
         state = None
         if cfg.state_dir is not None:
-            digest = hashlib.blake2b(str(src.path).encode(), digest_size=6).hexdigest()
+            digest = hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()
             state = cfg.state_dir / f"mesh-{src.workload}-{digest}.json"
         follower = LogFollower(
-            src.path,
+            path,
             state_file=state,
             from_start=src.from_start if from_start is None else from_start,
             max_line_bytes=cfg.max_line_bytes,
@@ -97,16 +140,18 @@ class _Feeder:
 
 
 def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
-    """Read every log from the start once; the exposition text of the result."""
-    _, pairs = build(cfg.model_copy(update={"state_dir": None}), registry, from_start=True)
-    feed = _Feeder(pairs)
-    for follower, stream in pairs:
-        while True:
-            feed(follower, follower.poll())
-            if not follower.behind:
-                break
+    """Read every log file whole once, its last line too when it lacks a newline; the
+    exposition text of the result. A path or glob naming no file is a
+    :class:`MissingLogError` (the CLI exits 1)."""
+    exporter = _exporter(cfg, registry)
+    for src, path in expand(cfg, must_exist=True):
+        stream = _stream(exporter, src, path)
+        stats = FollowStats()
+        for lines in read_lines(path, max_line_bytes=cfg.max_line_bytes, stats=stats):
+            stream.feed(lines)
+        if stats.oversized_lines:
+            stream.reject("too_long", stats.oversized_lines)
         stream.flush()
-        follower.close()
     return generate_latest(registry)
 
 
@@ -136,12 +181,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"--web.listen-address: {e}", file=sys.stderr)
         return 2
     if args.oneshot:
-        sys.stdout.write(oneshot(cfg, CollectorRegistry()).decode())
+        try:
+            text = oneshot(cfg, CollectorRegistry())
+        except UserError as e:
+            print(f"exporter-mesh: {e}", file=sys.stderr)
+            return 1
+        sys.stdout.write(text.decode())
         return 0
     disable_created_metrics()  # _created series only double the output of a log exporter
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(serve(cfg, REGISTRY))
+    except MissingLogError as e:
+        print(f"exporter-mesh: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         print(f"cannot listen on {cfg.listen_address}: {e}", file=sys.stderr)
         return 1
@@ -154,4 +207,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
-__all__ = ["add_arguments", "build", "main", "oneshot", "register", "run", "serve"]
+__all__ = ["MissingLogError", "add_arguments", "build", "expand", "main", "oneshot", "register", "run", "serve"]

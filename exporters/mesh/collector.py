@@ -22,6 +22,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter as PromCounte
 from exporters.mesh.envoy_format import ParseError
 from exporters.mesh.formats import LineFormat, get_format
 from exporters.mesh.labels import (
+    L4,
+    NONE,
     OTHER,
     UNKNOWN,
     LabelBudget,
@@ -35,6 +37,11 @@ from exporters.mesh.runtime import RuntimeUnwrapper
 
 # 1 ms .. 30 s, dense around the paper's candidate 3 s threshold so it is a bucket boundary.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+# Where a record carries the gRPC status: %GRPC_STATUS%, %GRPC_STATUS_NUMBER%, or the
+# grpc-status trailer/header logged directly (%TRAILER(GRPC-STATUS)%, %RESP(GRPC-STATUS)%:
+# trailers-only responses put it in the headers).
+GRPC_STATUS_KEYS = ("grpc_status", "grpc_status_number", "trailer_grpc_status", "resp_grpc_status")
 
 PARSE_ERROR_REASONS = (
     "empty",  # blank line
@@ -83,6 +90,14 @@ class MeshMetrics:
             registry=registry,
         )
         # self-metrics
+        self.label_overflow = PromCounter(
+            "promreflex_mesh_label_overflow",
+            "Service names folded into \"other\" because max_services distinct names were already in use, by label.",
+            ["label"],
+            registry=registry,
+        )
+        for label in ("source", "destination"):
+            self.label_overflow.labels(label)
         self.lines = PromCounter(
             "promreflex_mesh_lines",
             "Log lines read per configured workload log (split runtime pieces joined first).",
@@ -131,7 +146,7 @@ class MeshExporter:
     ):
         self.metrics = MeshMetrics(registry, buckets)
         self.namespaces = frozenset(namespaces)
-        self.budget = LabelBudget(max_services)
+        self.budget = LabelBudget(max_services, on_overflow=lambda label: self.metrics.label_overflow.labels(label).inc())
         self.max_line_bytes = max_line_bytes
         self.streams: dict[str, MeshStream] = {}
         self._edges: set[tuple[str, str]] = set()
@@ -164,16 +179,20 @@ class MeshExporter:
         Public so a simulator can count records without writing text first.
         """
         src, dst = derive_edge(record, workload, self.namespaces)
-        src, dst = self.budget.admit(src), self.budget.admit(dst)
+        src, dst = self.budget.admit(src, "source"), self.budget.admit(dst, "destination")
         m = self.metrics
-        m.requests.labels(src, dst, code_class(record.get("response_code")), flags_label(record.get("response_flags"))).inc()
+        grpc = grpc_status_label(next((record[k] for k in GRPC_STATUS_KEYS if record.get(k) not in (None, "", "-")), None))
+        if record.get("l4"):  # a ztunnel connection: no HTTP status; failed = no answer
+            status = NONE if record.get("failed") else L4
+        else:
+            status = code_class(record.get("response_code"), grpc)
+        m.requests.labels(src, dst, status, flags_label(record.get("response_flags"))).inc()
         duration = record.get("duration")
         if isinstance(duration, int):
             m.duration.labels(src, dst).observe(duration / 1000.0)
         upstream = record.get("upstream_service_time")
         if isinstance(upstream, int):
             m.upstream_time.labels(src, dst).observe(upstream / 1000.0)
-        grpc = grpc_status_label(record.get("grpc_status"))
         if grpc is not None:
             m.grpc.labels(src, dst, grpc).inc()
         edge = (src, dst)

@@ -34,11 +34,15 @@ _DNS_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class LogSource(Strict):
-    """One sidecar log: the workload whose sidecar writes it, where, and how."""
+    """One sidecar log: the workload whose sidecar writes it, where, and how.
+
+    ``path`` may be a glob (``/var/log/pods/*_carts-*/istio-proxy/*.log``): every matching
+    file is read, as the same workload (or the one ``workload_field`` names per record). The
+    pattern is expanded when the exporter starts."""
 
     workload: str = Field(pattern=_DNS_LABEL, description="source label for its records (a DNS label)")
     path: Path
-    format: Literal["istio_text", "istio_text_legacy", "istio_json", "envoy"] = "istio_text"
+    format: Literal["istio_text", "istio_text_legacy", "istio_json", "envoy", "ztunnel", "auto"] = "istio_text"
     format_string: str | None = None
     json_format: dict[str, str] | None = None
     workload_field: str | None = Field(

@@ -53,6 +53,15 @@ ISTIO_LEGACY_TEXT_FORMAT = (
     "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n"
 )
 
+# Envoy's own default format string (envoyproxy.io, "Access logging", "Default format string"),
+# used when an access log is configured without a format: what a plain Envoy writes.
+ENVOY_DEFAULT_FORMAT = (
+    '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% "
+    '%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%" '
+    '"%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"\n'
+)
+
 # Envoy's own operator grammar (substitution_formatter.cc): NAME, optional (ARG) that may hold
 # anything but ')', optional :N truncation, closing %.
 _OPERATOR = re.compile(r"%([A-Z0-9_]+)(?:\(([^)]*)\))?(?::(\d+))?%")
@@ -428,10 +437,13 @@ class CompiledFormat:
 
 ISTIO_TEXT = CompiledFormat(ISTIO_TEXT_FORMAT)
 ISTIO_LEGACY_TEXT = CompiledFormat(ISTIO_LEGACY_TEXT_FORMAT)
+ENVOY_DEFAULT = CompiledFormat(ENVOY_DEFAULT_FORMAT)
 
 __all__ = [
     "CompiledFormat",
     "FormatStringError",
+    "ENVOY_DEFAULT",
+    "ENVOY_DEFAULT_FORMAT",
     "ISTIO_LEGACY_TEXT",
     "ISTIO_LEGACY_TEXT_FORMAT",
     "ISTIO_TEXT",

@@ -9,10 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from exporters.mesh.envoy_format import ISTIO_LEGACY_TEXT, ISTIO_TEXT, CompiledFormat
+from exporters.mesh.envoy_format import (
+    ENVOY_DEFAULT,
+    ISTIO_LEGACY_TEXT,
+    ISTIO_TEXT,
+    CompiledFormat,
+    ParseError,
+)
 from exporters.mesh.json_format import ISTIO_JSON, ISTIO_JSON_EXTRA_FIELDS, JsonFormat
+from exporters.mesh.ztunnel_format import ZTUNNEL
 
-FORMAT_NAMES = ("istio_text", "istio_text_legacy", "istio_json", "envoy")
+FORMAT_NAMES = ("istio_text", "istio_text_legacy", "istio_json", "envoy", "ztunnel", "auto")
 
 
 class LineFormat(Protocol):
@@ -23,17 +30,42 @@ class LineFormat(Protocol):
     def format(self, record: Mapping[str, Any]) -> str: ...
 
 
+class AutoFormat:
+    """Each line in the first known format that takes it: Istio's text (1.9+ and legacy),
+    Envoy's own default, Istio's JSON, ztunnel. For a log whose format nobody wrote down (a
+    plain Envoy, a waypoint, a node's ztunnel); a rejected line gets the reason of the format
+    that came closest (``truncated`` before ``format_mismatch``)."""
+
+    formats: tuple[LineFormat, ...] = (ISTIO_TEXT, ENVOY_DEFAULT, ISTIO_LEGACY_TEXT, ISTIO_JSON, ZTUNNEL)
+
+    def parse(self, line: str) -> dict[str, Any]:
+        candidates = [ISTIO_JSON] if line.lstrip().startswith("{") else [f for f in self.formats if f is not ISTIO_JSON]
+        reason, detail = "format_mismatch", "no known format takes the line"
+        for fmt in candidates:
+            try:
+                return fmt.parse(line)
+            except ParseError as e:
+                if e.reason != "format_mismatch" and reason == "format_mismatch":
+                    reason, detail = e.reason, str(e)
+        raise ParseError(reason, detail)
+
+    def format(self, record: Mapping[str, Any]) -> str:
+        return ISTIO_TEXT.format(record)
+
+
+AUTO = AutoFormat()
+
+
 def get_format(
     name: str, format_string: str | None = None, json_format: Mapping[str, str] | None = None
 ) -> LineFormat:
     """The format object for ``name``; ``envoy`` compiles ``format_string``.
 
-    Raises ValueError (FormatStringError for a bad format string) naming what is wrong.
+    ``envoy`` without a format string is Envoy's own default format; ``auto`` recognises each
+    line. Raises ValueError (FormatStringError for a bad format string) naming what is wrong.
     """
     if name == "envoy":
-        if not format_string:
-            raise ValueError("format 'envoy' needs format_string")
-        return CompiledFormat(format_string)
+        return CompiledFormat(format_string) if format_string else ENVOY_DEFAULT
     if format_string is not None:
         raise ValueError(f"format_string is only for format 'envoy' (this log has format {name!r})")
     if name == "istio_json":
@@ -44,7 +76,11 @@ def get_format(
         return ISTIO_TEXT
     if name == "istio_text_legacy":
         return ISTIO_LEGACY_TEXT
+    if name == "ztunnel":
+        return ZTUNNEL
+    if name == "auto":
+        return AUTO
     raise ValueError(f"unknown format {name!r} (one of {', '.join(FORMAT_NAMES)})")
 
 
-__all__ = ["FORMAT_NAMES", "LineFormat", "get_format"]
+__all__ = ["AUTO", "FORMAT_NAMES", "AutoFormat", "LineFormat", "get_format"]

@@ -12,6 +12,9 @@ Edge derivation, for a record written by workload ``W``'s sidecar:
 * ``inbound|PORT|...``: the request arrived at ``W``; the caller is not in Istio's default
   format, so the source is the caller's SPIFFE service account when the format logs
   ``%DOWNSTREAM_PEER_URI_SAN%``, else ``unknown``: edge ``unknown -> W``.
+* ``inbound-vip|PORT|http|HOST`` (an Istio ambient *waypoint*): the request was for the service
+  in ``HOST``; the waypoint is not the caller, so the source is the caller's service account
+  when logged, else ``unknown``: edge ``unknown -> reviews``.
 * ``PassthroughCluster`` / ``BlackHoleCluster``: ``W -> external`` / ``W -> blackhole``.
 * otherwise (``-``, no route): the ``authority`` (``carts:80``, ``carts.sock-shop.svc.cluster.local``).
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 UNKNOWN = "unknown"
@@ -116,8 +119,26 @@ def flags_label(flags: Iterable[str] | None) -> str:
     return ",".join(sorted(short))
 
 
-def code_class(code: int | None) -> str:
-    """``2xx`` .. ``5xx``; ``none`` for 0 or missing (Envoy logs 0 when no response was sent)."""
+# The HTTP status each gRPC status stands for (google/rpc/code.proto documents the mapping):
+# a gRPC call that failed is answered with HTTP 200 and a grpc-status trailer, so the class of
+# its outcome is the class of this code, not of the 200.
+GRPC_HTTP_EQUIVALENT: dict[str, int] = {
+    "OK": 200, "Canceled": 499, "Unknown": 500, "InvalidArgument": 400, "DeadlineExceeded": 504,
+    "NotFound": 404, "AlreadyExists": 409, "PermissionDenied": 403, "ResourceExhausted": 429,
+    "FailedPrecondition": 400, "Aborted": 409, "OutOfRange": 400, "Unimplemented": 501,
+    "Internal": 500, "Unavailable": 503, "DataLoss": 500, "Unauthenticated": 401,
+}
+L4 = "tcp"  # code class of an L4 connection that closed without error (ztunnel): no HTTP status
+
+
+def code_class(code: int | None, grpc_status: str | None = None) -> str:
+    """``2xx`` .. ``5xx``; ``none`` for 0 or missing (Envoy logs 0 when no response was sent).
+
+    A 2xx answer carrying a gRPC status other than OK takes the class of the status' HTTP
+    equivalent (``Unavailable`` -> ``5xx``), so a gRPC failure is a failure."""
+    if code and 200 <= code <= 299 and grpc_status not in (None, "OK"):
+        equivalent = GRPC_HTTP_EQUIVALENT.get(grpc_status, 500)
+        return f"{equivalent // 100}xx"
     if not code:
         return NONE
     if 100 <= code <= 599:
@@ -190,13 +211,19 @@ def peer_service_account(san: Any) -> str | None:
 def derive_edge(
     record: Mapping[str, Any], workload: str, namespaces: frozenset[str] = frozenset()
 ) -> tuple[str, str]:
-    """``(source, destination)`` for a record written by ``workload``'s sidecar."""
+    """``(source, destination)`` for a record written by ``workload``'s sidecar (or, for an
+    ``l4`` record, by a ztunnel: see :mod:`exporters.mesh.ztunnel_format`)."""
+    if record.get("l4"):
+        return _l4_edge(record, namespaces)
     cluster = record.get("upstream_cluster")
     if isinstance(cluster, str) and cluster not in ("", "-"):
         parts = cluster.split("|")
         if (len(parts) == 4 and parts[0] == "inbound") or cluster.startswith("InboundPassthroughCluster"):
             peer = peer_service_account(record.get("downstream_peer_uri_san"))
             return peer or UNKNOWN, workload
+        if len(parts) == 4 and parts[0] == "inbound-vip" and parts[3]:
+            peer = peer_service_account(record.get("downstream_peer_uri_san"))
+            return peer or UNKNOWN, service_of_host(parts[3], namespaces)
         if len(parts) == 4 and parts[0] == "outbound" and parts[3]:
             return workload, service_of_host(parts[3], namespaces)
         if cluster == "PassthroughCluster":
@@ -206,23 +233,61 @@ def derive_edge(
     return workload, service_of_host(authority_host(record.get("authority")), namespaces)
 
 
+# Kubernetes' generated suffixes use an alphabet without vowels, 0, 1 and 3 (k8s.io/apimachinery
+# rand.SafeEncodeString), so "-worker-nq6cw" loses only its pod suffix.
+_SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
+_POD_HASHES = re.compile(rf"-{_SAFE}{{6,10}}-{_SAFE}{{5}}$|-{_SAFE}{{5}}$")
+_VERSION = re.compile(r"-v\d+$")
+
+
+def workload_of_pod(pod: Any) -> str | None:
+    """The service-like name of a pod: ``productpage-v1-87d54dd59-fn6vw`` -> ``productpage``.
+
+    Drops the ReplicaSet and pod hashes Kubernetes appends (or a DaemonSet/Job pod's suffix),
+    then a trailing ``-v<N>``, the version suffix Istio's canonical service convention (and
+    every Istio sample) puts on deployment names. None when nothing like a DNS label is left."""
+    name = service_name(pod)
+    if name is None:
+        return None
+    name = _POD_HASHES.sub("", name)
+    return service_name(_VERSION.sub("", name) or name)
+
+
+def _l4_edge(record: Mapping[str, Any], namespaces: frozenset[str]) -> tuple[str, str]:
+    if record.get("dst_service"):
+        dst = service_of_host(record["dst_service"], namespaces)
+    elif record.get("dst_workload"):
+        dst = workload_of_pod(record["dst_workload"]) or UNKNOWN
+    else:
+        dst = EXTERNAL if record.get("direction") == "outbound" else UNKNOWN
+    if record.get("direction") == "inbound":
+        src = peer_service_account(record.get("src_identity")) or UNKNOWN
+    else:
+        src = workload_of_pod(record.get("src_workload")) or UNKNOWN
+    return src, dst
+
+
 class LabelBudget:
     """At most ``limit`` distinct service names; later newcomers become ``other``.
 
     The guarantee that a misconfigured mesh (or a hostile ``authority`` header) cannot create
-    unbounded series, whatever the derivation rules let through.
+    unbounded series, whatever the derivation rules let through. ``on_overflow(label)`` is
+    called for every value folded into ``other`` (the exporter counts it per label).
     """
 
-    def __init__(self, limit: int = 200):
+    def __init__(self, limit: int = 200, on_overflow: Callable[[str], None] | None = None):
         self.limit = limit
         self.seen: set[str] = set()
         self.overflowed = 0
+        self.on_overflow = on_overflow
 
-    def admit(self, name: str) -> str:
+    def admit(self, name: str, label: str = "service") -> str:
         if name in RESERVED or name in self.seen:
             return name
         if len(self.seen) >= self.limit:
             self.overflowed += 1
+            if self.on_overflow is not None:
+                self.on_overflow(label)
             return OTHER
         self.seen.add(name)
         return name
@@ -231,7 +296,9 @@ class LabelBudget:
 __all__ = [
     "BLACKHOLE",
     "EXTERNAL",
+    "GRPC_HTTP_EQUIVALENT",
     "GRPC_STATUS_NAMES",
+    "L4",
     "KNOWN_FLAGS",
     "LabelBudget",
     "NONE",
@@ -246,4 +313,5 @@ __all__ = [
     "peer_service_account",
     "service_name",
     "service_of_host",
+    "workload_of_pod",
 ]

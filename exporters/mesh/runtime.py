@@ -7,6 +7,13 @@ A sidecar's access log usually reaches disk through the container runtime, not a
 * Docker json-file: ``{"log":"<message>\\n","stream":"stdout","time":"...","attrs":{...}}``;
   a piece whose ``log`` lacks the final newline continues in the next line.
 
+* ``kubectl logs --timestamps``: ``2024-01-01T00:00:00.123456789Z <message>``, one RFC 3339
+  timestamp and a space before the message (taken off once; a ztunnel line's own timestamp
+  stays, its format reads it).
+* Filebeat/Elastic Agent output: ``{"@timestamp":...,"message":"<message>",...}``, a JSON
+  object whose ``message`` is the original line (recognised by ``message`` plus one of
+  Beats' own keys: ``@timestamp``, ``agent``, ``ecs``, ``input``, ``log``).
+
 Lines without a wrapper pass through unchanged, so one reader handles a plain Envoy log file,
 ``/var/log/pods/.../istio-proxy/0.log`` and a Docker container log alike. Envoy writes access
 logs to stdout; stderr messages (Envoy's own log) come out as rejections with reason
@@ -22,6 +29,8 @@ from typing import Any
 
 _CRI = re.compile(r"(\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})) (stdout|stderr) ([A-Z](?::[A-Z]+)*) ?")
 _DOCKER_PREFIX = '{"log":'
+_KUBECTL_TS = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}) (?=[\[{]|\d{4}-)")
+_BEATS_KEYS = ("@timestamp", "agent", "ecs", "input", "log")
 
 
 @dataclass
@@ -68,6 +77,13 @@ class RuntimeUnwrapper:
         if m is not None:
             msg = line[m.end() :]
             return self._piece(m.group(2), msg, final="P" not in m.group(3).split(":"), fields={})
+        ts = _KUBECTL_TS.match(line)
+        if ts is not None:
+            line = line[ts.end():]
+        if line.startswith("{") and '"message"' in line:
+            beats = _beats_message(line)
+            if beats is not None:  # Filebeat's "log" input keeps a runtime wrapper inside
+                return self.push(beats)
         if line.startswith(_DOCKER_PREFIX):
             try:
                 obj = json.loads(line)
@@ -112,6 +128,17 @@ class RuntimeUnwrapper:
         if len(msg) > self.max_bytes:
             return [Unwrapped(None, "too_long", fields)]
         return [Unwrapped(msg, None, fields)]
+
+
+def _beats_message(line: str) -> str | None:
+    """The original line inside a Filebeat event, or None when ``line`` is not one."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("message"), str):
+        return None
+    return obj["message"] if any(k in obj for k in _BEATS_KEYS) else None
 
 
 def wrap_cri(message: str, timestamp: str, stream: str = "stdout", max_piece: int | None = None) -> list[str]:

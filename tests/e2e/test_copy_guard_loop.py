@@ -155,7 +155,8 @@ def test_overload_pauses_the_copy_and_its_end_resumes_it(guard, tmp_path):
             t0 = time.monotonic()
             wait_until(lambda: copy.status()["state"] == "paused", timeout=20, what="the guard to pause the copy")
             paused_after = time.monotonic() - t0
-            assert ("fire", "ok") in copy_guard_decisions(guard)
+            # The decision is audited only after `fire` returns, i.e. after the copy reports paused.
+            wait_until(lambda: ("fire", "ok") in copy_guard_decisions(guard), timeout=30, what="the fire decision audited")
             wait_until(lambda: copy.status()["paused_seconds"] >= 0.5, timeout=10, what="paused 0.5 s")
             held = copy.status()["done_bytes"]
             wait_until(lambda: copy.status()["paused_seconds"] >= 1.5, timeout=10, what="paused 1.5 s")

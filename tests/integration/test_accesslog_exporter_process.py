@@ -67,3 +67,33 @@ def test_follows_appends_and_resumes_after_restart(exporter: dict) -> None:
     second = exporter["start"]("run2")
     wait_until(lambda: requests_total(url) == 1, timeout=30, what="only the line written while down counted")
     assert "resumed inode" in second.tail(50), second.tail(50)
+
+
+def test_sighup_neither_kills_nor_loses(exporter: dict) -> None:
+    """logrotate's postrotate often sends SIGHUP: the exporter keeps running and counting."""
+    import os
+    import signal
+
+    log, url = exporter["log"], exporter["url"]
+    child = exporter["start"]("hup")
+    wait_until(lambda: requests_total(url) == 5, timeout=30, what="backlog counted")
+    os.kill(child.pid, signal.SIGHUP)
+    with open(log, "a") as f:
+        f.write(line(9))
+    wait_until(lambda: requests_total(url) == 6, timeout=30, what="line after SIGHUP counted")
+    assert child.alive() and "SIGHUP" in child.tail(50), child.tail(50)
+
+
+def test_unknown_format_and_gz_log_are_one_line_errors(tmp_path: Path) -> None:
+    import gzip
+    import subprocess
+
+    base = [sys.executable, "-m", "exporters.accesslog", "--state.dir", str(tmp_path / "st")]
+    typo = subprocess.run([*base, "--log", f"shop={tmp_path}/access.log:nginx_timd"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "did you mean nginx_timed" in typo.stderr, typo.stderr
+    gz = tmp_path / "access.log.1.gz"
+    gz.write_bytes(gzip.compress(line(1).encode()))
+    refused = subprocess.run([*base, "--log", f"shop={gz}:nginx_timed"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "gzip-compressed" in refused.stderr and "Traceback" not in refused.stderr

@@ -94,7 +94,7 @@ async def test_an_adopted_cp_is_paused_and_resumed_by_the_action(tmp_path, cp, m
     record = Registry(reg).get("cp1").pause
     assert record["method"] == method and freeze.is_frozen(record)
     if method == "signal":
-        assert freeze.process_state(cp.proc.pid) == "T"
+        assert freeze.stopped(cp.proc.pid)
     cp.send(os.urandom(30_000))  # fits in the pipe buffer; a frozen cp does not take it
     assert not cp.progresses(timeout=0.5)
 
@@ -121,7 +121,8 @@ async def test_the_watchdog_resumes_an_adopted_copy_when_the_lease_runs_out(tmp_
         assert cp.progresses(timeout=15)
         # The process runs again a moment before the watchdog records it in the registry.
         wait_until(lambda: Registry(reg).get("cp1").pause is None, timeout=15, what="the watchdog to clear the pause")
-        assert "lease of cp1" in (reg / "watchdog.log").read_text()
+        # ... and logs it after that.
+        wait_until(lambda: "lease of cp1" in (reg / "watchdog.log").read_text(), timeout=15, what="the watchdog's log line")
     finally:
         terminate(watchdog.pid, grace=5)
         watchdog.wait(timeout=5)

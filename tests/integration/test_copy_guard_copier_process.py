@@ -104,6 +104,7 @@ def test_a_pause_whose_lease_is_not_renewed_ends_by_itself(tmp_path, copies):
 def test_control_needs_the_token_when_one_is_set(tmp_path, copies):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)  # a token file others can read is refused
     c = Copy(tmp_path, "--rate-limit=4M", f"--web.token-file={token}")
     copies.append(c)
     assert c.post("pause?lease=5") == 401

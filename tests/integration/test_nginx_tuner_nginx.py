@@ -291,6 +291,6 @@ def test_memory_of_running_nginx(live: Live) -> None:
     master = ctl.master_pid()
     assert master == live.child.pid
     reading = nginx_memory(master)
-    assert reading.method == ("pss" if Path("/proc/self/smaps_rollup").exists() else "uss")
+    assert reading.method == "pss"
     assert set(reading.per_process) == {master, *ctl.workers()} and len(reading.per_process) == 3
     assert reading.total_bytes == sum(reading.per_process.values()) and all(v > 0 for v in reading.per_process.values())

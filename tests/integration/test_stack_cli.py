@@ -6,17 +6,20 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 
 import pytest
 import yaml
 
-from promreflex.config import Ports, load_config
-from promreflex.proc import free_port, pid_alive
+from promreflex.config import load_config, ports_model
+from promreflex.proc import free_port, pid_alive, wait_until
 from promreflex.stack import Stack, StackError
+from tests import throwaway_capability
 
 pytestmark = pytest.mark.integration
 
-PORTS = tuple(Ports.model_fields)
+PORTS = tuple(ports_model().model_fields)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -76,3 +79,37 @@ def test_rendered_configs_pass_the_tools_own_checks(tmp_path):
                          capture_output=True, text=True)
     assert ngx.returncode == 0, ngx.stderr
     assert (tmp_path / "webhook-token").stat().st_mode & 0o777 == 0o600
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+        return json.load(resp)
+
+
+def test_a_throwaway_capability_runs_in_the_real_stack(tmp_path):
+    """A capability defined only in tests/: its process starts (after nginx, before the
+    controller), Prometheus scrapes its job, Alertmanager loads its route and inhibit rule."""
+    demo = throwaway_capability.make(tmp_path / "demo.rules.yml")
+    cfg = load_config(None, {
+        "stack.state_dir": str(tmp_path / "state"),
+        "stack.ports": {p: free_port() for p in ports_model([demo]).model_fields},
+        "demo.greeting": "bonjour",
+    }, capabilities=[demo])
+    stack = Stack(cfg, capabilities=[demo])
+    pids: dict[str, int] = {}
+    try:
+        pids = stack.up(progress=lambda *_: None)
+        assert list(pids) == ["prometheus", "alertmanager", "node_exporter", "nginx", "nginx_exporter",
+                              "demo_server", "controller"]
+        query = stack.url("prometheus") + "/api/v1/query?" + urllib.parse.urlencode(
+            {"query": 'demo_greeting_info{job="demo", greeting="bonjour"} == 1'})
+        wait_until(lambda: _get(query)["data"]["result"], timeout=60, what="the demo job scraped")
+        rules = _get(stack.url("prometheus") + "/api/v1/rules")["data"]["groups"]
+        assert "demo.alerts" in {g["name"] for g in rules}
+        am = yaml.safe_load(_get(stack.url("alertmanager") + "/api/v2/status")["config"]["original"])
+        assert {"source_matchers": ['alertname="DemoDown"'], "target_matchers": ['alertname="DemoAlert"'],
+                "equal": ["instance"]} in am["inhibit_rules"]
+        assert any(r.get("matchers") == ['alertname="DemoAlert"'] for r in am["route"]["routes"])
+    finally:
+        stack.down(quiet=True)
+    assert pids and not any(pid_alive(p) for p in pids.values())

@@ -15,12 +15,11 @@ from exporters.accesslog.parse import (
     compile_log_format,
     request_path,
 )
+from tests.corpus import corpus, needs_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "accesslog"
-_CORPUS_CANDIDATES = [REPO.parent / "shared" / "corpus" / "web-access-logs", Path("/work/shared/corpus/web-access-logs")]
-CORPUS = next((p for p in _CORPUS_CANDIDATES if p.is_dir()), None)
-needs_corpus = pytest.mark.skipif(CORPUS is None, reason="shared/corpus/web-access-logs not found beside the repository")
+CORPUS = corpus("web-access-logs")
 
 
 def classify(fmt: str, path: Path) -> Counter:
@@ -60,7 +59,6 @@ CORPUS_EXPECTED = [
 @needs_corpus
 @pytest.mark.parametrize(("fmt", "name", "total", "expected"), CORPUS_EXPECTED)
 def test_corpus_every_line_parsed_or_rejected_with_reason(fmt: str, name: str, total: int, expected: dict) -> None:
-    assert CORPUS is not None
     path = CORPUS / name
     got = classify(fmt, path)
     n_lines = sum(1 for _ in open(path, "rb"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from pathlib import Path
@@ -217,3 +218,25 @@ def test_render_rules_time_scales_only_the_mesh_rules(tmp_path: Path) -> None:
     for f in repo_rules.glob("*.yml"):
         if f.name != "mesh.rules.yml":
             assert (out / f.name).read_text() == f.read_text()
+
+
+def test_held_out_cases_two_faults_and_a_slow_edge(tmp_path: Path) -> None:
+    from bench.rca.cases import HELD_OUT_CASES, CaseResult, Spec, spec_of
+    from bench.rca.mesh import Mesh
+
+    assert spec_of(("carts", "cpu")) == Spec("cpu", ("carts",), faults=(("carts", "cpu"),))
+    kinds = {s.kind for s in HELD_OUT_CASES}
+    assert kinds == {"two", "edge"} and all(s.truth for s in HELD_OUT_CASES)
+    assert HELD_OUT_CASES[2].label == "+400 ms on orders->payment"
+    # Two causes: the better-ranked one counts; unflagged is a miss.
+    two = CaseResult("carts+payment", "two", 0.0, truths=["carts", "payment"], flagged=True,
+                     ranking=["payment", "orders", "carts"])
+    assert two.outcome().rank == 1
+    assert CaseResult("x", "two", 0.0, truths=["carts", "payment"]).outcome().rank is None
+    # The slow link is written where the callers' sidecars read it, and cleared again.
+    mesh = Mesh(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    mesh.delay_edge("orders", "payment", 0.4)
+    assert json.loads(mesh.edge_delays_file.read_text()) == {"orders": {"payment": 0.4}}
+    mesh.delay_edge("orders", "payment", 0)
+    assert json.loads(mesh.edge_delays_file.read_text()) == {"orders": {}}

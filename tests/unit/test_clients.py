@@ -55,3 +55,8 @@ async def test_prometheus_query_scalar_and_errors(server):
         assert (await prom.query("scalar(1)"))[0]["value"] == [1, "1"]
         with pytest.raises(APIError, match="bad_data"):
             await prom.query("bad(")
+
+
+def test_alert_ended_survives_timestamps_at_the_edge_of_the_calendar():
+    assert not alert_ended("9999-12-31T23:59:59-01:00")  # beyond year 9999 in UTC: not ended
+    assert not alert_ended("0001-01-01T00:30:00+01:00")  # the zero time of another zone

@@ -1,6 +1,8 @@
 """The compose stack, checked without a Docker engine.
 
-No container can run on this machine, so the compose file is validated against the Compose
+The files are generated from the manifests (``python -m promreflex compose build``); the first
+tests check the committed ones are exactly what the manifests give. No container can run on
+this machine, so the compose file is validated against the Compose
 Specification JSON schema (after interpolating ``.env`` the way ``docker compose`` does), each
 tool's configuration is checked by that tool's own checker (promtool, amtool, nginx -t, the
 controller's loader), and the wiring between services (targets, secrets, mounts, flags) is
@@ -13,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,8 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
-from promreflex.cli import DEFAULT_CONFIG
-from promreflex.config import REPO_ROOT, load_config, split_host_port
+from promreflex.compose import build
+from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, load_config, split_host_port
 
 COMPOSE_DIR = REPO_ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
@@ -113,6 +116,31 @@ def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     if shutil.which(argv[0]) is None:
         pytest.skip(f"{argv[0]} is not installed")
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+
+
+# ---------------------------------------------------------------- generated from the manifests
+
+
+def test_committed_compose_files_are_what_the_manifests_generate() -> None:
+    said: list[str] = []
+    assert build(check=True, out=said.append) == 0, "\n".join(said) + "\nrun: python -m promreflex compose build"
+
+
+def test_drift_check_names_a_hand_edited_file_and_build_repairs_it(tmp_path: Path) -> None:
+    assert build(tmp_path, out=lambda *_: None) == 0
+    prom = tmp_path / "prometheus" / "prometheus.yml"
+    prom.write_text(prom.read_text().replace("job_name: accesslog", "job_name: access-log"))
+    said: list[str] = []
+    assert build(tmp_path, check=True, out=said.append) == 1
+    report = "\n".join(said)
+    assert f"{prom} (committed)" in report and "-- job_name: access-log" in report.replace("\n-", "\n--"), report
+    assert "1 compose file(s) differ" in report
+    assert build(tmp_path, out=lambda *_: None) == 0 and build(tmp_path, check=True, out=lambda *_: None) == 0
+
+
+def test_compose_build_check_from_the_command_line() -> None:
+    result = run([sys.executable, "-m", "promreflex", "compose", "build", "--check"])
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ---------------------------------------------------------------- the compose file itself
@@ -210,8 +238,10 @@ def test_service_flags_exist_in_the_tested_binaries(compose: dict[str, Any]) -> 
         flags = [arg.split("=")[0] for arg in compose["services"][service]["command"] if arg.startswith("-")]
         assert flags, f"{service} has no flags to check"
         for flag in flags:
-            # kingpin lists --flag, Go's flag package lists -flag (nginx exporter 0.11).
-            assert re.search(rf"(^|\s){re.escape(flag)}[\s=]", usage), f"{service}: {binary} does not know {flag}"
+            # kingpin lists --flag (a boolean's --no-flag as --flag), Go's flag package lists -flag
+            # (nginx exporter 0.11).
+            listed = "--" + flag.removeprefix("--no-") if flag.startswith("--no-") else flag
+            assert re.search(rf"(^|\s){re.escape(listed)}[\s=]", usage), f"{service}: {binary} does not know {flag}"
 
 
 # ---------------------------------------------------------------- Prometheus
@@ -292,7 +322,11 @@ def test_webhook_token_and_url_wiring(compose: dict[str, Any], alertmanager_conf
     assert webhook["http_config"]["authorization"] == {"type": "Bearer", "credentials_file": secret_path}
 
     controller = load_config(COMPOSE_DIR / "promreflex" / "promreflex.yml").controller
-    assert str(controller.token_file) == secret_path
+    # The controller refuses a token others can read; compose mounts the secret with its host
+    # mode, so the controller's entrypoint copies it to a 0600 file of its own and reads that.
+    (script,) = compose["services"]["promreflex"]["command"]
+    assert compose["services"]["promreflex"]["entrypoint"] == ["/bin/sh", "-c"]
+    assert script.startswith(f"install -m 0600 {secret_path} {controller.token_file} && exec promreflex controller ")
     host, port = split_host_port(controller.listen_address)
     assert host == "0.0.0.0"
     assert webhook["url"] == f"http://promreflex:{port}/webhook"
@@ -311,7 +345,7 @@ def test_controller_image_runs_the_controller_with_the_mounted_config(compose: d
     assert (COMPOSE_DIR / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == (
         COMPOSE_DIR / "promreflex" / "Dockerfile"
     )
-    config = next(arg.split("=", 1)[1] for arg in service["command"] if arg.startswith("--config.file="))
+    config = next(arg.split("=", 1)[1] for arg in service["command"][0].split() if arg.startswith("--config.file="))
     assert mount_target(service, config) == COMPOSE_DIR / "promreflex" / "promreflex.yml"
 
 

@@ -16,6 +16,7 @@ def test_valid_example_loads_with_every_value():
     assert [str(m) for m in route.parsed_matchers()] == ['alertname="CopyGuardSiteOverloaded"', 'severity=~"warning|critical"']
     assert cfg.stack.ports.prometheus == 19090 and cfg.stack.ports.alertmanager == 9093
     assert cfg.stack.fast_interval == pytest.approx(0.2)
+    assert cfg.accesslog.site == "web"  # a capability's own section
 
 
 def test_invalid_example_reports_every_problem_naming_its_key():
@@ -28,9 +29,11 @@ def test_invalid_example_reports_every_problem_naming_its_key():
         "controller.routes[0].matchers",
         "controller.routes[0].colldown",
         "stack.host",
+        "stack.ports.accesslog_exporter",
+        "accesslog.site",
     ):
         assert key in text, f"{key} missing from:\n{text}"
-    assert len(exc.value.problems) >= 5
+    assert len(exc.value.problems) >= 7
 
 
 def test_beyond_loopback_requires_a_token(tmp_path):

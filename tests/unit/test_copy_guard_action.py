@@ -3,6 +3,7 @@ that nothing stays stopped (max pause, shutdown, crash recovery)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -16,6 +17,7 @@ from controllers.copy_guard.registry import Entry, Registry, process_start
 from controllers.engine import bind_routes
 from controllers.models import Alert
 from promreflex.config import ConfigError, ControllerConfig
+from promreflex.errors import UserError
 from tests.payloads import FakeAlertmanager, alert
 
 ME = os.getpid()
@@ -29,7 +31,8 @@ class FakeCopies:
         self.calls: list[tuple[str, str]] = []
         self.fail: set[str] = set()
 
-        def control(held, command, **query):
+        async def control(client, held, command, **query):
+            client.url(held.control_url, command)  # the route's host check still applies
             if held.id in self.fail:
                 raise ConnectionRefusedError("copier gone")
             self.calls.append((held.id, command))
@@ -45,7 +48,7 @@ class FakeCopies:
             self.calls.append((record["name"], "thaw"))
             self.state[record["name"]] = "running"
 
-        monkeypatch.setattr(action_mod, "_control", control)
+        monkeypatch.setattr(action_mod.ControlClient, "__call__", control)
         monkeypatch.setattr(action_mod.freeze, "pause", pause)
         monkeypatch.setattr(action_mod.freeze, "resume", resume)
         monkeypatch.setattr(action_mod.freeze, "is_frozen", lambda r: self.state.get(r["name"]) == "paused")
@@ -276,3 +279,152 @@ def test_params_are_checked_with_the_route(tmp_path):
     assert "params.mode" in text and "params.max_pause" in text and "params.lease" in text
 
 
+
+
+# ---------------------------------------------------------------- the registry is a trust boundary
+class RecordingSession:
+    """Stands in for the controller's aiohttp session: records every request, answers 200."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str]]] = []
+
+    def post(self, url, params=None, headers=None, **kw):
+        self.requests.append((url, dict(headers or {})))
+
+        class Resp:
+            status = 200
+
+            async def __aenter__(self):
+                return self
+
+            async def __aexit__(self, *exc):
+                return False
+
+            async def json(self, content_type=None):
+                return {"state": "paused"}
+
+            async def text(self):
+                return ""
+
+        return Resp()
+
+
+def _secret(path, text="s3cret", mode=0o600):
+    path.write_text(text + "\n")
+    path.chmod(mode)
+    return path
+
+
+async def test_a_registry_entry_cannot_choose_the_token_or_a_remote_host(tmp_path):
+    """An entry naming a token file (as older versions wrote) and a remote control URL: the
+    controller neither reads that file nor sends anything to that host."""
+    reg = Registry(tmp_path / "copies")
+    victim_secret = _secret(tmp_path / "victim-secret", "root-only-secret")
+    reg.add(Entry(id="local", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                  control_url="http://127.0.0.1:1"))
+    reg.add(Entry(id="remote", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                  control_url="http://203.0.113.7:8080"))
+    for name in ("local", "remote"):  # what an attacker's (or an old) entry may say
+        path = reg.path(name)
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "token_file": str(victim_secret)}))
+    session = RecordingSession()
+    a = await started(session=session)
+    p = params(reg, control_token_file=_secret(tmp_path / "route-token", "route-token"))
+    assert await a.fire(ctx(p)) == "site shop: 1 copy paused"
+    assert [(url.split("?")[0], h.get("Authorization")) for url, h in session.requests] == \
+        [("http://127.0.0.1:1/pause", "Bearer route-token")]
+    assert metric(a, "promreflex_copy_guard_errors_total", site="shop", operation="pause") == 1  # the remote one
+
+
+@pytest.mark.parametrize("url, kw, sent", [
+    ("http://127.0.0.1:1", {}, [("http://127.0.0.1:1/pause", None)]),  # no token without the route's file
+    ("http://backup-1.example:8080", {"control_hosts": ["Backup-1.example"]},
+     [("http://backup-1.example:8080/pause", None)]),  # an allow-listed host
+    ("http://backup-1.example:8080", {}, []),  # the same host, not listed
+])
+async def test_where_control_requests_go(tmp_path, url, kw, sent):
+    reg = Registry(tmp_path / "copies")
+    reg.add(Entry(id="c", kind="copier", pid=ME, pid_start=process_start(ME), site="shop", control_url=url))
+    session = RecordingSession()
+    a = await started(session=session)
+    await a.fire(ctx(params(reg, **kw)))
+    assert [(u.split("?")[0], h.get("Authorization")) for u, h in session.requests] == sent
+
+
+@pytest.mark.parametrize("url", ["https://127.0.0.1:1", "http://user:pw@127.0.0.1:1", "file:///etc/passwd", "",
+                                 "http://10.0.0.1:80", "http://127.0.0.1.example:80"])
+def test_control_urls_are_plain_http_to_loopback_or_listed_hosts(url):
+    with pytest.raises(ValueError, match="refusing control URL"):
+        action_mod.ControlClient(None, hosts=["backup-1"]).url(url, "pause")  # type: ignore[arg-type]
+
+
+def test_control_hosts_are_host_names_only():
+    with pytest.raises(ValueError, match="control_hosts"):
+        CopyGuardParams(control_hosts=["http://x:80/"])
+    assert CopyGuardParams(control_hosts=["Backup-1", "10.0.0.2", "[::1]"]).control_hosts == ["backup-1", "10.0.0.2",
+                                                                                             "::1"]
+
+
+@pytest.mark.parametrize("problem", ["group-writable", "world-writable", "foreign-owner", "token-readable",
+                                     "token-missing"])
+async def test_start_refuses_a_registry_others_can_write_and_a_readable_token(tmp_path, problem):
+    reg_dir = tmp_path / "copies"
+    reg_dir.mkdir(mode=0o700)
+    token = _secret(tmp_path / "token")
+    if problem == "group-writable":
+        reg_dir.chmod(0o770)
+    elif problem == "world-writable":
+        reg_dir.chmod(0o1777)
+    elif problem == "foreign-owner":
+        if os.geteuid() != 0:
+            pytest.fail("needs root to chown (this suite runs as root)")
+        os.chown(reg_dir, 12345, 12345)
+    elif problem == "token-readable":
+        token.chmod(0o644)
+    else:
+        token.unlink()
+    a = CopyGuardAction()
+    p = CopyGuardParams(registry_dir=reg_dir, watchdog=False, control_token_file=token)
+    a.route_params = [p]
+    with pytest.raises(UserError) as e:
+        a.preflight(p)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError):
+        await a.start({"registry": CollectorRegistry()})
+
+
+async def test_start_creates_a_missing_registry_private(tmp_path):
+    a = CopyGuardAction()
+    p = CopyGuardParams(registry_dir=tmp_path / "new" / "copies", watchdog=False)
+    a.route_params = [p]
+    await a.start({"registry": CollectorRegistry()})
+    try:
+        assert (tmp_path / "new" / "copies").stat().st_mode & 0o077 == 0
+    finally:
+        await a.shutdown()
+
+
+async def test_the_action_uses_the_controllers_session(tmp_path):
+    """A real copier-like endpoint on loopback, reached through the aiohttp session in
+    services (no threads, no urllib)."""
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    seen = []
+
+    async def pause(request):
+        seen.append((request.path, dict(request.query), request.headers.get("Authorization")))
+        return web.json_response({"state": "paused"})
+
+    app = web.Application()
+    app.router.add_post("/{command}", pause)
+    async with TestServer(app, host="127.0.0.1") as srv, ClientSession() as session:
+        reg = Registry(tmp_path / "copies")
+        reg.add(Entry(id="c", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                      control_url=f"http://127.0.0.1:{srv.port}"))
+        a = await started(session=session)
+        p = params(reg, lease=7, control_token_file=_secret(tmp_path / "token", "tok"))
+        assert await a.fire(ctx(p)) == "site shop: 1 copy paused"
+        assert await a.resolve(ctx(p, status="resolved")) == "site shop: 1 copy resumed"
+    assert seen == [("/pause", {"lease": "7.0"}, "Bearer tok"), ("/resume", {}, "Bearer tok")]

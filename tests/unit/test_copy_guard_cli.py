@@ -55,9 +55,21 @@ def test_adopt_list_resume_all(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "s1" in out and "signal" in out and "/data -> /backup" in out
         assert main(["copy-guard", "resume-all", f"--registry.dir={reg}"]) == 0
-        assert freeze.process_state(sleeper.pid) != "T"
+        assert freeze.stopped(sleeper.pid) is False
         assert Registry(reg).get("s1").pause is None
     finally:
         sleeper.kill()
         sleeper.wait()
     assert main(["copy-guard", "adopt", "--pid=999999999", f"--registry.dir={reg}"]) == 1
+
+
+def test_copy_refuses_a_token_file_others_can_read(tmp_path, capsys):
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o644)
+    assert main(["copy", str(src), str(tmp_path / "dst"), "--no-register", f"--web.token-file={token}"]) == 2
+    err = capsys.readouterr().err
+    assert "chmod 600" in err and err.count("\n") == 1
+    assert not (tmp_path / "dst").exists()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from controllers.copy_guard import freeze
-from controllers.copy_guard.registry import Entry, Registry, process_start
+from controllers.copy_guard.registry import Entry, Registry, check_dir, process_start
 
 
 def dead_pid() -> int:
@@ -104,3 +104,67 @@ def test_members_of_a_pid_include_its_children():
     finally:
         os.killpg(parent.pid, 9)
         parent.wait()
+
+
+def test_start_times_come_from_psutil_and_tell_a_reused_pid():
+    import psutil
+
+    me = os.getpid()
+    assert process_start(me) == psutil.Process(me).create_time()
+    assert process_start(dead_pid()) is None
+    assert Entry(id="x", kind="copier", pid=me, pid_start=process_start(me), site="s").alive()
+    assert not Entry(id="x", kind="copier", pid=me, pid_start=process_start(me) - 1, site="s").alive()
+
+
+def test_a_zombie_is_not_alive():
+    import psutil
+
+    from promreflex.proc import wait_until
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, timeout=10, what="a zombie")
+    try:
+        assert not Entry(id="z", kind="adopted", pid=child.pid, site="s").alive()
+    finally:
+        child.wait()
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o757, 0o1777])
+def test_a_registry_others_can_write_is_refused(tmp_path, mode):
+    from promreflex.errors import UserError
+
+    d = tmp_path / "copies"
+    d.mkdir()
+    d.chmod(mode)
+    with pytest.raises(UserError, match="writable by group or others"):
+        check_dir(d)
+    with pytest.raises(UserError):  # and nothing registers into it
+        Registry(d).add(Entry(id="a", kind="adopted", pid=os.getpid(), site="s"))
+    assert list(d.iterdir()) == []
+
+
+def test_a_registry_owned_by_someone_else_is_refused(tmp_path):
+    from promreflex.errors import UserError
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root to chown (this suite runs as root)")
+    d = tmp_path / "copies"
+    d.mkdir(mode=0o700)
+    os.chown(d, 12345, 12345)
+    with pytest.raises(UserError, match="owned by uid 12345"):
+        check_dir(d)
+
+
+def test_a_new_registry_is_private(tmp_path):
+    reg = Registry(tmp_path / "a" / "copies")
+    reg.add(Entry(id="a", kind="adopted", pid=os.getpid(), site="s"))
+    assert (tmp_path / "a" / "copies").stat().st_mode & 0o077 == 0
+    check_dir(reg.dir)
+
+
+@pytest.mark.parametrize("bad", [{"pid": True}, {"pid": -1}, {"pid_start": "yesterday"}, {"control_url": 5},
+                                 {"site": ["a"]}, {"id": 5}])
+def test_entries_with_wrongly_typed_fields_are_skipped(tmp_path, bad):
+    good = {"id": "k", "kind": "copier", "pid": os.getpid(), "site": "s"}
+    (tmp_path / "k.json").write_text(json.dumps({**good, **bad}))
+    assert Registry(tmp_path).entries() == []

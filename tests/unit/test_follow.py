@@ -38,7 +38,8 @@ def test_from_start_false_skips_backlog(tmp_path: Path) -> None:
     assert f.poll() == []
     append(log, "new\n")
     assert f.poll() == ["new"]
-    assert "from its end (offset 4)" in f.resume_info()
+    assert "at its end (offset 4)" in f.resume_info() and "skipped the 4 bytes" in f.resume_info()
+    assert f.stats.skipped_bytes == 4
     f.close()
 
 
@@ -219,7 +220,8 @@ def test_oversized_line_is_dropped_and_counted(tmp_path: Path) -> None:
     assert f.poll() == []
     append(log, "y" * 8)
     assert f.poll() == []
-    assert len(f._cur.buf) == 0 and f._cur.discarding  # noqa: SLF001 - the bound is the point
+    cur = f._cur  # noqa: SLF001 - the bound is the point
+    assert cur is not None and len(cur.buf) == 0 and cur.discarding
     append(log, "yy\nafter\n")
     assert f.poll() == ["after"]
     assert f.stats.oversized_lines == 2
@@ -309,3 +311,312 @@ def test_stats_since_gives_per_poll_deltas(tmp_path: Path) -> None:
     assert (d.lines, d.oversized_lines, d.bytes) == (1, 1, 53)
     assert before.lines == 0  # the snapshot did not move
     f.close()
+
+
+# ---------------------------------------------------------------- copytruncate, rotations while down, history
+
+
+def gzip_file(src: Path, dst: Path) -> None:
+    """``gzip`` as logrotate's compress does it: a new file (new inode), the plain one removed."""
+    import gzip
+
+    with open(src, "rb") as fi, gzip.open(dst, "wb") as fo:
+        fo.write(fi.read())
+    src.unlink()
+
+
+def copytruncate(log: Path, copy: Path) -> None:
+    import shutil
+
+    shutil.copyfile(log, copy)
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_copytruncate_reads_unread_lines_from_the_copy(tmp_path: Path, compress: bool) -> None:
+    log = tmp_path / "access.log"
+    append(log, "1\n2\n")
+    f = LogFollower(log)
+    assert f.poll() == ["1", "2"]
+    append(log, "3\n4\n")  # written after our last read, then copied and truncated
+    copytruncate(log, tmp_path / "access.log.1")
+    if compress:  # logrotate compress without delaycompress: the copy is gzipped at once
+        gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    append(log, "5\n")
+    assert f.poll() == ["3", "4", "5"]
+    assert f.poll() + f.poll() == []
+    assert (f.stats.truncations, f.stats.unrecovered) == (1, 0)
+    f.close()
+
+
+def test_copytruncate_picks_the_copy_by_content_not_by_name(tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    append(tmp_path / "access.log.1", "older rotation\n")  # an older copy: must not be read
+    append(log, "a\n")
+    f = LogFollower(log)
+    assert f.poll() == ["a"]
+    append(log, "b\n")
+    os.rename(tmp_path / "access.log.1", tmp_path / "access.log.2")
+    copytruncate(log, tmp_path / "access.log.1")
+    assert f.poll() == ["b"]
+    f.close()
+
+
+def test_truncate_and_refill_with_the_same_first_bytes_is_noticed(tmp_path: Path) -> None:
+    """Refilled past our position before the next poll, starting with the same 300 bytes: only
+    the bytes just before our offset tell."""
+    log = tmp_path / "access.log"
+    first = "h" * 300
+    append(log, f"{first}\nold-1\n")
+    f = LogFollower(log)
+    assert f.poll() == [first, "old-1"]
+    append(log, "old-2\n")
+    copytruncate(log, tmp_path / "access.log.1")
+    append(log, f"{first}\nnew-1-longer\nnew-2\n")
+    assert f.poll() == ["old-2", first, "new-1-longer", "new-2"]
+    assert f.stats.truncations == 1
+    f.close()
+
+
+def test_truncation_without_copy_is_counted_as_unrecovered(tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    append(log, "a\n")
+    f = LogFollower(log)
+    f.poll()
+    append(log, "lost\n")
+    with open(log, "r+b") as fh:
+        fh.truncate(0)
+    append(log, "b\n")
+    assert f.poll() == ["b"]
+    assert (f.stats.truncations, f.stats.unrecovered) == (1, 1)
+    f.close()
+
+
+def _run_then_stop(log: Path, state: Path, lines: str) -> list[str]:
+    append(log, lines)
+    f = LogFollower(log, state_file=state)
+    got = f.poll()
+    f.close()
+    return got
+
+
+def test_copytruncate_while_down_reads_the_copy_then_the_file(tmp_path: Path) -> None:
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    assert _run_then_stop(log, state, "1\n2\n") == ["1", "2"]
+    append(log, "3\n4\n")  # while down
+    copytruncate(log, tmp_path / "access.log.1")
+    append(log, "5\n")
+    g = LogFollower(log, state_file=state)
+    assert "draining rotated" in g.resume_info() and "access.log.1" in g.resume_info()
+    assert g.poll() == ["3", "4", "5"]
+    g.close()
+
+
+def test_rename_with_immediate_gzip_while_down(tmp_path: Path) -> None:
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    _run_then_stop(log, state, "1\n")
+    append(log, "2\n3\n")
+    os.rename(log, tmp_path / "access.log.1")
+    gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    append(log, "4\n")
+    g = LogFollower(log, state_file=state)
+    assert "access.log.1.gz" in g.resume_info()
+    assert g.poll() == ["2", "3", "4"]
+    assert g.stats.rotations == 1
+    g.close()
+
+
+def test_two_rotations_while_down_read_the_middle_file_whole(tmp_path: Path) -> None:
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    _run_then_stop(log, state, "1\n")
+    append(log, "2\n")
+    os.rename(log, tmp_path / "access.log.1")
+    append(log, "3\n")  # a whole file written while down ...
+    os.rename(tmp_path / "access.log.1", tmp_path / "access.log.2")
+    gzip_file(tmp_path / "access.log.2", tmp_path / "access.log.2.gz")
+    os.rename(log, tmp_path / "access.log.1")  # ... and rotated too
+    append(log, "4\n")
+    g = LogFollower(log, state_file=state)
+    assert g.poll() == ["2", "3", "4"]
+    assert g.stats.rotations == 2
+    g.close()
+
+
+def test_inode_reused_by_the_new_file_while_down(tmp_path: Path) -> None:
+    """The rotated file was gzipped (its inode freed) and the new log got the same inode: to
+    the follower, the same inode with other content. Simulated by rewriting in place."""
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    _run_then_stop(log, state, "old-1\n")
+    append(log, "old-2\n")
+    with open(tmp_path / "access.log.1.gz", "wb") as out:
+        import gzip
+
+        out.write(gzip.compress(log.read_bytes()))
+    ino = log.stat().st_ino
+    with open(log, "r+b") as fh:  # same inode, new content longer than the saved offset
+        fh.truncate(0)
+        fh.write(b"new-1-is-longer\n")
+    assert log.stat().st_ino == ino
+    g = LogFollower(log, state_file=state)
+    assert "reusing the inode" in g.resume_info()
+    assert g.poll() == ["old-2", "new-1-is-longer"]
+    g.close()
+
+
+def test_restart_in_the_middle_of_a_gzipped_rotation(tmp_path: Path) -> None:
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    _run_then_stop(log, state, "0\n")
+    append(log, "".join(f"{i:03d}\n" for i in range(1, 100)))
+    os.rename(log, tmp_path / "access.log.1")
+    gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    append(log, "new\n")
+    g = LogFollower(log, state_file=state, max_poll_bytes=40)
+    got = g.poll() + g.poll()
+    g.close()  # stopped half-way through the .gz
+    h = LogFollower(log, state_file=state)
+    got += h.poll() + h.poll()
+    assert got == [f"{i:03d}" for i in range(1, 100)] + ["new"]
+    h.close()
+
+
+def test_first_start_at_end_then_restarts_resume(tmp_path: Path) -> None:
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    append(log, "old\n")
+    f = LogFollower(log, state_file=state, from_start=False)
+    assert f.poll() == [] and f.stats.skipped_bytes == 4
+    f.close()
+    append(log, "new\n")
+    g = LogFollower(log, state_file=state, from_start=False)
+    assert g.poll() == ["new"] and g.stats.skipped_bytes == 0
+    g.close()
+
+
+def test_rotated_siblings_order_and_gzip_in_progress(tmp_path: Path) -> None:
+    from promreflex.follow import rotated_siblings
+
+    for name in ["access.log", "access.log.1", "access.log.2.gz", "access.log.10.gz", "access.log.3",
+                 "access.log.3.gz", "access.log.json", "access.logger", "other.log.1"]:
+        append(tmp_path / name, "x\n")
+    names = [p.name for p in rotated_siblings(tmp_path / "access.log")]
+    assert names == ["access.log.10.gz", "access.log.3", "access.log.2.gz", "access.log.1"]
+    for name in ["a.log-20240101.gz", "a.log-20240102"]:
+        append(tmp_path / name, "x\n")
+    os.utime(tmp_path / "a.log-20240101.gz", (1_700_000_000, 1_700_000_000))
+    assert [p.name for p in rotated_siblings(tmp_path / "a.log")] == ["a.log-20240101.gz", "a.log-20240102"]
+
+
+def test_read_lines_reads_plain_and_gzip_and_refuses_binary(tmp_path: Path) -> None:
+    import gzip
+
+    from promreflex.follow import NotTextError, check_text, read_lines
+
+    plain, gz, junk, bz = tmp_path / "a.log", tmp_path / "a.log.1.gz", tmp_path / "junk", tmp_path / "a.log.2.bz2"
+    plain.write_bytes(b"1\r\n2\nlast-no-newline")
+    gz.write_bytes(gzip.compress(b"3\n4\n"))
+    junk.write_bytes(bytes(range(256)) * 40)
+    bz.write_bytes(b"BZh91AY&SY" + bytes(100))
+    assert [ln for batch in read_lines(plain) for ln in batch] == ["1", "2", "last-no-newline"]
+    assert [ln for batch in read_lines(gz) for ln in batch] == ["3", "4"]
+    problem = check_text(gz, allow_gzip=False)
+    assert problem is not None and "gzip" in problem
+    for bad, word in [(junk, "not text"), (bz, "bzip2")]:
+        with pytest.raises(NotTextError, match=word):
+            next(read_lines(bad))
+    gz_junk = tmp_path / "b.gz"
+    gz_junk.write_bytes(gzip.compress(bytes(range(256)) * 40))
+    with pytest.raises(NotTextError, match="gzip-compressed, and not text"):
+        next(read_lines(gz_junk))
+
+
+class _Writer:
+    """A writer like nginx: keeps its log open (O_APPEND) until told to reopen."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.n = path, 0
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, k: int) -> None:
+        os.write(self.fd, "".join(f"line {self.n + i} {'x' * (i % 37)}\n" for i in range(k)).encode())
+        self.n += k
+
+    def reopen(self) -> None:
+        os.close(self.fd)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def test_rotation_sequence_in_process_counts_every_line_once(tmp_path: Path) -> None:
+    """The torture sequence without nginx: rotations while reading (with unread lines in
+    flight) and while stopped, restarts, inode reuse; lines read = lines in every file left."""
+    import re
+    import subprocess
+
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    w = _Writer(log)
+    got: list[str] = []
+
+    def shift() -> None:
+        for n, p in sorted(((int(p.name.split(".")[2]), p) for p in tmp_path.glob("access.log.*")), reverse=True):
+            p.rename(p.with_name(p.name.replace(f"access.log.{n}", f"access.log.{n + 1}", 1)))
+
+    def rotate(kind: str) -> None:
+        shift()
+        if kind == "copytruncate":
+            copytruncate(log, tmp_path / "access.log.1")
+            return
+        log.rename(tmp_path / "access.log.1")
+        if kind == "reuse":  # gzip before the writer reopens: the new log may get the freed inode
+            gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+            w.reopen()
+            return
+        w.write(3)  # still writing to the renamed file
+        w.reopen()
+        if kind == "gzip":
+            gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+
+    f = LogFollower(log, state_file=state, drain_grace=0)
+    for kind in ["rename", "gzip", "copytruncate"]:  # while running, unread lines in flight
+        w.write(20)
+        got += f.poll()
+        w.write(20)
+        rotate(kind)
+        w.write(20)
+        got += f.poll() + f.poll()
+    for kind in ["rename", "gzip", "copytruncate", "reuse", "two"]:  # while stopped
+        w.write(20)
+        got += f.poll()
+        f.close()
+        w.write(20)
+        rotate("reuse" if kind == "two" else kind)
+        w.write(20)
+        if kind == "two":
+            rotate("rename")
+            w.write(20)
+        f = LogFollower(log, state_file=state, drain_grace=0)
+        got += f.poll() + f.poll() + f.poll()
+    f.close()
+    files = sorted(str(p) for p in tmp_path.glob("access.log*"))
+    logged = subprocess.run(["zcat", "-f", *files], capture_output=True, check=True).stdout.decode().splitlines()
+    numbers = sorted(int(re.match(r"line (\d+)", ln).group(1)) for ln in got)  # type: ignore[union-attr]
+    assert numbers == list(range(w.n)) and len(logged) == w.n
+    os.close(w.fd)
+
+
+def test_restart_half_way_through_a_gzip_rotated_while_down(tmp_path: Path) -> None:
+    """Two rotations while down, the middle file gzipped and read from 0: a second restart in
+    the middle of it resumes there."""
+    log, state = tmp_path / "access.log", tmp_path / "st.json"
+    _run_then_stop(log, state, "0\n")
+    os.rename(log, tmp_path / "access.log.2")
+    append(log, "".join(f"{i:04d}\n" for i in range(1, 3000)))  # written whole while down
+    os.rename(log, tmp_path / "access.log.1")
+    gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    append(log, "new\n")
+    g = LogFollower(log, state_file=state, max_poll_bytes=5000)
+    got = g.poll()
+    g.close()
+    h = LogFollower(log, state_file=state)
+    assert "access.log.1.gz" in h.resume_info()
+    got += h.poll() + h.poll()
+    assert got == [f"{i:04d}" for i in range(1, 3000)] + ["new"]
+    h.close()

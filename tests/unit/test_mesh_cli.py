@@ -78,7 +78,8 @@ def test_invalid_config_names_every_problem(tmp_path: Path) -> None:
             "logs": [
                 {"workload": "Front_End", "path": "/a.log"},
                 {"workload": "carts", "path": "/b.log", "format": "envoy", "format_string": "50% off"},
-                {"workload": "orders", "path": "/c.log", "format": "envoy"},
+                # (format envoy without format_string is Envoy's default format: valid)
+                {"workload": "orders", "path": "/c.log", "format": "ztunnel", "json_format": {"d": "%DURATION%"}},
                 {"workload": "user", "path": "/d.log", "format_string": "%DURATION%"},
             ],
         },
@@ -89,7 +90,7 @@ def test_invalid_config_names_every_problem(tmp_path: Path) -> None:
     assert "listen_address" in text and "colour" in text
     assert "logs[0].workload" in text
     assert "logs[1]" in text and "starts no operator" in text
-    assert "logs[2]" in text and "needs format_string" in text
+    assert "logs[2]" in text and "json_format is only for format 'istio_json'" in text
     assert "logs[3]" in text and "only for format 'envoy'" in text
 
 

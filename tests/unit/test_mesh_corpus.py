@@ -7,21 +7,20 @@ feeds each line to the stream of the sidecar that wrote it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client import CollectorRegistry
 
 from exporters.mesh.collector import MeshExporter
 from exporters.mesh.envoy_format import ISTIO_LEGACY_TEXT_FORMAT
+from tests.corpus import corpus, needs_corpus
 
-CORPUS = Path("/work/shared/corpus/envoy-istio-access-logs")
+CORPUS = corpus("envoy-istio-access-logs")
 RETRY_FORMAT = (  # ssup2 istio-retry-policy post, "[File 5]"
     '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%" %RESPONSE_CODE% '
     "retry_attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% flags=%RESPONSE_FLAGS% details=%RESPONSE_CODE_DETAILS%\n"
 )
 
-pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not present")
+pytestmark = needs_corpus
 
 
 def lines(rel: str) -> list[str]:
@@ -131,11 +130,13 @@ def test_json_file_all_92_lines() -> None:
     assert (stats.lines, stats.parsed, dict(stats.rejected)) == (92, 92, {})
     out = {"source": "client", "destination": "mock-server"}
     inb = {"source": "unknown", "destination": "client"}  # the file interleaves the server sidecar
-    assert req(reg, **out, code_class="5xx", response_flags="UF,URX") == 2  # written "URX,UF"
-    assert req(reg, **out, code_class="5xx", response_flags="UH") == 7
+    # gRPC failures answered with HTTP 200 take their status' class (Unavailable -> 5xx):
+    # 2 HTTP 503s written "URX,UF" plus 2 gRPC Unavailable over HTTP 200.
+    assert req(reg, **out, code_class="5xx", response_flags="UF,URX") == 4
+    assert req(reg, **out, code_class="5xx", response_flags="UH") == 15  # 7 HTTP 503 + 8 gRPC Unavailable
     assert req(reg, **out, code_class="none", response_flags="DC") == 2
     assert req(reg, **inb, code_class="none", response_flags="DR") == 2
-    assert req(reg, **inb, code_class="2xx", response_flags="UC") == 8
+    assert req(reg, **inb, code_class="5xx", response_flags="UC") == 10  # gRPC errors over HTTP 200
     total = sum(
         s.value
         for m in reg.collect()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from controllers.models import Alert
 from controllers.nginx_tuner.action import RetuneNginx, RetuneParams, in_window
 from controllers.nginx_tuner.memory import NginxMemoryCollector
 from controllers.nginx_tuner.passive import PassiveMeasurer
+from controllers.nginx_tuner.procfs import children, cmdline
 from controllers.nginx_tuner.trial import LoadError
+from promreflex.proc import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nginx"
 UTC = dt.UTC
@@ -159,17 +162,25 @@ def test_passive_site_is_quoted_as_data() -> None:
     assert 'site="a\\"b"' in q["mean"]
 
 
-def test_memory_collector_on_fixture_proc_and_missing_pid(tmp_path: Path) -> None:
+def test_memory_collector_on_a_master_and_missing_pid(tmp_path: Path) -> None:
     reg = CollectorRegistry()
     pid_file = tmp_path / "nginx.pid"
-    NginxMemoryCollector(pid_file, registry=reg, proc_root=FIXTURES / "proc_pss")
+    NginxMemoryCollector(pid_file, registry=reg)
     assert reg.get_sample_value("promreflex_nginx_memory_up") == 0
     assert reg.get_sample_value("promreflex_nginx_memory_bytes", {"method": "pss"}) is None
-    pid_file.write_text("100\n")
-    value = reg.get_sample_value("promreflex_nginx_memory_bytes", {"method": "pss"})
-    assert reg.get_sample_value("promreflex_nginx_memory_up") == 1
-    assert value is not None and value > 0 and not math.isnan(value)
-    assert reg.get_sample_value("promreflex_nginx_processes") >= 2
+    # A process titled the way nginx titles its master, with one "worker".
+    master = subprocess.Popen(["bash", "-c", 'sleep 60 & exec -a "nginx: master process" sleep 60'])
+    try:
+        wait_until(lambda: len(children(master.pid)) == 1 and "master process" in cmdline(master.pid), timeout=10,
+                   what="the fake master and its worker")
+        pid_file.write_text(f"{master.pid}\n")
+        value = reg.get_sample_value("promreflex_nginx_memory_bytes", {"method": "pss"})
+        assert reg.get_sample_value("promreflex_nginx_memory_up") == 1
+        assert value is not None and value > 0 and not math.isnan(value)
+        assert reg.get_sample_value("promreflex_nginx_processes") == 2
+    finally:
+        master.kill()
+        master.wait()
 
 
 def test_memory_collector_on_this_process_is_not_an_nginx(tmp_path: Path) -> None:

@@ -1,58 +1,93 @@
-"""nginx memory from /proc (controllers.nginx_tuner.memory) on fixture proc trees.
-
-Fixture trees: pid 100 is the master (ppid 1), 101 and 102 are workers, 103 is a zombie
-child (not counted), 200 is an unrelated process. ``proc_pss`` has smaps_rollup with
-``Pss: 1000+pid kB``; ``proc_uss`` has only smaps, two mappings with Private_Clean 4 kB and
-Private_Dirty ``pid`` kB.
-"""
+"""nginx memory (controllers.nginx_tuner.memory) and its process tree (procfs), read with psutil
+from real processes: a fake master (its title rewritten the way nginx does, with ``exec -a``)
+with two "workers", one zombie child that is never reaped, and an unrelated process."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+import psutil
 import pytest
 
-from controllers.nginx_tuner.memory import group_memory, nginx_memory
+from controllers.nginx_tuner.memory import group_memory, nginx_memory, process_memory
 from controllers.nginx_tuner.procfs import children, cmdline, ppid
+from promreflex.proc import wait_until
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nginx"
-
-
-def test_children_skip_zombies_and_strangers() -> None:
-    root = FIXTURES / "proc_pss"
-    assert children(100, root) == [101, 102]
-    assert ppid(103, root) is None and ppid(101, root) == 100 and ppid(999, root) is None
-    assert cmdline(999, root) == ""
+# bash starts the workers and a child that exits shortly, then becomes the "master" in place
+# (same PID): the exited child stays a zombie, since sleep never reaps.
+MASTER = 'sleep 60 & sleep 60 & (sleep 0.2) & exec -a "nginx: master process /usr/sbin/nginx -c x" sleep 60'
 
 
-def test_pss_summed_over_master_and_workers() -> None:
-    r = nginx_memory(100, FIXTURES / "proc_pss")
-    assert r.method == "pss"
-    assert r.per_process == {100: 1100 * 1024, 101: 1101 * 1024, 102: 1102 * 1024}
-    assert r.total_bytes == 3303 * 1024
+@dataclass
+class Tree:
+    master: int
+    workers: list[int]
+    zombie: int
+    stranger: int
 
 
-def test_uss_fallback_without_smaps_rollup() -> None:
-    r = nginx_memory(100, FIXTURES / "proc_uss")
-    assert r.method == "uss"
-    assert r.per_process == {100: 104 * 1024, 101: 105 * 1024, 102: 106 * 1024}
-    assert r.total_bytes == 315 * 1024
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    master = subprocess.Popen(["bash", "-c", MASTER])
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        proc = psutil.Process(master.pid)
+
+        def settled() -> list[psutil.Process] | None:
+            kids = proc.children()
+            zombies = [k for k in kids if k.status() == psutil.STATUS_ZOMBIE]
+            return kids if len(kids) == 3 and len(zombies) == 1 and "master process" in " ".join(proc.cmdline()) else None
+
+        kids = wait_until(settled, timeout=10, what="the fake nginx tree")
+        zombie = next(k.pid for k in kids if k.status() == psutil.STATUS_ZOMBIE)
+        yield Tree(master.pid, sorted(k.pid for k in kids if k.pid != zombie), zombie, stranger.pid)
+    finally:
+        for p in (master, stranger):
+            p.kill()
+            p.wait()
 
 
-def test_process_exiting_mid_read_is_reported_not_counted(tmp_path: Path) -> None:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc_pss", root)
-    (root / "102" / "smaps_rollup").unlink()  # as if worker 102 exited after being listed
-    r = nginx_memory(100, root)
-    assert (r.vanished, r.total_bytes) == ((102,), 2201 * 1024)
+def gone_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_children_skip_zombies_and_strangers(tree: Tree) -> None:
+    assert children(tree.master) == tree.workers
+    assert tree.stranger not in children(tree.master)
+    assert ppid(tree.workers[0]) == tree.master
+    assert ppid(tree.zombie) is None
+    gone = gone_pid()
+    assert ppid(gone) is None and children(gone) == [] and cmdline(gone) == ""
+    assert cmdline(tree.master).startswith("nginx: master process /usr/sbin/nginx -c x")
+
+
+def test_pss_summed_over_master_and_workers(tree: Tree) -> None:
+    r = nginx_memory(tree.master)
+    assert r.method == "pss" and r.vanished == ()
+    assert set(r.per_process) == {tree.master, *tree.workers}
+    assert all(v > 0 for v in r.per_process.values())
+    assert r.total_bytes == sum(r.per_process.values())
+
+
+def test_uss_on_request_counts_private_pages_only(tree: Tree) -> None:
+    r = nginx_memory(tree.master, method="uss")
+    assert r.method == "uss" and set(r.per_process) == {tree.master, *tree.workers}
+    # PSS adds a share of every shared page (libc, the sleep binary) to the private ones.
+    for pid, uss in r.per_process.items():
+        assert 0 < uss < process_memory(pid, "pss")
+
+
+def test_process_exiting_mid_read_is_reported_not_counted(tree: Tree) -> None:
+    gone = gone_pid()
+    r = group_memory([tree.master, gone])
+    assert r.vanished == (gone,) and set(r.per_process) == {tree.master}
     with pytest.raises(ProcessLookupError):
-        group_memory([102], root, method="pss")
-
-
-def test_garbage_smaps_is_a_clear_error(tmp_path: Path) -> None:
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc_pss", root)
-    (root / "100" / "smaps_rollup").write_text("Pss: lots\n")
-    with pytest.raises(ValueError, match="unexpected smaps line"):
-        nginx_memory(100, root)
+        group_memory([gone])
+    with pytest.raises(ProcessLookupError):
+        group_memory([tree.zombie])
+    with pytest.raises(ValueError, match="no processes"):
+        group_memory([])

@@ -18,7 +18,7 @@ def test_register_adds_rca_with_two_subcommands():
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["rca", "offline", "D", "--threshold", "500ms", "--json"])
-    assert (args.dir, args.threshold, args.json) == ("D", 0.5, True)
+    assert (args.path, args.threshold, args.json) == ("D", 0.5, True)
     args = parser.parse_args(["rca", "explain"])
     assert args.report == str(DEFAULT_REPORT) == ".promreflex/rca/latest.json"
     with pytest.raises(SystemExit):

@@ -16,6 +16,7 @@ from controllers.rca.promsource import (
     PromSourceConfig,
     PromSourceError,
     analyse_prometheus,
+    analyse_range,
     collect,
     promql_string,
     render,
@@ -67,6 +68,11 @@ class FakePrometheus:
         n = int((end - float(request.query["start"])) / step) + 1
         quiet = [1.0 + 0.01 * (i % 3) for i in range(n)]
         hot = [v if i < n - 5 else 8.0 for i, v in enumerate(quiet)]
+        if "caller_p99" in q or "edge_errors" in q:  # grouped signals, labelled by service
+            series = {"payment": hot if "caller_p99" in q else quiet, "": hot}  # an unlabelled row is skipped
+            result = [{"metric": {"service": s} if s else {}, "values": matrix([0.02 * v for v in vals], end, step)}
+                      for s, vals in series.items()]
+            return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
         if "histogram_quantile" in q:
             if self.fail_latency:
                 return web.json_response({"status": "error", "errorType": "timeout", "error": "too slow"}, status=503)
@@ -190,3 +196,25 @@ async def test_latency_maxima_query_feeds_the_threshold(prom):
     assert data.services["carts"].latency.max_s == 4.5
     assert data.services["front"].latency.max_s is None  # NaN skipped, series kept
     assert data.services["front"].latency.series is not None
+
+
+async def test_caller_side_latency_and_errors_are_scored_series(prom):
+    fake, url = prom
+    queries = PromQueries(latency_caller="max by (service) (caller_p99)", errors="max by (service) (edge_errors)")
+    cfg = CFG.model_copy(update={"queries": queries})
+    async with aiohttp.ClientSession() as session:
+        data = await collect(PrometheusClient(url, session), cfg, end=END)
+    payment = data.services["payment"]  # known only from these series
+    assert [(m.kind, m.name) for m in payment.metrics] == [("latency", "caller-side latency"), ("errors", "error ratio")]
+    f = await analyse_prometheus(url, cfg, end=END)  # the same engine ranks it by that latency
+    assert f.verdict("payment").top_signal == "latency:caller-side latency"
+
+
+async def test_a_range_without_inject_time_finds_the_start(prom):
+    _, url = prom
+    cfg = PromSourceConfig(step=15)
+    found = await analyse_range(url, cfg, start=END - 300, end=END)
+    assert "earliest significant change point" in found.explain()
+    assert found.verdict("carts").resources["cpu"].anomalous
+    given = await analyse_range(url, cfg, start=END - 300, end=END, inject_time=END - 60)
+    assert "scored against the earlier one" in given.explain()

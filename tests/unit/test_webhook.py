@@ -1,9 +1,11 @@
 """The webhook receiver: every corpus payload accepted or rejected with a reason; broken and
-hostile bodies get a 4xx, never a 5xx."""
+hostile bodies get a 4xx, never a 5xx, and are counted and audited."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,15 @@ from controllers.engine import Engine
 from controllers.metrics import ControllerMetrics
 from controllers.server import build_app
 from promreflex.config import ControllerConfig, Route
+from promreflex.httpd import LIMITS, Limits
+from tests.corpus import corpus, needs_corpus
 from tests.payloads import alert, payload
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "alertmanager-webhooks"
+CORPUS = corpus("alertmanager-webhooks")
 
 # What the receiver makes of each corpus file (decided by reading them, see docs/decisions.md):
-# msteams fixtures are version 4 from Alertmanagers that did not send per-alert status yet;
-# their status is derived from endsAt. The others carry no version and are rejected.
+# msteams fixtures are hand-made version-4 payloads without per-alert status (no real
+# Alertmanager sends those); their status is derived from endsAt, as for curl and scripts. The others carry no version and are rejected.
 EXPECTED = {
     "am_executor_alert_payload.json": (422, "unsupported webhook version None"),
     "msteams_12_alerts.json": (200, 12),
@@ -40,12 +44,14 @@ EXPECTED = {
 }
 
 
-@pytest.fixture
-async def client(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+async def _client(tmp_path, token: str | None = "s3cret", limits: Limits | None = None):
+    token_file = None
+    if token is not None:
+        token_file = tmp_path / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
     cfg = ControllerConfig(
-        audit_log=tmp_path / "audit.jsonl", state_file=tmp_path / "state.json", max_body_bytes=64 * 1024,
+        audit_log=tmp_path / "audit.jsonl", state_file=tmp_path / "state.json", max_body_bytes=256 * 1024,
         token_file=token_file, alertmanager_url=None,
         routes=[Route(name="all", matchers=['alertname=~".+"'], action="log")],
     )
@@ -53,20 +59,47 @@ async def client(tmp_path):
     audit = AuditLog(cfg.audit_log)
     engine = Engine(cfg, ControllerMetrics(registry, ["log"]), audit)
     app = build_app(cfg, engine, engine.metrics, registry, audit)
-    async with TestClient(TestServer(app)) as c:
-        c.registry, c.engine, c.audit_path = registry, engine, cfg.audit_log
-        yield c
-        await engine.shutdown()
+    if limits is not None:
+        app[LIMITS] = limits
+    c = TestClient(TestServer(app))
+    await c.start_server()
+    c.registry, c.engine, c.audit_path = registry, engine, cfg.audit_log
+    return c
+
+
+@pytest.fixture
+async def client(tmp_path):
+    c = await _client(tmp_path)
+    yield c
+    await c.close()
+    await c.engine.shutdown()
+
+
+async def raw_request(port: int, head: bytes, body: bytes = b"", wait: float = 10.0) -> bytes:
+    """Send bytes as they are (headers no HTTP client would send) and return the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(65536), wait)
+    finally:
+        writer.close()
+
+
+def rejections(c, reason: str) -> float | None:
+    return c.registry.get_sample_value("promreflex_controller_payload_rejections_total", {"reason": reason})
 
 
 AUTH = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
 
 
+@needs_corpus
 def test_corpus_is_complete():
     assert CORPUS.is_dir(), f"corpus not found at {CORPUS}"
     assert sorted(p.name for p in CORPUS.glob("*.json")) == sorted(EXPECTED)
 
 
+@needs_corpus
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 async def test_corpus_payload(client, name):
     code, detail = EXPECTED[name]
@@ -111,6 +144,118 @@ async def test_broken_payloads_get_a_4xx_with_a_reason(client, body, code, reaso
     assert client.engine.entries == {}
 
 
+DEEP = b"[" * 100_000 + b"]" * 100_000
+HUGE_INT = b'{"version": "4", "truncatedAlerts": ' + b"9" * 5000 + b"}"
+
+
+def _no_status(**fields):
+    a = {**alert(), **fields}
+    del a["status"]
+    return a
+
+
+@pytest.mark.parametrize(
+    "body, code, reason, words",
+    [
+        (DEEP, 400, "not_json", "nested too deeply"),
+        (b'{"version": "4", "alerts": ' + DEEP + b"}", 400, "not_json", "nested too deeply"),
+        (HUGE_INT, 400, "not_json", "4300"),
+        (json.dumps(payload(alert(starts="0001-01-01T00:30:00+01:00"))).encode(), 422, "invalid_payload", "startsAt"),
+        (json.dumps(payload(alert(ends="9999-12-31T23:59:59-01:00"))).encode(), 422, "invalid_payload", "endsAt"),
+        (json.dumps({**payload(), "alerts": [_no_status(endsAt="9999-12-31T23:59:59-01:00")]}).encode(), 422,
+         "invalid_payload", "endsAt"),
+        (json.dumps({**payload(), "version": [[["4"]]]}).encode(), 422, "invalid_payload", "version list"),
+    ],
+    ids=["deep", "deep-inside", "huge-int", "starts-before-year-1", "ends-after-9999", "derived-status-overflow",
+         "version-list"],
+)
+async def test_hostile_bodies_are_classified_counted_and_audited(client, body, code, reason, words):
+    resp = await client.post("/webhook", data=body, headers=AUTH)
+    got = await resp.json()
+    assert resp.status == code, got
+    assert got["reason"] == reason and words in got["message"], got
+    assert rejections(client, reason) == 1
+    assert client.registry.get_sample_value("promreflex_controller_webhook_requests_total", {"code": str(code)}) == 1
+    audited = [r for r in read_audit(client.audit_path) if r["event"] == "rejected"]
+    assert [(r["code"], r["reason"]) for r in audited] == [(code, reason)]
+    assert client.engine.entries == {}
+
+
+NON_UTF8 = b"Authorization: Bearer s3cr\xff\xfet\r\n"
+
+
+@pytest.mark.parametrize("token, code", [("s3cret", 401), (None, 200)], ids=["token", "no-token"])
+async def test_a_non_utf8_authorization_header_is_a_401_or_ignored_without_a_token(tmp_path, token, code):
+    c = await _client(tmp_path, token=token)
+    try:
+        body = json.dumps(payload()).encode()
+        head = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + NON_UTF8
+                + f"Content-Length: {len(body)}\r\n\r\n".encode())
+        answer = await raw_request(c.server.port, head, body)
+        assert answer.startswith(f"HTTP/1.1 {code}".encode()), answer
+        assert rejections(c, "unauthorized") == (1 if code == 401 else 0)
+        assert (b'"accepted": 1' in answer) == (code == 200)
+    finally:
+        await c.close()
+        await c.engine.shutdown()
+
+
+def _encoded(encoding: bytes, body: bytes) -> bytes:
+    return (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer s3cret\r\n"
+            b"Content-Encoding: " + encoding + f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+@pytest.mark.parametrize("raw, code, reason", [
+    (_encoded(b"gzip", b"not gzip"), 400, "bad_body"),
+    (_encoded(b"deflate", zlib.compress(b"[" * 10_000_000)), 413, "too_large"),  # 10 MB once inflated
+], ids=["bad-gzip", "deflate-bomb"])
+async def test_bodies_that_do_not_decode_are_classified(client, raw, code, reason):
+    answer = await raw_request(client.server.port, raw)
+    assert answer.startswith(f"HTTP/1.1 {code}".encode()), answer
+    assert rejections(client, reason) == 1
+
+
+async def test_a_content_length_above_the_limit_is_refused_before_reading(client):
+    head = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer s3cret"
+            b"\r\nContent-Length: 10485760\r\n\r\n")
+    answer = await raw_request(client.server.port, head)  # no body sent at all
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"Content-Length 10485760 is above the limit" in answer and b"Connection: close" in answer
+    assert rejections(client, "too_large") == 1
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
+    c = await _client(tmp_path, limits=Limits(body_timeout=0.3))
+    try:
+        head = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer s3cret\r\nContent-Length: 100\r\n\r\n")
+        answer = await raw_request(c.server.port, head, b'{"version"')
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert rejections(c, "timeout") == 1
+    finally:
+        await c.close()
+        await c.engine.shutdown()
+
+
+async def test_state_needs_the_token(client):
+    assert (await client.get("/api/v1/state")).status == 401
+    assert (await client.get("/api/v1/state", headers={"Authorization": "Bearer wrong"})).status == 401
+    resp = await client.get("/api/v1/state", headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["entries"] == []
+
+
+async def test_an_internal_error_is_a_counted_audited_500(client, monkeypatch):
+    async def broken(_payload):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(client.engine, "handle_payload", broken)
+    resp = await client.post("/webhook", json=payload(), headers=AUTH)
+    assert resp.status == 500
+    assert (await resp.json())["reason"] == "internal_error"
+    assert client.registry.get_sample_value("promreflex_controller_webhook_requests_total", {"code": "500"}) == 1
+    assert [r["reason"] for r in read_audit(client.audit_path) if r["event"] == "error"] == ["internal_error"]
+
+
 async def test_huge_body_is_413(client):
     big = payload(*[alert(instance=f"i{i}") for i in range(2000)])
     resp = await client.post("/webhook", data=json.dumps(big).encode(), headers=AUTH)
@@ -146,12 +291,21 @@ async def test_the_replay_example_in_the_runbook_is_accepted(client):
     assert resp.status == 200 and (await resp.json())["accepted"] == 1
 
 
+_RAW = {  # values json.dumps cannot write: spliced into the text after dumping
+    "@@deep@@": DEEP.decode(),
+    "@@huge-int@@": "9" * 5000,
+}
+
+
 def _mutants(seed: int, count: int):
-    """Valid payloads with one field replaced by a value of another type, deleted, or nested."""
+    """Valid payloads (as bytes) with one field replaced by a value of another type, deleted,
+    or nested, including hostile values: JSON nested 100,000 deep, an integer of 5,000 digits,
+    timestamps that overflow when converted to UTC."""
     import random
 
     rng = random.Random(seed)
-    oddities = [None, 0, -1, 1.5, True, "", "x" * 300, [], {}, [1, "a"], {"a": {"b": []}}, "0001-01-01T00:00:00Z"]
+    oddities = [None, 0, -1, 1.5, True, "", "x" * 300, [], {}, [1, "a"], {"a": {"b": []}}, "0001-01-01T00:00:00Z",
+                "0001-01-01T00:30:00+01:00", "9999-12-31T23:59:59-01:00", *_RAW]
     for _ in range(count):
         body = payload(alert(instance="a"), alert(status="resolved", instance="b"))
         node, path = body, []
@@ -160,20 +314,34 @@ def _mutants(seed: int, count: int):
             path.append(key)
             parent, node = node, node[key]
         if not path:
-            yield rng.choice(oddities)
-            continue
-        if rng.random() < 0.2 and isinstance(parent, dict):
+            out = rng.choice(oddities)
+        elif rng.random() < 0.2 and isinstance(parent, dict):
             del parent[path[-1]]
+            out = body
         else:
             parent[path[-1]] = rng.choice(oddities)
-        yield body
+            out = body
+        text = json.dumps(out)
+        for marker, raw in _RAW.items():
+            text = text.replace(json.dumps(marker), raw)
+        yield text.encode()
 
 
 async def test_no_mutation_of_a_payload_gets_a_5xx(client):
     codes = set()
-    for body in _mutants(seed=7, count=300):
-        resp = await client.post("/webhook", data=json.dumps(body).encode(), headers=AUTH)
-        assert resp.status < 500, (resp.status, body)
+    for body in _mutants(seed=7, count=400):
+        resp = await client.post("/webhook", data=body, headers=AUTH)
+        assert resp.status < 500, (resp.status, body[:300])
         codes.add(resp.status)
         assert (await resp.json())["status"] in ("accepted", "rejected")
-    assert {200, 422} <= codes  # some mutants stay valid (e.g. an annotation changed), most do not
+    assert {200, 400, 422} <= codes  # some mutants stay valid (e.g. an annotation changed), most do not
+    rejected = sum(v for k, v in _samples(client, "promreflex_controller_payload_rejections_total"))
+    audited = [r for r in read_audit(client.audit_path) if r["event"] == "rejected"]
+    assert rejected == len(audited) > 0
+
+
+def _samples(c, name: str):
+    for metric in c.registry.collect():
+        for sample in metric.samples:
+            if sample.name == name:
+                yield sample.labels, sample.value

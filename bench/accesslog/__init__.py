@@ -1,0 +1,1 @@
+"""Access-log exporter against mtail, in lines per CPU-second: ``python -m bench.accesslog``."""

@@ -1,0 +1,176 @@
+"""The conditions a benchmark ran under, measured with psutil (no hand-parsed ``/proc``).
+
+The benches share a 2-core machine with other work, so every figure is printed beside what the
+machine was doing while it was measured: CPU busy, steal and iowait (machine-wide, sampled once
+a second), the 1-minute load average (at start, end and its maximum), and, for named groups of
+processes (e.g. "control plane" and "load"), the CPU seconds each group used and the cores that
+makes on average.
+
+    with HostSampler(groups={"load": lambda: [pid]}) as host:
+        ...
+    print(describe(host.summary()))
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PidSource = Callable[[], Iterable[int]]
+
+
+def _tree(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes and all their descendants (skipping any that are gone)."""
+    out: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out[p.pid] = p
+            for c in p.children(recursive=True):
+                out[c.pid] = c
+        except psutil.Error:
+            continue
+    return list(out.values())
+
+
+class HostSampler:
+    """Samples the machine once per ``interval`` seconds in a background thread until stopped."""
+
+    def __init__(self, interval: float = 1.0, groups: Mapping[str, PidSource] | None = None):
+        self.interval = interval
+        self.groups = dict(groups or {})
+        self.cpu: list[dict[str, float]] = []  # per sample: busy, steal, iowait (percent of all cores)
+        self.load1: list[float] = []
+        # group -> pid -> (create_time, first cpu seconds, last cpu seconds)
+        self._cpu_s: dict[str, dict[int, tuple[float, float, float]]] = {g: {} for g in self.groups}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started = self.ended = 0.0
+
+    def _sample_groups(self) -> None:
+        for group, source in self.groups.items():
+            try:
+                procs = _tree(source())
+            except Exception:  # noqa: BLE001 - a pid source that fails (stack going down) samples nothing
+                continue
+            seen = self._cpu_s[group]
+            for p in procs:
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        created = p.create_time()
+                except psutil.Error:
+                    continue
+                used = t.user + t.system
+                first = seen.get(p.pid)
+                if first is None or first[0] != created:  # new process (or a reused pid)
+                    # a process born during the window counts from 0, one already running from now
+                    base = used if self.started and created < self.started else 0.0
+                    seen[p.pid] = (created, base, used)
+                else:
+                    seen[p.pid] = (created, first[1], used)
+
+    def _sample(self) -> None:
+        ct = psutil.cpu_times_percent(interval=None)
+        steal, iowait = getattr(ct, "steal", 0.0), getattr(ct, "iowait", 0.0)
+        # busy: time spent running something here (user, nice, system, irq); steal and iowait apart
+        self.cpu.append({"busy": 100.0 - ct.idle - iowait - steal, "steal": steal, "iowait": iowait})
+        self.load1.append(os.getloadavg()[0])
+        self._sample_groups()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> HostSampler:
+        self.started = time.time()
+        psutil.cpu_times_percent(interval=None)  # the next call measures from here
+        self.load1.append(os.getloadavg()[0])
+        self._sample_groups()
+        self._thread = threading.Thread(target=self._loop, name="host-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            self._sample()
+            self.ended = time.time()
+        return self.summary()
+
+    def __enter__(self) -> HostSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def summary(self) -> dict[str, Any]:
+        """Means over the samples; group CPU as seconds and as cores (seconds / wall seconds)."""
+        wall = max(1e-9, (self.ended or time.time()) - self.started)
+
+        def mean(key: str) -> float | None:
+            return statistics.mean(s[key] for s in self.cpu) if self.cpu else None
+
+        groups = {}
+        for group, per_pid in self._cpu_s.items():
+            secs = sum(last - first for _, first, last in per_pid.values())
+            groups[group] = {"cpu_seconds": round(secs, 2), "cores": round(secs / wall, 2), "processes": len(per_pid)}
+        return {
+            "cores": psutil.cpu_count(),
+            "seconds": round(wall, 1),
+            "cpu_busy_pct": _round(mean("busy")),
+            "cpu_steal_pct": _round(mean("steal")),
+            "cpu_iowait_pct": _round(mean("iowait")),
+            "load1_start": _round(self.load1[0] if self.load1 else None),
+            "load1_end": _round(self.load1[-1] if self.load1 else None),
+            "load1_max": _round(max(self.load1) if self.load1 else None),
+            "groups": groups,
+        }
+
+
+def _round(v: float | None, nd: int = 2) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def describe(s: dict[str, Any]) -> str:
+    """One line: ``2 cores, CPU busy 97% (steal 3%, iowait 1%), load 1m 3.1 -> 4.2 (max 4.5) ...``."""
+    def pct(key: str) -> str:
+        v = s.get(key)
+        return "?" if v is None else f"{v:.0f}%"
+
+    text = (f"{s['cores']} cores, CPU busy {pct('cpu_busy_pct')} (steal {pct('cpu_steal_pct')}, iowait "
+            f"{pct('cpu_iowait_pct')}) over {s['seconds']:.0f}s, load average (1m) {s['load1_start']} -> "
+            f"{s['load1_end']} (max {s['load1_max']})")
+    groups = s.get("groups") or {}
+    if groups:
+        text += "; CPU used by " + ", ".join(f"{g} {v['cores']:.2f} cores" for g, v in groups.items())
+    return text
+
+
+@contextmanager
+def heavy_lock(path: Path | None) -> Iterator[None]:
+    """Hold ``path`` (flock) for one run: other heavy jobs on the machine (integration tests,
+    other benches) wait for the run and may go between runs; the stack idles meanwhile."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        t = time.monotonic()
+        fcntl.flock(f, fcntl.LOCK_EX)
+        if time.monotonic() - t > 1:
+            print(f"  waited {time.monotonic() - t:.0f}s for {path}", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

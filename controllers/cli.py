@@ -1,0 +1,62 @@
+"""``promreflex controller`` (the Alertmanager webhook controller) and ``promreflex
+check-config`` (validate a configuration file, bind its routes to actions, check the token file
+and exit). Registered by the ``controller`` manifest (``controllers/manifest.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from promreflex.config import DEFAULT_CONFIG, Config, load_config
+
+
+def _load(args: argparse.Namespace) -> Config:
+    overrides = {"controller.listen_address": args.listen_address} if getattr(args, "listen_address", None) else {}
+    return load_config(args.config_file or DEFAULT_CONFIG, overrides, getattr(args, "capabilities", None))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from controllers import server
+    from controllers.engine import bind_routes
+
+    cfg = _load(args)
+    bind_routes(cfg.controller)
+    server.preflight(cfg.controller)
+    print(f"{args.config_file or DEFAULT_CONFIG}: OK ({len(cfg.controller.routes)} routes)")
+    return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from controllers.server import serve
+
+    asyncio.run(serve(_load(args).controller))
+    return 0
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config.file", dest="config_file", type=Path, default=None,
+                   help=f"YAML configuration; the controller reads its `controller:` section (routes, token_file, "
+                        f"state_file, audit_log, ...). Default: the embedded {DEFAULT_CONFIG.name}")
+    p.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log verbosity (default info)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``controller`` and ``check-config`` to a ``promreflex`` CLI."""
+    ctl = subparsers.add_parser(
+        "controller", help="run the Alertmanager webhook controller",
+        description="Serve POST /webhook for Alertmanager (webhook_configs url http://HOST:PORT/webhook), run the "
+                    "routes' actions, reconcile with Alertmanager's active alerts; /metrics and /-/ready beside it.")
+    _add_common(ctl)
+    ctl.add_argument("--web.listen-address", dest="listen_address", default=None, metavar="HOST:PORT",
+                     help="where the controller serves /webhook, /metrics and /-/ready "
+                          "(overrides controller.listen_address; default 127.0.0.1:9095)")
+    ctl.set_defaults(func=cmd_controller)
+
+    chk = subparsers.add_parser("check-config", help="validate a configuration file and exit",
+                                description="Load the configuration, bind each route to its action (parameters "
+                                            "checked), check the controller's token file; exit 0 when usable.")
+    _add_common(chk)
+    chk.set_defaults(func=cmd_check_config)

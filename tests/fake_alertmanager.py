@@ -1,0 +1,106 @@
+"""An in-process stand-in for Alertmanager's ``GET /api/v2/alerts``, for unit tests that talk to
+it through the real :class:`promreflex.clients.AlertmanagerClient`.
+
+It models what a controller's view depends on, as Alertmanager 0.25 does it:
+- a silenced or inhibited alert has state ``suppressed`` and non-empty ``silencedBy`` /
+  ``inhibitedBy``; ``silenced=false`` / ``inhibited=false`` leave it out;
+- an ended alert (``endsAt`` in the past) is still listed with state ``active`` until garbage
+  collection (:meth:`gc`): the client filters it out, not the server;
+- timestamps are written with millisecond precision (notifications carry nanoseconds);
+- the query parameters ``active``, ``silenced``, ``inhibited``, ``unprocessed`` filter the way
+  Alertmanager's API handler does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, UTC
+from typing import Any
+
+from aiohttp import web
+
+from promreflex.clients import iso
+
+
+class FakeAlertmanagerAPI:
+    def __init__(self) -> None:
+        self.alerts: dict[str, dict[str, Any]] = {}
+        self.fail = False
+        self.requests = 0
+        self.client: Any = None  # the AlertmanagerClient a test points at this fake
+        self.app = web.Application()
+        self.app.router.add_get("/api/v2/alerts", self._get)
+
+    # ------------------------------------------------------------------ what happens in Alertmanager
+    def fire(self, alert: dict[str, Any]) -> None:
+        """Receive (or refresh) an alert in webhook shape (``tests.payloads.alert``)."""
+        fp = alert["fingerprint"]
+        old = self.alerts.get(fp, {})
+        starts = datetime.fromisoformat(alert["startsAt"].replace("Z", "+00:00"))
+        self.alerts[fp] = {
+            "labels": alert["labels"], "annotations": alert["annotations"], "startsAt": _millis(starts),
+            "endsAt": iso(datetime.now(UTC) + timedelta(minutes=5)), "generatorURL": alert["generatorURL"],
+            "fingerprint": fp, "updatedAt": iso(), "receivers": [{"name": "promreflex"}],
+            "status": old.get("status") or {"state": "active", "silencedBy": [], "inhibitedBy": []},
+        }
+        self._restate(fp)
+
+    def silence(self, fp: str, silence_id: str = "s1") -> None:
+        self.alerts[fp]["status"]["silencedBy"] = [silence_id]
+        self._restate(fp)
+
+    def expire_silence(self, fp: str) -> None:
+        self.alerts[fp]["status"]["silencedBy"] = []
+        self._restate(fp)
+
+    def inhibit(self, fp: str, by: str) -> None:
+        self.alerts[fp]["status"]["inhibitedBy"] = [by]
+        self._restate(fp)
+
+    def lift_inhibition(self, fp: str) -> None:
+        self.alerts[fp]["status"]["inhibitedBy"] = []
+        self._restate(fp)
+
+    def end(self, fp: str) -> None:
+        """Resolved: ``endsAt`` now; still listed until :meth:`gc`."""
+        self.alerts[fp]["endsAt"] = iso(datetime.now(UTC) - timedelta(seconds=1))
+
+    def gc(self) -> None:
+        now = datetime.now(UTC)
+        self.alerts = {fp: a for fp, a in self.alerts.items()
+                       if datetime.fromisoformat(a["endsAt"].replace("Z", "+00:00")) > now}
+
+    def restart(self) -> None:
+        """Alertmanager keeps silences across a restart, not alerts: until Prometheus re-sends."""
+        self.alerts.clear()
+
+    def _restate(self, fp: str) -> None:
+        st = self.alerts[fp]["status"]
+        st["state"] = "suppressed" if st["silencedBy"] or st["inhibitedBy"] else "active"
+
+    # ------------------------------------------------------------------ the API
+    async def _get(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        if self.fail:
+            return web.json_response({"error": "injected"}, status=500)
+
+        def flag(name: str) -> bool:
+            return request.query.get(name, "true").lower() == "true"
+
+        out = []
+        for a in self.alerts.values():
+            st = a["status"]
+            if not flag("silenced") and st["silencedBy"]:
+                continue
+            if not flag("inhibited") and st["inhibitedBy"]:
+                continue
+            if not flag("active") and st["state"] == "active":
+                continue
+            if not flag("unprocessed") and st["state"] == "unprocessed":
+                continue
+            out.append(a)
+        return web.json_response(out)
+
+
+def _millis(ts: datetime) -> str:
+    """Alertmanager's API timestamp format (go-openapi strfmt.DateTime): milliseconds, truncated."""
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"

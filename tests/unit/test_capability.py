@@ -1,0 +1,258 @@
+"""The capability mechanism: manifests discovered through entry points, and a throwaway
+capability (tests/throwaway_capability.py) that gets its config section, subcommand, process,
+scrape job, routes and inhibit rule into the local stack and the compose files with no change
+in ``promreflex/``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft7Validator
+
+from promreflex import capability
+from promreflex.capability import Capability, CapabilityError, Process, discover
+from promreflex.cli import main
+from promreflex.compose import compose_files
+from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, ConfigError, load_config, ports_model
+from promreflex.stack import Stack
+from tests import throwaway_capability
+
+SCHEMA = REPO_ROOT / "tests" / "fixtures" / "compose-spec.json"
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Capability:
+    return throwaway_capability.make(tmp_path / "demo.rules.yml")
+
+
+def check(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+# ---------------------------------------------------------------- discovery
+
+
+def test_the_installed_capabilities_come_from_entry_points() -> None:
+    names = [cap.name for cap in discover()]
+    assert names == ["accesslog", "controller", "copy_guard", "mesh", "nginx_tuner", "rca"]
+
+
+def test_a_broken_entry_point_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from importlib.metadata import EntryPoint
+
+    broken = EntryPoint("broken", "nowhere.at_all:CAPABILITY", capability.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(capability, "entry_points", lambda group: [broken])
+    monkeypatch.setattr(capability, "_discovered", None)
+    assert main(["config", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("promreflex: capability 'broken' (nowhere.at_all:CAPABILITY) cannot be loaded: "
+                          "ModuleNotFoundError"), err
+
+
+def test_clashing_manifests_are_refused(demo: Capability) -> None:
+    twin = Capability(name="twin", summary="takes the demo's port",
+                      processes=(Process("twin", lambda ctx: [], {"demo": 1}),))
+    with pytest.raises(CapabilityError, match="port 'demo' is declared by both 'demo' and 'twin'"):
+        load_config(None, capabilities=[demo, twin])
+    with pytest.raises(CapabilityError, match="capability 'demo' is declared by both"):
+        load_config(None, capabilities=[demo, demo])
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_a_capability_section_is_validated_with_the_rest_naming_each_key(demo: Capability, tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("demo: {greeting: 'Hi there', repeat: 0, colour: red}\nstack: {ports: {demo: 70000}}\n"
+                    "controller: {reconcile_interval: soon}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, capabilities=[demo])
+    text = "\n".join(exc.value.problems)
+    for key in ("demo.greeting", "demo.repeat", "demo.colour", "stack.ports.demo", "controller.reconcile_interval"):
+        assert key in text, text
+    path.write_text("demo: {greeting: hi, repeat: 2}\n")
+    cfg = load_config(path, capabilities=[demo])
+    assert (cfg.demo.greeting, cfg.demo.repeat) == ("hi", 2)  # type: ignore[attr-defined]
+    assert ports_model([demo])().demo == throwaway_capability.PORT  # type: ignore[attr-defined]
+    # Without the capability, its section is an unknown key like any typo.
+    with pytest.raises(ConfigError, match="demo: Extra inputs are not permitted"):
+        load_config(path, capabilities=[])
+
+
+def test_the_embedded_defaults_bring_each_manifests_routes(demo: Capability) -> None:
+    names = [r.name for r in load_config(DEFAULT_CONFIG, capabilities=[demo]).controller.routes]
+    assert names == ["selftest-log", "nginx-down-log", "demo-log"]
+    installed = [r.name for r in load_config(DEFAULT_CONFIG).controller.routes]
+    assert installed == ["selftest-log", "nginx-down-log", "copy-guard", "mesh-rca"]
+    assert load_config(None, capabilities=[demo]).controller.routes == []  # bare model defaults: none
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_a_capability_adds_its_subcommand(demo: Capability, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("demo: {greeting: hi, repeat: 3}\n")
+    assert main(["demo-hello", "--config.file", str(path)], capabilities=[demo]) == 0
+    assert capsys.readouterr().out == "hi hi hi\n"
+    with pytest.raises(SystemExit):
+        main(["demo-hello"], capabilities=[])
+
+
+def test_every_flag_of_every_subcommand_has_help() -> None:
+    from promreflex.cli import build_parser
+
+    missing, seen = [], []
+
+    def walk(parser: Any, path: str) -> None:
+        seen.append(path)
+        for action in parser._actions:
+            if action.option_strings and action.help is None:
+                missing.append(f"{path} {action.option_strings[0]}")
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+
+    walk(build_parser(), "promreflex")
+    assert {"promreflex rca explain", "promreflex stack up", "promreflex controller"} <= set(seen)
+    # copy, copy-guard and exporter-accesslog: their owners are adding the missing help texts.
+    for command in ("controller", "check-config", "stack up", "selftest", "compose build", "config snippets",
+                    "tune-nginx", "exporter-nginx-memory", "calibrate", "rca", "exporter-mesh"):
+        assert not [m for m in missing if m.startswith(f"promreflex {command} ")], missing
+
+
+def test_controller_help_describes_the_controllers_own_flags(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["controller", "--help"])
+    text = capsys.readouterr().out
+    assert "local stack" not in text and "--state.dir" not in text
+    assert "/webhook" in text and "--web.listen-address" in text and "controller.listen_address" in text
+
+
+def test_a_user_error_is_one_line_and_exit_1(tmp_path: Path, capsys) -> None:
+    token = tmp_path / "missing-token"
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(yaml.safe_dump({"controller": {"token_file": str(token), "routes": []}}))
+    assert main(["check-config", "--config.file", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("promreflex: ") and err.count("\n") == 1 and str(token) in err, err
+    cfg.write_text("controller: {reconcile_interval: soon}\n")
+    assert main(["check-config", "--config.file", str(cfg)]) == 2  # a configuration error keeps exit 2
+
+
+# ---------------------------------------------------------------- the local stack
+
+
+def test_the_local_stack_is_built_from_the_throwaway_capability(demo: Capability, tmp_path: Path) -> None:
+    cfg = load_config(None, {"stack.state_dir": str(tmp_path / "state"), "demo.greeting": "hi"}, capabilities=[demo])
+    stack = Stack(cfg, capabilities=[demo])
+    components = {c.name: c for c in stack.components()}
+    assert list(components) == ["prometheus", "alertmanager", "node_exporter", "nginx", "nginx_exporter",
+                                "demo_server", "controller"]  # start order: the manifests' `order`
+    server = components["demo_server"]
+    assert server.port == throwaway_capability.PORT
+    assert server.ready_url == f"http://127.0.0.1:{throwaway_capability.PORT}/metrics"
+    assert server.argv[1:4] == ["-m", "http.server", str(throwaway_capability.PORT)]
+
+    prom = stack.prometheus_config()
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert "accesslog" not in jobs  # only what the given capabilities declare
+    assert jobs["demo"]["static_configs"] == [{"targets": [f"127.0.0.1:{throwaway_capability.PORT}"]}]
+    assert jobs["demo"]["scrape_interval"] == "200ms"
+    assert str(demo.rules[0]) in prom["rule_files"]
+
+    am = stack.alertmanager_config()
+    assert {"receiver": "promreflex", "matchers": ['alertname="DemoAlert"'], "repeat_interval": "5m"} in am["route"]["routes"]
+    assert am["inhibit_rules"][-1]["source_matchers"] == ['alertname="DemoDown"']
+    assert all("MeshRootCause" not in json.dumps(r) for r in am["inhibit_rules"])
+
+    stack.render()
+    assert (stack.dir / "demo-www" / "metrics").read_text().endswith('demo_greeting_info{greeting="hi"} 1\n')
+    promtool = check(["promtool", "check", "config", str(stack.dir / "prometheus" / "prometheus.yml")])
+    assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+    assert "demo.rules.yml" in promtool.stdout
+    amtool = check(["amtool", "check-config", str(stack.dir / "alertmanager" / "alertmanager.yml")])
+    assert amtool.returncode == 0, amtool.stdout + amtool.stderr
+
+
+# ---------------------------------------------------------------- compose
+
+
+def test_the_compose_files_are_built_from_the_throwaway_capability(demo: Capability, tmp_path: Path) -> None:
+    files = compose_files(capabilities=[demo])
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "prometheus" / "rules").symlink_to(REPO_ROOT / "rules")
+
+    compose = yaml.safe_load(files["docker-compose.yml"].replace("${", "").replace("}", ""))
+    errors = list(Draft7Validator(json.loads(SCHEMA.read_text())).iter_errors(compose))
+    assert errors == []
+    assert "demo-server" in compose["services"] and "accesslog-exporter" not in compose["services"]
+    assert compose["services"]["demo-server"]["command"][:3] == ["python", "-m", "http.server"]
+    assert "  # the throwaway capability\n  demo-server:\n" in files["docker-compose.yml"]
+
+    prom = yaml.safe_load(files["prometheus/prometheus.yml"])
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert jobs["demo"]["static_configs"] == [{"targets": [f"demo-server:{throwaway_capability.PORT}"]}]
+    result = check(["promtool", "check", "config", str(tmp_path / "prometheus" / "prometheus.yml")])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    am = yaml.safe_load(files["alertmanager/alertmanager.yml"])
+    assert am["inhibit_rules"][-1]["target_matchers"] == ['alertname="DemoAlert"']
+    result = check(["amtool", "check-config", str(tmp_path / "alertmanager" / "alertmanager.yml")])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    routes = load_config(tmp_path / "promreflex" / "promreflex.yml", capabilities=[demo]).controller.routes
+    assert [r.name for r in routes] == ["selftest-log", "nginx-down-log", "demo-log"]
+
+
+# ---------------------------------------------------------------- manifests and the repository
+
+
+def test_every_rules_file_and_dashboard_belongs_to_exactly_one_manifest() -> None:
+    from promreflex.config import all_capabilities
+
+    owners: dict[str, list[str]] = {}
+    for cap in all_capabilities():
+        for name in [*map(str, cap.rules), *cap.dashboards]:
+            owners.setdefault(name, []).append(cap.name)
+    files = [p.name for p in (REPO_ROOT / "rules").glob("*.yml")] + [p.name for p in (REPO_ROOT / "dashboards").glob("*.json")]
+    assert sorted(owners) == sorted(files), "declare each rules file and dashboard in its capability's manifest"
+    assert all(len(o) == 1 for o in owners.values()), owners
+
+
+def test_snippets_give_a_user_a_working_prometheus_and_alertmanager(tmp_path: Path, capsys) -> None:
+    assert main(["config", "snippets", "foundation", "accesslog", "copy_guard", "--host", "10.0.0.5",
+                 "--token-file", "/etc/promreflex/token"]) == 0
+    text = capsys.readouterr().out
+    docs = [yaml.safe_load(part.split("\n", 1)[1]) for part in text.split("\n\n# ")[1:]]
+    merged: dict[str, Any] = {}
+    for doc in docs:
+        merged.update(doc)
+    assert "10.0.0.5:9181" in json.dumps(merged["scrape_configs"])
+    (webhook,) = merged["receivers"][0]["webhook_configs"]
+    assert webhook["url"] == "http://10.0.0.5:9095/webhook" and webhook["send_resolved"] is True
+    assert webhook["http_config"]["authorization"]["credentials_file"] == "/etc/promreflex/token"
+    assert [r["name"] for r in merged["controller"]["routes"]] == ["selftest-log", "nginx-down-log", "copy-guard"]
+
+    prom = tmp_path / "prometheus.yml"
+    prom.write_text(yaml.safe_dump({"rule_files": merged["rule_files"], "scrape_configs": merged["scrape_configs"]}))
+    result = check(["promtool", "check", "config", str(prom)])
+    assert result.returncode == 0 and "copy-guard.rules.yml" in result.stdout, result.stdout + result.stderr
+    am = tmp_path / "alertmanager.yml"
+    am.write_text(yaml.safe_dump({"route": {"receiver": "mine", "routes": merged["routes"]},
+                                  "receivers": [{"name": "mine"}, *merged["receivers"]],
+                                  "inhibit_rules": merged["inhibit_rules"]}))
+    result = check(["amtool", "check-config", str(am)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    ctl = tmp_path / "promreflex.yml"
+    ctl.write_text(yaml.safe_dump({"controller": merged["controller"]}))
+    assert [r.name for r in load_config(ctl).controller.routes] == ["selftest-log", "nginx-down-log", "copy-guard"]

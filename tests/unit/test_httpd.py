@@ -1,0 +1,199 @@
+"""promreflex.httpd: what every promreflex server does with slow, idle and numerous clients,
+token files, and repeated log lines. Real sockets against a real server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from aiohttp import web
+
+from promreflex.errors import UserError
+from promreflex.httpd import (
+    BodyError, Limits, RateLimitFilter, default_max_connections, read_body, read_token_file, serving,
+)
+from promreflex.proc import free_port
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """True when the server closes the connection (EOF or reset) within ``seconds``."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _app() -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        try:
+            body = await read_body(request, 1024)
+        except BodyError as e:
+            return web.Response(status=e.status, text=str(e))
+        return web.Response(body=body)
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/ok", ok)
+    return app
+
+
+async def _connections(port: int, n: int, send: bytes) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``n`` connections that each sent ``send`` and then nothing more."""
+    out = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(send)
+        await writer.drain()
+        out.append((reader, writer))
+    return out
+
+
+async def _get_ok(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_half_sent_request_is_closed_after_the_header_timeout():
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", _app(), Limits(header_timeout=0.5)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        await writer.drain()
+        t0 = time.monotonic()
+        assert await _closed_within(reader, 10), "a half-sent request kept its connection"
+        took = time.monotonic() - t0
+        writer.close()
+        assert took >= 0.3  # the timeout, not an immediate refusal
+        assert (await _get_ok(port)).startswith(b"HTTP/1.1 200")
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_header_timeout_but_not_the_idle_timeout():
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", _app(), Limits(header_timeout=0.3, idle_timeout=2.0)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):  # a scrape, a pause longer than the header timeout, another scrape
+            writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            await asyncio.wait_for(reader.readexactly(2), 5)
+            assert not await _closed_within(reader, 0.8)
+        t0 = time.monotonic()
+        assert await _closed_within(reader, 10)  # and then the idle timeout
+        assert time.monotonic() - t0 >= 0.5
+        writer.close()
+
+
+async def test_a_slow_body_is_cut_at_the_body_timeout():
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", _app(), Limits(body_timeout=0.3)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)  # answered, then closed
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"not received within 0.3s (3 bytes arrived)" in answer
+
+
+async def test_a_capped_server_closes_idle_connections_to_admit_a_real_request():
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", _app(), Limits(max_connections=20, header_timeout=60)):
+        idle = await _connections(port, 50, b"POST /echo HTTP/1.1\r\nHost: x\r\n")
+        assert (await _get_ok(port)).startswith(b"HTTP/1.1 200")
+        closed = [await _closed_within(r, 0.2) for r, _ in idle]
+        # 50 + 1 connections, 20 allowed: the 31 that waited longest were closed, the newest kept.
+        assert sum(closed) == 31, closed
+        assert not any(closed[-19:])
+        for _, w in idle:
+            w.close()
+
+
+def test_the_cap_stays_below_the_open_file_limit():
+    assert default_max_connections(1024) == 768
+    assert default_max_connections(20000) == 1024
+    assert default_max_connections(100) == 36
+    assert default_max_connections(10) == 16
+
+
+def test_repeated_log_lines_are_rate_limited():
+    f = RateLimitFilter(interval=0.2)
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+
+    passed = [f.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
+    assert passed.count(True) == 1
+    assert f.filter(record("another message"))
+    time.sleep(0.25)
+    r = record("socket.accept() out of system resource")
+    assert f.filter(r) and "999 similar lines suppressed" in r.getMessage()
+
+
+@pytest.mark.parametrize("content, mode, words", [
+    (None, 0o600, "does not exist"),
+    ("", 0o600, "is empty"),
+    ("\n  \n", 0o600, "is empty"),
+    ("s3cret\n", 0o644, "chmod 600"),
+    ("s3cret\n", 0o640, "chmod 600"),
+    ("two words\n", 0o600, "one token"),
+])
+def test_unusable_token_files_are_one_line_user_errors(tmp_path, content, mode, words):
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(mode)
+    with pytest.raises(UserError) as e:
+        read_token_file(path)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_private_token_file_is_read(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    path.chmod(0o600)
+    assert read_token_file(path) == "s3cret"
+    assert read_token_file(None) == ""
+
+
+async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
+    release = asyncio.Event()
+    entered = []
+
+    async def slow(_: web.Request) -> web.Response:
+        entered.append(1)
+        await release.wait()
+        return web.Response(text="done")
+
+    app = _app()
+    app.router.add_get("/slow", slow)
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", app, Limits(max_connections=3)):
+        busy = await _connections(port, 3, b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while len(entered) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert len(entered) == 3
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await _closed_within(reader, 5)  # refused at once: the busy ones are never cut
+        writer.close()
+        release.set()
+        for r, w in busy:
+            assert (await asyncio.wait_for(r.read(), 10)).endswith(b"done")
+            w.close()
+        assert (await _get_ok(port)).startswith(b"HTTP/1.1 200")

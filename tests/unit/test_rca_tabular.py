@@ -1,0 +1,180 @@
+"""RCAEval/RCD-layout input, the anomaly start, ranking every service, and `rca eval`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.corpus import corpus, needs_corpus
+
+from controllers.rca import AnalysisInput, ServiceData, TimeSeries, analyse
+from controllers.rca.changepoint import detect
+from controllers.rca.evaluate import ac_at, avg_at
+from controllers.rca.models import Metric
+from controllers.rca.offline import OfflineDataError
+from controllers.rca.tabular import load_case, parse_mapping
+from promreflex.cli import main
+
+RCD = corpus("rca-datasets/rcd_sock-shop")
+WOBBLE = [0.0, 0.3, -0.2, 0.1, -0.3, 0.2, 0.0, -0.1, 0.3, -0.2]
+
+
+def noisy(level: float, n: int, rel: float = 0.05, offset: int = 0) -> list[float]:
+    return [level * (1 + rel * WOBBLE[(i + offset) % len(WOBBLE)]) for i in range(n)]
+
+
+def write_csv(path: Path, columns: dict[str, list[float]], start: float = 1000.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = len(next(iter(columns.values())))
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time", *columns])
+        for i in range(n):
+            w.writerow([start + i, *(columns[c][i] for c in columns)])
+    return path
+
+
+def rcd_case(folder: Path, hot: str, n: int = 40) -> Path:
+    """An RCD-like pair: latency only for carts (which is slow in both recordings), CPU and
+    memory for all; ``hot`` burns CPU in the anomalous recording. Normal comes *after*."""
+    def cols(anomalous: bool) -> dict[str, list[float]]:
+        out = {}
+        for i, s in enumerate(["carts", "orders", "payment", "user"]):
+            cpu = noisy(1.0 + i, n, offset=i)
+            if anomalous and s == hot:
+                cpu = [c * 30 for c in cpu]
+            out[f"{s}_cpu"] = cpu
+            out[f"{s}_mem"] = noisy(2e8, n, rel=0.01, offset=i)
+        out["carts_lat_90"] = noisy(4.0, n, offset=3)  # chronically above the 3 s line
+        out["carts_lod"] = noisy(10.0, n) if not anomalous else noisy(3.0, n)
+        return out
+
+    write_csv(folder / "anomalous.csv", cols(True), start=1000.0)
+    write_csv(folder / "normal.csv", cols(False), start=9000.0)
+    return folder
+
+
+def test_a_service_without_latency_ranks_first_and_the_slow_one_is_not_named(tmp_path):
+    data = load_case(rcd_case(tmp_path / "orders-cpu" / "1", "orders"))
+    assert data.baseline_end is not None and data.baseline_end < 1000.0  # normal moved before
+    assert data.services["orders"].latency is None
+    f = analyse(data)
+    assert f.top(1) == ["orders"] and f.verdict("orders").top_signal == "cpu:orders_cpu"
+    # carts is above 3 s in both recordings: slow by the line (evidence), but no change.
+    carts = f.verdict("carts")
+    assert carts.slow and carts.score < 3.5 and f.rank_of("carts") > 1
+    assert any("load/throughput" in n for n in data.notes)
+
+
+def test_withheld_split_is_found_by_change_point(tmp_path):
+    data = load_case(rcd_case(tmp_path / "user-cpu" / "1", "user"), use_split=False)
+    assert data.baseline_end is None
+    f = analyse(data)
+    assert f.top(1) == ["user"]
+    assert "earliest significant change point" in f.explain()
+
+
+def test_data_csv_with_inject_time_and_mapping(tmp_path):
+    n = 30
+    case = tmp_path / "pay_delay" / "1"
+    write_csv(case / "data.csv", {
+        "front_rt": noisy(0.1, n),
+        "pay_rt": [v * (5 if i >= 20 else 1) for i, v in enumerate(noisy(0.02, n))],
+        "pay_gc": noisy(1.0, n),
+        "front_weird": noisy(1.0, n),
+    })
+    (case / "inject_time.txt").write_text("1020\n")
+    data = load_case(case, options=None)
+    assert data.baseline_end == 1020.0
+    assert [m.kind for m in data.services["pay"].metrics] == ["latency"]  # gc: unknown metric
+    assert any("pay_gc" in n and "front_weird" in n for n in data.notes)
+    mapped = load_case(case, options=__import__("controllers.rca.tabular", fromlist=["x"]).TableOptions(
+        column_map=parse_mapping(["^gc$=memory", "^weird$=ignore"])))
+    assert {m.kind for m in mapped.services["pay"].metrics} == {"latency", "memory"}
+    assert analyse(data).top(1) == ["pay"]
+    with pytest.raises(OfflineDataError, match="PATTERN=KIND"):
+        parse_mapping(["gc"])
+
+
+def test_caller_side_latency_names_the_callee_of_a_delayed_edge():
+    """A network delay on front -> pay shows in the caller-side latency of the edge only;
+    front's own latency rises as it waits. pay must come first, front's rise is explained."""
+    n = 30
+    t = lambda vs: TimeSeries.of(vs, start=0.0)  # noqa: E731
+    from controllers.rca.models import LatencyStats
+    delayed = [v + (0.3 if i >= 20 else 0) for i, v in enumerate(noisy(0.02, n))]
+    f = analyse(AnalysisInput(
+        edges=[("front", "pay"), ("front", "cat")],
+        services={
+            "front": ServiceData(latency=LatencyStats(series=t([v + 0.1 for v in delayed]))),
+            "pay": ServiceData(latency=LatencyStats(series=t(noisy(0.02, n))),
+                               metrics=[Metric(kind="latency", name="caller-side latency", series=t(delayed))]),
+            "cat": ServiceData(latency=LatencyStats(series=t(noisy(0.01, n)))),
+        },
+    ))
+    assert f.top(1) == ["pay"] and f.verdict("pay").group == "root_cause"
+    assert f.verdict("front").latency_explained and f.verdict("front").group == "symptom"
+
+
+def test_change_point_detects_the_earliest_change_not_the_largest():
+    n = 60
+    early = TimeSeries.of([1.0 if i < 20 or i >= 35 else 3.0 for i in range(n)])  # an episode 20..34
+    late = TimeSeries.of([1.0 if i < 45 else 50.0 for i in range(n)])  # a bigger change later
+    cp = detect([early, late])
+    assert cp is not None and cp.start == 20.0
+    assert detect([TimeSeries.of(noisy(1.0, n))]) is None  # noise alone is not a change
+
+
+def test_ac_and_avg():
+    ranks = [1, 2, None, 6]
+    assert ac_at(ranks, 1) == 0.25 and ac_at(ranks, 3) == 0.5
+    assert avg_at(ranks, 5) == pytest.approx((0.25 + 0.5 + 0.5 + 0.5 + 0.5) / 5)
+
+
+def test_eval_cli_prints_figures_and_writes_summary_and_plot(tmp_path, capsys):
+    for svc in ("orders", "user"):
+        rcd_case(tmp_path / "ds" / f"{svc}-cpu" / "1", svc)
+    assert main(["rca", "eval", str(tmp_path / "ds"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "overall" in out and "BARO Avg@5" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["figures"]["overall"]["ac1"] == 1.0 and summary["figures"]["cpu"]["published_avg5"]["BARO"] == 0.97
+    assert (tmp_path / "out" / "ranks.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_offline_cli_reads_an_rcd_pair(tmp_path, capsys):
+    case = rcd_case(tmp_path / "payment-cpu" / "1", "payment")
+    assert main(["rca", "offline", str(case)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["1", "payment"]
+    assert main(["rca", "offline", str(tmp_path / "nothing")]) == 2
+
+
+@needs_corpus
+def test_rcd_sock_shop_through_the_cli(capsys):
+    assert main(["rca", "eval", str(RCD), "--json"]) == 0
+    overall = json.loads(capsys.readouterr().out)["figures"]["overall"]
+    assert overall["cases"] == 30 and overall["ac1"] >= 0.9 and overall["avg5"] >= 0.97
+
+
+def test_offline_cli_single_csv_with_inject_time_and_map(tmp_path, capsys):
+    n = 30
+    path = write_csv(tmp_path / "rec.csv", {
+        "front_rt": noisy(0.1, n),
+        "pay_gc": [v * (8 if i >= 20 else 1) for i, v in enumerate(noisy(2e8, n))],  # bytes, as floors assume
+    })
+    assert main(["rca", "offline", str(path), "--inject-time", "1020", "--map", "^gc$=memory", "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert f["ranking"][0]["service"] == "pay" and f["ranking"][0]["top_signal"] == "memory:pay_gc"
+    assert any("before the inject time t=1020" in step for step in f["steps"])
+
+
+def test_offline_cli_prometheus_range_needs_start_before_end(capsys):
+    assert main(["rca", "offline", "--prometheus.url", "http://127.0.0.1:9", "--start", "100"]) == 2
+    assert "--start before --end" in capsys.readouterr().err
+    assert main(["rca", "offline", "--prometheus.url", "http://127.0.0.1:9", "--start", "100", "--end", "200",
+                 "--inject-time", "300"]) == 2
+    assert "between --start and --end" in capsys.readouterr().err
+    assert main(["rca", "offline"]) == 2
