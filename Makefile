@@ -42,7 +42,7 @@ demo-copy-guard: deps
 # Benchmarks: each takes the machine for a few minutes (one at a time, under a lock). They need
 # only the runtime dependencies (locust and matplotlib are the product's too), so no group of
 # their own: `uv run --frozen --no-dev` would do, the dev group is simply already there.
-BENCH_LOCK := flock /tmp/promreflex-bench.lock
+BENCH_LOCK := flock /tmp/promreflex-heavy.lock
 bench: bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca
 
 bench-alert-latency: deps

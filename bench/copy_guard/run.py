@@ -404,7 +404,12 @@ class Bench:
             self.disk = EmulatedDisk(self.work, a.disk_mbps).create()
             log(f"emulated disk: blkio throttle {a.disk_mbps:g} MB/s read and write on {self.disk.device}, "
                 f"shared by the site and the copy ({self.disk.dir})")
-        self.stack = self.make_stack("none")
+        try:
+            self.stack = self.make_stack("none")
+        except BaseException:  # a configuration error: do not leave the blkio group behind
+            if self.disk:
+                self.disk.remove()
+            raise
         log(f"starting the stack (state {self.work / 'stack'})")
         try:
             self.stack.up(progress=lambda line: log(line))

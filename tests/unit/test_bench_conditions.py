@@ -3,26 +3,45 @@
 from __future__ import annotations
 
 import os
-import time
+import subprocess
+import sys
 
 from bench.conditions import HostSampler, describe
 
 
-def burn(cpu_seconds: float) -> None:
-    """Use this much CPU time (process time, not wall time: the machine may be busy)."""
-    end = time.process_time() + cpu_seconds
+# A child with no children of its own: pytest's process has children (the session's live
+# stack), and a group counts a process's whole tree. It burns CPU time (process time, not wall
+# time: the machine may be busy) each time it reads a line, and says when it is done.
+BURNER = """
+import sys, time
+for line in sys.stdin:
+    end = time.process_time() + float(line)
     while time.process_time() < end:
         pass
+    print("done", flush=True)
+"""
 
 
 def test_group_cpu_counts_only_what_was_used_while_sampling() -> None:
-    burn(0.4)  # before the sampler starts: must not be counted
-    s = HostSampler(interval=0.05, groups={"me": lambda: [os.getpid()]}).start()
-    burn(0.3)
-    summary = s.stop()
-    me = summary["groups"]["me"]
-    assert 0.25 <= me["cpu_seconds"] < 0.4 + 0.25
-    assert me["processes"] == 1
+    child = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+
+    def burn(seconds: float) -> None:
+        child.stdin.write(f"{seconds}\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        assert child.stdout.readline().strip() == "done"  # type: ignore[union-attr]
+
+    try:
+        burn(0.4)  # before the sampler starts: must not be counted
+        s = HostSampler(interval=0.05, groups={"burner": lambda: [child.pid]}).start()
+        burn(0.3)
+        summary = s.stop()
+    finally:
+        child.kill()
+        child.wait()
+    group = summary["groups"]["burner"]
+    assert 0.25 <= group["cpu_seconds"] < 0.4 + 0.25
+    assert group["processes"] == 1
     assert summary["cores"] == os.cpu_count()
     assert summary["cpu_busy_pct"] is not None and 0 <= summary["cpu_busy_pct"] <= 100
     assert summary["load1_max"] >= summary["load1_start"] >= 0
