@@ -61,10 +61,13 @@ class Alert(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _status_from_ends_at(cls, data: object) -> object:
-        """Alertmanagers before per-alert ``status`` (still in some receivers' fixtures) send
-        only ``endsAt``; derive the status as Alertmanager itself does: an alert whose end is
-        unset or in the future is firing, one whose end has passed is resolved."""
-        if isinstance(data, dict) and "status" not in data and isinstance(data.get("endsAt"), str):
+        """Every Alertmanager v4 payload carries a per-alert ``status``; hand-made payloads (curl,
+        scripts, some receivers' fixtures) may not. Derive it as Alertmanager itself does: an
+        alert whose end is unset (absent, null) or in the future is firing, one whose end has
+        passed is resolved."""
+        if isinstance(data, dict) and "status" not in data and data.get("endsAt") is None:
+            data = {**data, "status": "firing"}
+        elif isinstance(data, dict) and "status" not in data and isinstance(data.get("endsAt"), str):
             try:
                 ends = to_utc(datetime.fromisoformat(data["endsAt"].replace("Z", "+00:00")))
             except ValueError:

@@ -102,6 +102,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     stack = Stack(_load(args), capabilities=args.capabilities)
     path = write_selftest_switch(stack.textfile_dir, args.state == "fire")
     print(f"promreflex_selftest_switch = {1 if args.state == 'fire' else 0} ({path})")
+    if not stack.running():
+        # Not an error: with your own node_exporter reading this directory, no local stack runs.
+        print(f"note: no local stack runs from {stack.dir}; only a node_exporter whose "
+              f"--collector.textfile.directory is {stack.textfile_dir} will see it "
+              "(started the stack with --state.dir or --config.file? pass the same here)", file=sys.stderr)
     return 0
 
 

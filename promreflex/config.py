@@ -297,13 +297,16 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 capabilities: Sequence[Capability] | None = None) -> Config:
     """Load the YAML file at ``path``, apply ``overrides``, validate once.
 
-    ``path=None`` is the models' defaults (no controller routes). The embedded default file
-    (:data:`DEFAULT_CONFIG`) gets the manifests' default routes unless it lists its own.
+    ``path=None`` is the models' defaults (no controller routes). A file (the embedded
+    :data:`DEFAULT_CONFIG` or the user's) that does not mention ``controller.routes`` gets the
+    manifests' default routes, so a file that only moves ports keeps the self-test and every
+    capability's route; ``routes: []`` means none.
     ``capabilities`` replaces the discovered ones (tests pass a throwaway capability).
     """
     data = read_yaml_mapping(path, "controller:, stack:, or a capability's section") if path is not None else {}
-    if path is not None and Path(path).resolve() == DEFAULT_CONFIG and "routes" not in (data.get("controller") or {}):
-        data.setdefault("controller", {})["routes"] = default_routes(capabilities)
+    controller = data.get("controller")
+    if path is not None and (controller is None or (isinstance(controller, dict) and "routes" not in controller)):
+        data["controller"] = {**(controller or {}), "routes": default_routes(capabilities)}
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

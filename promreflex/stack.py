@@ -259,7 +259,7 @@ class Stack:
             listing = ", ".join(f"{n} pid {pid}" for n, pid in alive.items())
             raise StackError(
                 f"a stack is already running from {self.dir} ({listing}).\n"
-                f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down"
+                f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down --state.dir {self.dir}"
             )
         missing = [p.binary for p in self.processes if p.binary and not os.access(p.binary, os.X_OK)]
         if missing:

@@ -3,7 +3,7 @@
     uv run python -m bench.rca [--quick] [--experiment basic|faults|all] [--mode loop|direct]
 
 Run full measurements under the shared lock:
-    flock /tmp/promreflex-bench.lock uv run python -m bench.rca --experiment all
+    flock /tmp/promreflex-heavy.lock uv run python -m bench.rca --experiment all
 """
 
 from __future__ import annotations

@@ -397,7 +397,12 @@ def _reasoning(
             "calls and configuration"
         )
     if ranking[0].service != top.service:
+        # The ranking is the answer (it is what AC@k scores); the dependency rule is evidence.
+        # Say both, so a reader never takes the rule's candidate for the conclusion.
         steps.append(_most_anomalous(ranking))
+        steps.append(f"-> root cause {ranking[0].service} (ranked first by anomaly score); the dependency rule "
+                     f"alone would name {top.service} ({_score_words(top)}; {why}).")
+        return steps
     steps.append(f"-> root cause {top.service} ({_score_words(top)}); {why}.")
     return steps
 

@@ -396,7 +396,13 @@ async def test_a_restarted_controller_resumes_the_incident_and_ends_it_later(env
         # ... and ends by itself when the root stops firing: gauge cleared, file removed.
         am.held.clear()
         deadline = time.monotonic() + 30  # its own deadline: the wait above may have used most of one
-        while again.incident is not None and time.monotonic() < deadline:
+        # The end is asynchronous (the incident is dropped, then its file removed in a thread):
+        # wait for all of it.
+        def ended() -> bool:
+            return (again.incident is None and not saved.exists()
+                    and value(registry2, "promreflex_root_cause", service="c") is None)
+
+        while not ended() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert again.incident is None and not saved.exists()
         assert value(registry2, "promreflex_root_cause", service="c") is None

@@ -112,6 +112,20 @@ async def test_corpus_payload(client, name):
         assert body["reason"] == "invalid_payload" and detail in body["message"]
 
 
+@pytest.mark.parametrize("ends", ["absent", None, "9999-01-01T00:00:00Z", "2020-01-01T00:00:00Z"])
+async def test_a_hand_made_alert_without_status_gets_the_status_alertmanager_would_derive(client, ends):
+    a = _no_status()
+    if ends == "absent":
+        del a["endsAt"]
+    else:
+        a["endsAt"] = ends
+    resp = await client.post("/webhook", json={**payload(), "alerts": [a]}, headers=AUTH)
+    assert resp.status == 200, await resp.text()
+    await client.engine.drain()
+    fired = [r for r in read_audit(client.audit_path) if r["event"] == "decision" and r["transition"] == "fire"]
+    assert len(fired) == (0 if ends == "2020-01-01T00:00:00Z" else 1)
+
+
 async def test_valid_payload_is_accepted_and_acted_on(client):
     resp = await client.post("/webhook", json=payload(alert()), headers=AUTH)
     assert resp.status == 200 and (await resp.json())["accepted"] == 1
