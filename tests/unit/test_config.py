@@ -85,3 +85,16 @@ def test_not_yaml_and_not_a_mapping(tmp_path):
     p.write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(p)
+
+
+def test_a_file_without_routes_keeps_the_default_routes_and_an_empty_list_means_none(tmp_path: Path) -> None:
+    from promreflex.config import default_routes
+
+    ports_only = tmp_path / "ports.yml"
+    ports_only.write_text("stack:\n  ports:\n    prometheus: 19090\n")
+    names = [r.name for r in load_config(ports_only).controller.routes]
+    assert names == [r["name"] for r in default_routes()] and "selftest-log" in names
+    none = tmp_path / "none.yml"
+    none.write_text("controller:\n  routes: []\n")
+    assert load_config(none).controller.routes == []
+    assert load_config(None).controller.routes == []

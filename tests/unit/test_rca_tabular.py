@@ -178,3 +178,13 @@ def test_offline_cli_prometheus_range_needs_start_before_end(capsys):
                  "--inject-time", "300"]) == 2
     assert "between --start and --end" in capsys.readouterr().err
     assert main(["rca", "offline"]) == 2
+
+
+@needs_corpus
+def test_the_conclusion_follows_the_ranking_and_names_the_rules_candidate_beside_it() -> None:
+    # orders' CPU fault: orders ranks first; the dependency rule alone names carts (slow, its
+    # dependencies unmeasured). The conclusion must be the ranking's head, the rule's evidence beside.
+    finding = analyse(load_case(RCD / "orders-cpu" / "3"))
+    assert finding.ranking[0].service == "orders" and finding.root_causes[:1] == ["carts"]
+    assert finding.steps[-1].startswith("-> root cause orders (ranked first by anomaly score); "
+                                        "the dependency rule alone would name carts")
