@@ -4,7 +4,7 @@ SHELL := /bin/bash
 UV := scripts/uv
 RUN := $(UV) run --frozen
 
-.PHONY: system deps demo demo-copy-guard down lint test test-unit bench bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca dashboards clean
+.PHONY: system deps demo demo-copy-guard down lint test test-unit bench bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca dashboards clean
 
 # The Debian packages that are missing (scripts/install-system.sh), then the Python environment
 # from uv.lock: the runtime dependencies and the dev group (tests, linters, dashboards builder).
@@ -43,10 +43,16 @@ demo-copy-guard: deps
 # only the runtime dependencies (locust and matplotlib are the product's too), so no group of
 # their own: `uv run --frozen --no-dev` would do, the dev group is simply already there.
 BENCH_LOCK := flock /tmp/promreflex-heavy.lock
-bench: bench-alert-latency bench-copy-guard bench-nginx-tuner bench-rca
+bench: bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca
 
 bench-alert-latency: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.alert_latency
+
+bench-controller-scale: deps
+	$(BENCH_LOCK) $(RUN) python -m bench.controller_scale --out bench/results/controller_scale/summary.json
+
+bench-accesslog: deps
+	$(BENCH_LOCK) $(RUN) python -m bench.accesslog
 
 bench-copy-guard: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.copy_guard
@@ -60,5 +66,6 @@ bench-rca: deps
 dashboards: deps
 	$(RUN) python -m dashboards.build
 
+# Removes what git ignores there (state, raw bench output); the committed summaries stay.
 clean:
-	rm -rf .promreflex bench/results
+	git clean -fdX -- .promreflex bench/results
