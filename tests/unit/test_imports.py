@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from controllers.rca.graph import strongly_connected_components
+
 from promreflex.config import REPO_ROOT
 
 PACKAGES = ("promreflex", "controllers", "exporters")
@@ -66,38 +68,13 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    """Strongly connected components with more than one module (the RCA engine's Tarjan, which
+    works on any adjacency; every module named by an edge is also a key here)."""
+    adj = {v: sorted(ws) for v, ws in graph.items()}
+    for ws in graph.values():
+        for w in ws:
+            adj.setdefault(w, [])
+    return sorted(sorted(c) for c in strongly_connected_components(adj) if len(c) > 1)
 
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
