@@ -4,12 +4,16 @@ SHELL := /bin/bash
 UV := scripts/uv
 RUN := $(UV) run --frozen
 
-.PHONY: system deps demo demo-copy-guard down lint test test-unit bench bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca dashboards clean
+.PHONY: system system-test deps demo demo-copy-guard demo-admission down lint test test-unit bench bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca bench-admission bench-swift bench-swift-decode bench-ha-delivery dashboards clean
 
-# The Debian packages that are missing (scripts/install-system.sh), then the Python environment
-# from uv.lock: the runtime dependencies and the dev group (tests, linters, dashboards builder).
+# The Debian packages that are missing (scripts/install-system.sh, by profile), then the Python
+# environment from uv.lock: the runtime dependencies and the dev group (tests, linters, dashboards
+# builder). The demo needs the base profile; the tests also run Swift and the PHP shop for real.
 system:
-	scripts/install-system.sh
+	scripts/install-system.sh base
+
+system-test:
+	scripts/install-system.sh base swift shop tshark
 
 deps: system
 	$(UV) sync --frozen
@@ -25,25 +29,31 @@ lint: deps
 	$(RUN) ruff check .
 	$(RUN) mypy
 
-test: lint
+test: system-test lint
 	promtool check rules rules/*.yml
 	promtool test rules rules/tests/*.yml
 	$(RUN) python -m dashboards.build --check
+	$(RUN) python -m promreflex compose build --check
+	$(RUN) python -m promreflex kube build --check
 	$(RUN) pytest
 
 test-unit: deps
 	$(RUN) pytest tests/unit
 
 # The copy-guard scenario, short: the shop, a copy, load, with and without the guard; prints the
-# table and writes bench/results/copy_guard/quick/timeline.png.
+# table and writes bench/results/copy_guard/builtin/quick/timeline.png.
 demo-copy-guard: deps
 	$(RUN) python -m bench.copy_guard --quick
+
+# The flash crowd with and without session admission (seed 002), short; prints the table.
+demo-admission: deps
+	$(RUN) python -m bench.admission --demo
 
 # Benchmarks: each takes the machine for a few minutes (one at a time, under a lock). They need
 # only the runtime dependencies (locust and matplotlib are the product's too), so no group of
 # their own: `uv run --frozen --no-dev` would do, the dev group is simply already there.
 BENCH_LOCK := flock /tmp/promreflex-heavy.lock
-bench: bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca
+bench: bench-alert-latency bench-controller-scale bench-accesslog bench-copy-guard bench-nginx-tuner bench-rca bench-admission bench-swift bench-swift-decode bench-ha-delivery
 
 bench-alert-latency: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.alert_latency
@@ -54,14 +64,34 @@ bench-controller-scale: deps
 bench-accesslog: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.accesslog
 
+# Takes the heavy lock itself, in chunks (--lock), so other benches can run in between.
 bench-copy-guard: deps
-	$(BENCH_LOCK) $(RUN) python -m bench.copy_guard
+	scripts/install-system.sh shop
+	$(RUN) python -m bench.copy_guard --shop wordpress --lock /tmp/promreflex-heavy.lock
+	$(RUN) python -m bench.copy_guard --shop builtin --copy-gib 0.75 --lock /tmp/promreflex-heavy.lock
 
 bench-nginx-tuner: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.nginx_tuner
 
 bench-rca: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.rca
+
+bench-admission: deps
+	$(RUN) python -m bench.admission --lock /tmp/promreflex-heavy.lock --multiples 1,4,2,0.5,3 --var-multiples 4,1 --recalibrate
+
+# The Swift lab (network namespaces, root) up, the PUT/GET sweep and the injections, the lab down.
+bench-swift: deps
+	scripts/install-system.sh swift
+	$(RUN) promreflex swift-lab up
+	$(RUN) python -m bench.swift all --lock /tmp/promreflex-heavy.lock; status=$$?; $(RUN) promreflex swift-lab down; exit $$status
+
+bench-swift-decode: deps
+	scripts/install-system.sh swift tshark
+	$(BENCH_LOCK) $(RUN) python -m bench.swift_decode
+
+bench-ha-delivery: deps
+	$(BENCH_LOCK) $(RUN) python -m bench.ha_delivery --interval 1s --flips 6 --out bench/results/ha_delivery/interval-1s
+	$(BENCH_LOCK) $(RUN) python -m bench.ha_delivery --interval 15s --flips 2 --settle 15 --out bench/results/ha_delivery/interval-15s
 
 dashboards: deps
 	$(RUN) python -m dashboards.build

@@ -31,7 +31,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     from controllers.server import serve
 
-    asyncio.run(serve(_load(args).controller))
+    # SIGHUP (or POST /-/reload) reads the same file again and swaps the routes in place.
+    asyncio.run(serve(_load(args).controller, load=lambda: _load(args).controller))
     return 0
 
 

@@ -63,6 +63,7 @@ from controllers.audit import AuditLog
 from controllers.metrics import ControllerMetrics
 from controllers.models import Alert, WebhookPayload, alert_from_api
 from controllers.store import StateStore
+from promreflex.clients import why
 from promreflex.config import ConfigError, ControllerConfig, Route, validation_problems
 from promreflex.matchers import Matcher, matches_all
 
@@ -107,6 +108,8 @@ def bind_routes(cfg: ControllerConfig) -> list[BoundRoute]:
     """Check every route's action and parameters; report every problem at once."""
     actions = registry()
     instances: dict[str, Action] = {}
+    # A host agent's routes see only its own targets' alerts: one more matcher on every route.
+    owned = [Matcher(cfg.owner.label, "=", cfg.owner.resolved())] if cfg.owner is not None else []
     bound, problems = [], []
     for i, route in enumerate(cfg.routes):
         cls = actions.get(route.action)
@@ -119,7 +122,7 @@ def bind_routes(cfg: ControllerConfig) -> list[BoundRoute]:
             problems += [f"controller.routes[{i}].params.{p}" for p in validation_problems(e)]
             continue
         action = instances.setdefault(route.action, cls())
-        bound.append(BoundRoute(route, route.parsed_matchers(), action, params))
+        bound.append(BoundRoute(route, route.parsed_matchers() + owned, action, params))
     if problems:
         raise ConfigError("controller.routes", problems)
     return bound
@@ -350,8 +353,8 @@ class Engine:
             active = [alert_from_api(i) for i in items]
         except Exception as e:  # noqa: BLE001 - any failure is a counted, logged reconcile error
             self.metrics.reconcile_runs.labels("error").inc()
-            self.audit.write("reconcile", result="error", error=repr(e))
-            log.warning("reconcile failed: %r", e)
+            self.audit.write("reconcile", result="error", error=why(e))
+            log.warning("reconcile failed: %s", why(e))
             return {}
         now = self.clock()
         self._expire(now)

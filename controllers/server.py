@@ -24,6 +24,15 @@ answers 5xx to bad input. What it does with hostile or broken input:
   :mod:`promreflex.httpd` (header and body timeouts of 10 s, at most 1,024 connections and
   always below the open-file limit, the longest idle connection closed to admit a new one).
 
+Routes are reloaded without a restart on SIGHUP or ``POST /-/reload`` (bearer token as
+``/webhook``; ``promreflex stack reload`` sends the SIGHUP): :func:`apply_routes` validates the
+new file's ``controller.routes`` completely before changing anything, then swaps them in place,
+keeping the state (applied alerts, dedupe memory, held copies) and the running action
+instances. An invalid file changes nothing (logged, audited ``reload`` with ``result: error``,
+counted in ``promreflex_controller_config_reloads_total{result="error"}``). Other keys of the
+``controller`` section (listen address, token, state file, intervals) need a restart; a reload
+that changes them says so.
+
 Start-up problems a user can fix (a busy port, a missing, empty, group- or world-readable
 token file, an action's own checks) raise :class:`~promreflex.errors.UserError` with one line
 that says what to do: :func:`preflight` checks the files (``check-config`` calls it too) and
@@ -39,17 +48,21 @@ import json
 import logging
 from typing import Any
 
+import signal
+from collections.abc import Callable
+
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from controllers.audit import AuditLog
-from controllers.engine import Engine, bind_routes
+from controllers.engine import FIRING, RESOLVED, Engine, bind_routes
 from controllers.metrics import ControllerMetrics
 from controllers.models import WebhookPayload
 from promreflex.clients import AlertmanagerClient, PrometheusClient
-from promreflex.config import ControllerConfig, split_host_port
+from promreflex.config import ConfigError, ControllerConfig, split_host_port
+from promreflex.matchers import matches_all, parse_matcher
 from promreflex.errors import UserError
 from promreflex.httpd import (
     BodyError, add_standard_routes, discard_small_body, read_body, read_token_file, serving, stop_on_signals,
@@ -63,6 +76,13 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 TOKEN = web.AppKey("token", str)
 AUDIT = web.AppKey("audit", AuditLog)
 MAX_BODY = web.AppKey("max_body", int)
+RELOAD = web.AppKey("reload", object)
+
+#: A route a reload removed keeps resolving what it applied, but matches no new alert.
+_NEVER = parse_matcher('__promreflex_route_removed__="1"')
+#: Keys of the controller section a reload cannot change (they need a restart).
+_RESTART_KEYS = ("listen_address", "token_file", "state_file", "audit_log", "max_body_bytes", "alertmanager_url",
+                 "prometheus_url", "reconcile_interval", "dedupe_window")
 
 
 def preflight(cfg: ControllerConfig) -> None:
@@ -114,12 +134,17 @@ async def _refuse(request: web.Request, status: int, reason: str, message: str) 
     return _reject(request.app, status, reason, message, close=not request.content.is_eof())
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse(body: bytes) -> Any:
     """The JSON of a body; ValueError (with a reason for the sender) when it is not JSON we
     can read: invalid UTF-8 or syntax, an integer beyond 4,300 digits, nesting deeper than the
-    parser's recursion limit."""
+    parser's recursion limit, NaN or Infinity (Python's json reads them; JSON has no such
+    numbers and no Alertmanager sends them)."""
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integer digit limit
@@ -188,6 +213,110 @@ async def count_codes(request: web.Request, handler):
     return resp
 
 
+async def apply_routes(engine: Engine, cfg: ControllerConfig) -> dict[str, Any]:
+    """Swap ``engine``'s routes for ``cfg.routes`` in place, keeping its state.
+
+    Everything is checked first (actions, params, each action's preflight); on any problem
+    ConfigError/UserError is raised and nothing changed. Then: routes are added, changed
+    (params, matchers, cooldown, ...) or removed; actions already running keep their instance
+    (their held targets, leases and metrics), a new action is started. An applied alert whose
+    route was removed, or no longer matches its route's new matchers, is resolved (the action's
+    ``resolve`` runs, as when the alert ends); a removed route lingers, matching nothing, until
+    then. Returns what changed."""
+    bound = bind_routes(cfg)
+    running = engine.actions
+    for b in bound:
+        if b.action.name in running:
+            b.action = running[b.action.name]
+    for b in bound:
+        check = getattr(b.action, "preflight", None)
+        if callable(check):
+            check(b.params)
+    old = engine.routes
+    new = {b.route.name: b for b in bound}
+    changed = sorted(n for n in new if n in old and new[n].route != old[n].route)
+    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    for name in removed:
+        if any(e.route == name and (e.applied == FIRING or e.desired == FIRING) for e in engine.entries.values()):
+            o = old[name]
+            new[name] = type(o)(o.route, [_NEVER], o.action, o.params)
+    fresh = [b.action for b in bound if b.action.name not in running]
+    engine.routes = new
+    engine.cfg = engine.cfg.model_copy(update={"routes": cfg.routes})
+    for action in {id(b.action): b.action for b in new.values()}.values():
+        action.route_params = [b.params for b in new.values() if b.action is action and b.route.name not in removed]
+    started = set()
+    for action in fresh:
+        if action.name not in started:
+            started.add(action.name)
+            engine._applied.setdefault(action.name, 0)  # noqa: SLF001 - the engine's per-action gauge
+            await action.start(engine.services)
+    for b in bound:
+        engine.metrics.transitions_failing.labels(b.route.name, b.action.name).set(0)
+    resolving = 0
+    for key, entry in list(engine.entries.items()):
+        bound_now = new.get(entry.route)
+        if bound_now is None or entry.desired != FIRING:
+            continue
+        if entry.route in removed or not matches_all(bound_now.matchers, entry.alert.labels):
+            entry.desired = RESOLVED
+            engine._save(entry)  # noqa: SLF001 - the engine persists the desired state it converges to
+            engine.kick(key)
+            resolving += 1
+    restart = [k for k in _RESTART_KEYS if getattr(cfg, k) != getattr(engine.cfg, k)]
+    return {"routes": sorted(n for n in new if n not in removed), "added": added, "changed": changed,
+            "removed": removed, "resolving": resolving, "needs_restart": restart}
+
+
+class Reloader:
+    """Reloads the routes from ``load`` (the configuration file, read again) into ``engine``:
+    one reload at a time, each counted and audited."""
+
+    def __init__(self, engine: Engine, load: Callable[[], ControllerConfig], registry: CollectorRegistry,
+                 audit: AuditLog):
+        self.engine, self.load, self.audit = engine, load, audit
+        self.lock = asyncio.Lock()
+        self.reloads = Counter("promreflex_controller_config_reloads", "Route reloads (SIGHUP, POST /-/reload) by result.",
+                               ["result"], registry=registry)
+        self.last_ok = Gauge("promreflex_controller_config_last_reload_success_timestamp_seconds",
+                             "When the routes were last (re)loaded successfully.", registry=registry)
+        for result in ("ok", "error"):
+            self.reloads.labels(result)
+        self.last_ok.set_to_current_time()
+
+    async def __call__(self) -> dict[str, Any]:
+        async with self.lock:
+            try:
+                cfg = await asyncio.to_thread(self.load)
+                summary = await apply_routes(self.engine, cfg)
+            except (ConfigError, UserError, OSError, ValueError) as e:
+                self.reloads.labels("error").inc()
+                msg = str(e).replace("\n", " ")
+                self.audit.write("reload", result="error", error=msg[:1000])
+                log.error("reload failed, the running routes are kept: %s", msg)
+                return {"status": "error", "message": msg}
+            self.reloads.labels("ok").inc()
+            self.last_ok.set_to_current_time()
+            self.audit.write("reload", result="ok", **summary)
+            log.info("routes reloaded: %s", summary)
+            if summary["needs_restart"]:
+                log.warning("changed keys that need a restart to apply: %s", ", ".join(summary["needs_restart"]))
+        await self.engine.reconcile()  # alerts the new routes match, now rather than at the next tick
+        return {"status": "ok", **summary}
+
+
+async def reload_handler(request: web.Request) -> web.Response:
+    if not authorized(request):
+        return web.json_response({"status": "rejected", "reason": "unauthorized",
+                                  "message": "a valid bearer token is required"}, status=401)
+    reloader = request.app[RELOAD]
+    if not isinstance(reloader, Reloader):
+        return web.json_response({"status": "error", "message": "this controller was started without a "
+                                  "configuration file to reload"}, status=409)
+    result = await reloader()
+    return web.json_response(result, status=200 if result["status"] == "ok" else 400)
+
+
 def build_app(cfg: ControllerConfig, engine: Engine, metrics_: ControllerMetrics, registry: CollectorRegistry,
               audit: AuditLog) -> web.Application:
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[count_codes])
@@ -196,6 +325,8 @@ def build_app(cfg: ControllerConfig, engine: Engine, metrics_: ControllerMetrics
     app[MAX_BODY] = cfg.max_body_bytes
     app.router.add_post("/webhook", webhook)
     app.router.add_get("/api/v1/state", state)
+    app.router.add_post("/-/reload", reload_handler)
+    app[RELOAD] = None
     return add_standard_routes(app, registry, "promreflex controller")
 
 
@@ -230,9 +361,11 @@ def check_bind(listen_address: str) -> None:
             raise _bind_error(listen_address, e) from None
 
 
-async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None) -> None:
+async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None,
+                load: Callable[[], ControllerConfig] | None = None) -> None:
     """Run the controller until ``stop`` is set (or SIGTERM/SIGINT). Start-up problems a user
-    can fix raise :class:`UserError` before anything is started."""
+    can fix raise :class:`UserError` before anything is started. ``load`` reads the
+    configuration again: with it, SIGHUP and ``POST /-/reload`` reload the routes."""
     preflight(cfg)
     check_bind(cfg.listen_address)
     stop = stop or stop_on_signals()
@@ -251,6 +384,10 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None) -> Non
         try:
             await engine.start()
             app = build_app(cfg, engine, engine.metrics, registry, audit)
+            if load is not None:
+                reloader = Reloader(engine, load, registry, audit)
+                app[RELOAD] = reloader
+                _on_sighup(lambda: asyncio.ensure_future(reloader()))
             try:
                 async with serving(cfg.listen_address, app):
                     log.info("controller listening on %s (%d routes, token %s)", cfg.listen_address,
@@ -278,3 +415,10 @@ async def _reconcile_forever(engine: Engine, interval: float, stop: asyncio.Even
             await asyncio.wait_for(stop.wait(), timeout=interval)
         except TimeoutError:
             pass
+
+
+def _on_sighup(callback: Callable[[], Any]) -> None:
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, callback)
+    except (NotImplementedError, RuntimeError):  # not the main thread (tests run serve() in one)
+        pass

@@ -149,4 +149,29 @@ def copy_guard() -> dashboard.Dashboard:
                 width=12,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Copy share",
+                "percentunit",
+                Query("max by (site) (promreflex_copy_guard_share)", "guard {{site}}"),
+                Query("max by (instance) (promreflex_copy_throttle_share)", "copier {{instance}}"),
+                description="The share of its full speed each site's copies may use (adaptive throttle: 1 runs "
+                "free, 0 is an emergency pause), and the share each copier applies.",
+                max_value=1,
+                width=12,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Throttle decisions",
+                "short",
+                Query("sum by (site, verdict) (increase(promreflex_copy_guard_throttle_decisions_total[1m]))",
+                      "{{site}} {{verdict}}"),
+                Query("sum by (site, reason) (increase(promreflex_copy_guard_emergency_pauses_total[10m]))",
+                      "emergency {{site}} ({{reason}})"),
+                description="Decisions of the adaptive throttle per minute by verdict (back off, hold, probe up), "
+                "and emergency pauses over 10 minutes by reason.",
+                width=12,
+            )
+        )
     )

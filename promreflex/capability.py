@@ -163,6 +163,7 @@ class Capability:
     - ``rules`` / ``dashboards``: file names under ``rules/`` and ``dashboards/`` (or absolute
       paths for rules kept elsewhere); documentation and the ``config snippets`` command use
       them, a test checks each file in those folders belongs to exactly one manifest.
+    - ``host_actions``: which of its actions act on the host they run on (see the field).
     """
 
     name: str
@@ -177,6 +178,10 @@ class Capability:
     inhibit_rules: Sequence[Mapping[str, Any]] = ()
     rules: Sequence[str | Path] = ()
     dashboards: Sequence[str] = ()
+    #: Actions (by name) that touch the host they run on (pause a copy, retune nginx): on more
+    #: than one machine they run in each host's agent, for that host's alerts only; every other
+    #: action runs once, in the central controller (``promreflex kube build``, the fleet).
+    host_actions: Sequence[str] = ()
 
 
 def lazy(target: str) -> Callable[..., Any]:

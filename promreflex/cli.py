@@ -74,6 +74,14 @@ The stack is up. Try:
     return 0
 
 
+def cmd_stack_reload(args: argparse.Namespace) -> int:
+    from promreflex.stack import Stack
+
+    stack = Stack(_load(args), capabilities=args.capabilities)
+    print(f"reloaded {', '.join(stack.reload())} from {stack.dir}")
+    return 0
+
+
 def cmd_stack_down(args: argparse.Namespace) -> int:
     from promreflex.stack import Stack
 
@@ -200,6 +208,8 @@ def build_parser(capabilities: Sequence[Capability] | None = None) -> argparse.A
     up.add_argument("--detach", action="store_true", help="start and return instead of running until Ctrl-C")
     up.set_defaults(func=cmd_stack_up)
     stack_sub.add_parser("down", parents=[common], help="stop what `stack up` started").set_defaults(func=cmd_stack_down)
+    stack_sub.add_parser("reload", parents=[common], help="apply a changed configuration (routes, rules, scrape jobs) "
+                                                         "without a restart").set_defaults(func=cmd_stack_reload)
     stack_sub.add_parser("status", parents=[common], help="show the running components").set_defaults(func=cmd_stack_status)
 
     st = sub.add_parser("selftest", parents=[common], help="flip the self-test alert of the local stack")
@@ -212,6 +222,10 @@ def build_parser(capabilities: Sequence[Capability] | None = None) -> argparse.A
     cb.add_argument("--check", action="store_true", help="write nothing; exit 1 if a committed file differs")
     cb.add_argument("--dir", type=Path, default=None, help="compose directory (default: the repository's compose/)")
     cb.set_defaults(func=cmd_compose_build)
+
+    from promreflex import kube
+
+    kube.register(sub)
 
     config = sub.add_parser("config", help="what the installed capabilities bring")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -7,12 +7,14 @@ finding). Both take an ``aiohttp.ClientSession`` so a process shares one connect
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, UTC
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 DEFAULT_TIMEOUT = aiohttp.ClientTimeout(total=5)
+T = TypeVar("T")
 
 
 class APIError(Exception):
@@ -56,10 +58,43 @@ class PrometheusClient:
 
 
 class AlertmanagerClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT):
-        self.base_url = base_url.rstrip("/")
+    """One Alertmanager, or the peers of a cluster (``base_url`` a list).
+
+    A cluster's peers hold the same alerts (every Prometheus sends to every peer) but do not
+    gossip them to each other, only silences and the notification log. So reads go to one peer,
+    the last one that answered, and fail over to the next when it is down; ``post_alerts`` goes
+    to every peer, as Prometheus does, and succeeds when one took it.
+    """
+
+    def __init__(self, base_url: str | Sequence[str], session: aiohttp.ClientSession,
+                 timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT):
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("AlertmanagerClient needs at least one URL")
+        self.base_urls = [u.rstrip("/") for u in urls]
         self.session = session
         self.timeout = timeout
+
+    @property
+    def base_url(self) -> str:
+        """The peer reads go to first (the last one that answered)."""
+        return self.base_urls[0]
+
+    async def _each_peer(self, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(url)`` on the peers in turn until one succeeds; that peer is tried first next time."""
+        errors: list[str] = []
+        for i, url in enumerate(list(self.base_urls)):
+            try:
+                result = await call(url)
+            except (TimeoutError, aiohttp.ClientError, APIError) as e:
+                errors.append(f"{url}: {why(e)}")
+                continue
+            if i:
+                self.base_urls.insert(0, self.base_urls.pop(i))
+            return result
+        if len(errors) == 1:
+            raise APIError(errors[0])
+        raise APIError("no Alertmanager peer answered: " + "; ".join(errors))
 
     async def active_alerts(self, *, inhibited: bool = False) -> list[dict[str, Any]]:
         """Alerts that are firing now and not silenced (nor inhibited unless ``inhibited``), in
@@ -71,25 +106,54 @@ class AlertmanagerClient:
         as are entries whose ``endsAt`` cannot be read: a controller must not treat a resolved
         alert as firing."""
         params = {"active": "true", "silenced": "false", "inhibited": str(inhibited).lower(), "unprocessed": "true"}
-        async with self.session.get(f"{self.base_url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
-            if resp.status != 200:
-                raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
-            items = await resp.json(content_type=None)
+
+        async def get(url: str) -> Any:
+            async with self.session.get(f"{url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
+                return await resp.json(content_type=None)
+
+        items = await self._each_peer(get)
         now = datetime.now(UTC)
         return [i for i in items if isinstance(i, dict) and not _ended_or_unreadable(i.get("endsAt"), now)]
 
     async def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
-        """Post alerts (``labels``, ``annotations``, ``startsAt``/``endsAt`` ISO strings)."""
-        async with self.session.post(f"{self.base_url}/api/v2/alerts", json=alerts, timeout=self.timeout) as resp:
-            if resp.status != 200:
-                raise APIError(f"POST /api/v2/alerts: {resp.status} {await resp.text()}")
+        """Post alerts (``labels``, ``annotations``, ``startsAt``/``endsAt`` ISO strings) to every
+        peer; raises only when none took them."""
+        errors: list[str] = []
+        for url in self.base_urls:
+            try:
+                async with self.session.post(f"{url}/api/v2/alerts", json=alerts, timeout=self.timeout) as resp:
+                    if resp.status != 200:
+                        raise APIError(f"POST /api/v2/alerts: {resp.status} {await resp.text()}")
+            except (TimeoutError, aiohttp.ClientError, APIError) as e:
+                errors.append(f"{url}: {why(e)}")
+        if len(errors) == len(self.base_urls):
+            raise APIError(errors[0] if len(errors) == 1 else "no Alertmanager peer took the alerts: " + "; ".join(errors))
 
     async def ready(self) -> bool:
-        try:
-            async with self.session.get(f"{self.base_url}/-/ready", timeout=self.timeout) as resp:
-                return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            return False
+        """True when any peer is ready."""
+        for url in self.base_urls:
+            try:
+                async with self.session.get(f"{url}/-/ready", timeout=self.timeout) as resp:
+                    if resp.status == 200:
+                        return True
+            except (TimeoutError, aiohttp.ClientError):
+                continue
+        return False
+
+
+def why(e: BaseException) -> str:
+    """A failed request in a few words, for a log line (aiohttp's reprs run to hundreds of
+    characters): ``cannot connect: Connection refused``, ``timed out``, or the error's text."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return f"cannot connect: {e.os_error.strerror or e.os_error}"
+    if isinstance(e, TimeoutError | aiohttp.ServerTimeoutError):
+        return "timed out"
+    if isinstance(e, aiohttp.ClientResponseError):
+        return f"HTTP {e.status} {e.message}"
+    text = str(e)
+    return text if text and isinstance(e, APIError) else f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def alert_ended(ends_at: str | None, now: datetime | None = None) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +126,12 @@ def compose_files(capabilities: Sequence[Capability] | None = None, cfg: Config 
     return files
 
 
-def build(directory: Path = COMPOSE_DIR, check: bool = False, capabilities: Sequence[Capability] | None = None,
-          out=print) -> int:  # noqa: ANN001
-    """Write the files (or, with ``check``, compare them); 0 when in step, 1 on drift."""
+def sync_files(files: dict[str, str], directory: Path, check: bool, what: str, command: str,
+               out: Callable[[str], Any] = print) -> int:
+    """Write generated ``files`` under ``directory`` (or, with ``check``, compare them and print a
+    diff of each that differs); 0 when in step, 1 on drift. Shared by every ``... build``."""
     drift = 0
-    for name, text in compose_files(capabilities).items():
+    for name, text in files.items():
         path = directory / name
         current = path.read_text() if path.exists() else ""
         if current == text:
@@ -145,6 +146,12 @@ def build(directory: Path = COMPOSE_DIR, check: bool = False, capabilities: Sequ
             path.write_text(text)
             out(f"wrote {path}")
     if drift:
-        out(f"{drift} compose file(s) differ from the manifests: run `python -m promreflex compose build`")
+        out(f"{drift} {what} file(s) differ from the manifests: run `{command}`")
         return 1
     return 0
+
+
+def build(directory: Path = COMPOSE_DIR, check: bool = False, capabilities: Sequence[Capability] | None = None,
+          out=print) -> int:  # noqa: ANN001
+    """Write the files (or, with ``check``, compare them); 0 when in step, 1 on drift."""
+    return sync_files(compose_files(capabilities), directory, check, "compose", "python -m promreflex compose build", out)

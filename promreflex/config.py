@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,9 +122,35 @@ class Route(Strict):
         return [parse_matcher(m) for m in self.matchers]
 
 
+class Owner(Strict):
+    """A host agent's targets: it acts only on alerts whose ``label`` equals its value (a fleet:
+    one agent per host, each pausing only its own host's copies). ``value_from_env`` names an
+    environment variable to read the value from at start (``NODE_NAME`` from the Kubernetes
+    downward API, or the host name), so one configuration file serves every host."""
+
+    label: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    value: str | None = Field(default=None, min_length=1)
+    value_from_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @model_validator(mode="after")
+    def _one_value(self) -> Owner:
+        if (self.value is None) == (self.value_from_env is None):
+            raise ValueError("set exactly one of value and value_from_env")
+        if self.value_from_env is not None and not os.environ.get(self.value_from_env):
+            raise ValueError(f"value_from_env: the environment variable {self.value_from_env} is not set (or empty)")
+        return self
+
+    def resolved(self) -> str:
+        if self.value is not None:
+            return self.value
+        assert self.value_from_env is not None
+        return os.environ[self.value_from_env]
+
+
 class ControllerConfig(Strict):
     listen_address: ListenAddress = "127.0.0.1:9095"
-    alertmanager_url: str | None = "http://127.0.0.1:9093"
+    # One Alertmanager, or every peer of a cluster (a list): reads fail over between them.
+    alertmanager_url: str | list[str] | None = "http://127.0.0.1:9093"
     prometheus_url: str | None = "http://127.0.0.1:9090"
     token_file: Path | None = None
     reconcile_interval: Duration = 15.0
@@ -131,6 +158,8 @@ class ControllerConfig(Strict):
     audit_log: Path = Path(".promreflex/audit.jsonl")
     state_file: Path = Path(".promreflex/controller-state.db")  # SQLite (WAL); an old JSON file is imported
     dedupe_window: Duration = 3600.0
+    # Set on a host agent: only alerts for this host's targets reach its routes (see Owner).
+    owner: Owner | None = None
     routes: list[Route] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -160,6 +189,53 @@ class ScrapeJob(Strict):
     metrics_path: str = "/metrics"
 
 
+def _http_url(value: str | None) -> str | None:
+    if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+        raise ValueError(f"{value!r} is not an http(s) URL")
+    return value
+
+
+HttpUrl = Annotated[str | None, AfterValidator(_http_url)]
+
+
+class NginxConfig(Strict):
+    """``stack.nginx``: the stack's own nginx (default), or one that already runs.
+
+    ``external: true``: the stack starts no nginx; the nginx exporter scrapes ``stub_status_url``
+    and the access-log exporter follows ``access_log`` (written by that nginx in the promreflex
+    format, ``NGINX_LOG_FORMAT``). ``url`` is the shop as visitors reach it (what ``promreflex
+    calibrate`` loads by default); default: the origin of ``stub_status_url``."""
+
+    external: bool = False
+    url: HttpUrl = None
+    stub_status_url: HttpUrl = None
+    access_log: Path | None = None
+
+    @model_validator(mode="after")
+    def _external_needs_its_sources(self) -> NginxConfig:
+        if self.external:
+            missing = [k for k in ("stub_status_url", "access_log") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"external: true needs {' and '.join(missing)} (where that nginx serves stub_status "
+                                 "and writes its access log)")
+            if self.access_log is not None and not self.access_log.is_absolute():
+                raise ValueError(f"access_log {self.access_log} must be an absolute path")
+        else:
+            given = [k for k in ("url", "stub_status_url", "access_log") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply with external: true (the stack's own nginx has its own)")
+        return self
+
+    @property
+    def site_url(self) -> str | None:
+        if self.url:
+            return self.url
+        if self.stub_status_url:
+            parts = self.stub_status_url.split("/", 3)
+            return "/".join(parts[:3]) + "/"
+        return None
+
+
 class StackConfig(Strict):
     """The local stack that ``promreflex stack up`` runs on loopback."""
 
@@ -174,6 +250,13 @@ class StackConfig(Strict):
     group_interval: Duration = 0.2
     upstream: ListenAddress | None = None  # nginx proxies / to this backend instead of serving site_dir
     extra_scrape: list[ScrapeJob] = Field(default_factory=list)
+    nginx: NginxConfig = NginxConfig()  # external: true guards an nginx that already runs
+
+    @model_validator(mode="after")
+    def _upstream_is_for_our_nginx(self) -> StackConfig:
+        if self.nginx.external and self.upstream is not None:
+            raise ValueError("upstream configures the stack's own nginx; with nginx.external: true there is none")
+        return self
 
     @field_validator("host")
     @classmethod

@@ -130,9 +130,17 @@ def _nginx_files(ctx: Context) -> dict[str, str]:
     return {"nginx/nginx.conf": nginx_config(ctx)} if ctx.target == "local" else {}
 
 
+def _stub_status_url(ctx: Context) -> str:
+    """The stack's own nginx's stub_status, or the one of the nginx it guards (stack.nginx)."""
+    external = ctx.config.stack.nginx  # type: ignore[attr-defined]
+    if ctx.target == "local" and external.external:
+        return str(external.stub_status_url)
+    return ctx.url("nginx_stub_status", "/stub_status")
+
+
 def _nginx_exporter(ctx: Context) -> list[str]:
     # The exporter exits at start if stub_status is unreachable: give nginx time to come up.
-    return [f"-nginx.scrape-uri={ctx.url('nginx_stub_status', '/stub_status')}",
+    return [f"-nginx.scrape-uri={_stub_status_url(ctx)}",
             f"-web.listen-address={ctx.listen('nginx_exporter')}", "-nginx.retries=10", "-nginx.retry-interval=1s"]
 
 

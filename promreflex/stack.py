@@ -41,6 +41,10 @@ __all__ = ["NGINX_LOG_FORMAT", "Component", "Stack", "StackError", "alertmanager
 
 #: The receiver every Alertmanager route ends at: the controller's webhook.
 RECEIVER = "promreflex"
+#: The foundation process ``stack.nginx.external`` replaces by an nginx that already runs.
+EXTERNAL_NGINX_PROCESS = "nginx"
+#: Components that re-read their configuration on SIGHUP (``Stack.reload``).
+RELOADABLE = ("prometheus", "alertmanager", "nginx", "controller")
 
 
 class StackError(UserError):
@@ -151,7 +155,9 @@ class Stack:
         self.python = python
         self.host = self.s.host
         self.ports: dict[str, int] = {**default_ports(self.capabilities), **self.s.ports.model_dump()}
-        self.processes: list[Process] = processes(self.capabilities, "local")
+        # stack.nginx.external: the nginx that already runs is guarded, none is started.
+        self.processes: list[Process] = [p for p in processes(self.capabilities, "local")
+                                         if not (self.s.nginx.external and p.name == EXTERNAL_NGINX_PROCESS)]
 
     # ------------------------------------------------------------------ addresses
     def url(self, port: str) -> str:
@@ -159,8 +165,16 @@ class Stack:
         return f"http://{self.host}:{self.ports[port]}"
 
     @property
+    def site_url(self) -> str:
+        """The shop as visitors reach it: the stack's nginx, or ``stack.nginx.url`` of an external one."""
+        own = self.url("nginx") + "/"
+        return (self.s.nginx.site_url or own) if self.s.nginx.external else own
+
+    @property
     def urls(self) -> dict[str, str]:
+        external = {EXTERNAL_NGINX_PROCESS: self.site_url} if self.s.nginx.external else {}
         return {
+            **external,
             **{p.name: self.url(p.main_port) + p.show_path for p in self.processes},
             **{c.name: c.ready_url for c in self.extra_components},
         }
@@ -183,11 +197,15 @@ class Stack:
 
     @property
     def nginx_access_log(self) -> Path:
+        """The access log the stack's log readers follow: its own nginx's, or the external one's."""
+        if self.s.nginx.external and self.s.nginx.access_log is not None:
+            return self.s.nginx.access_log
         return self.dir / "nginx" / "access.log"
 
     def context(self) -> Context:
         return Context(target="local", host=self.host, ports=self.ports, hosts=dict.fromkeys(self.ports, self.host),
-                       state_dir=self.dir, paths=paths("local", self.dir), config=self.cfg)
+                       state_dir=self.dir, paths={**paths("local", self.dir), "nginx_access_log": str(self.nginx_access_log)},
+                       config=self.cfg)
 
     # ------------------------------------------------------------------ rendering
     def rule_files(self) -> list[str]:
@@ -338,6 +356,30 @@ class Stack:
         else:
             self.pids_file.unlink(missing_ok=True)
         return stopped
+
+    def reload(self, progress=print) -> list[str]:
+        """Apply a changed configuration file without a restart: render every file again and
+        send SIGHUP to the components that re-read theirs (Prometheus: rules and scrape jobs;
+        Alertmanager: routes; the controller: its routes, keeping its state; the stack's nginx).
+        Ports and the set of processes are not reloaded (``stack down`` + ``stack up``).
+        Returns the components signalled; StackError when no stack runs from this state dir."""
+        alive = self.running()
+        if not alive:
+            raise StackError(f"no stack running from {self.dir}: start it with `promreflex stack up`")
+        recorded = self._recorded()
+        moved = sorted(n for n, info in recorded.items() if n in self.ports and info.get("port") != self.ports[n])
+        if moved:
+            raise StackError(f"ports changed for {', '.join(moved)}: `stack down` then `stack up` to apply them")
+        self.render()
+        signalled = []
+        for name in RELOADABLE:
+            pid = alive.get(name)
+            if pid is None:
+                continue
+            os.kill(pid, signal.SIGHUP)
+            signalled.append(name)
+            progress(f"  reloaded {name} (SIGHUP to pid {pid})")
+        return signalled
 
     def check_children(self) -> list[str]:
         """Names of recorded components that died."""

@@ -3,6 +3,15 @@
 # Daemons are never started by the packages' postinst scripts: a policy-rc.d that refuses
 # every start is put in place for the install (and removed again if we created it).
 #
+# Usage: scripts/install-system.sh [PROFILE...]   (default: base)
+#   base    Prometheus, Alertmanager, node_exporter, nginx and its exporter: `make demo`
+#   swift   OpenStack Swift (proxy, account, container, object), memcached, tcpdump, iproute2:
+#           the Swift lab (`promreflex swift-lab`, network namespaces), the fleet, their tests
+#   shop    php-fpm, MariaDB and WordPress: the real PHP shop of the copy-guard bench and its test
+#   tshark  the decoder the Swift capture exporter is checked (a unit test compares the decoded
+#           fields) and benchmarked against
+# `make test` asks for all four (the integration tests run those binaries).
+#
 # Also python3-venv when uv is not on PATH: scripts/uv then installs uv from PyPI into a
 # virtual environment (Debian's python3 refuses `pip install` outside one, PEP 668).
 #
@@ -12,7 +21,8 @@
 set -euo pipefail
 
 root=${PROMREFLEX_BIN_ROOT:-}
-declare -A BIN_TO_PKG=(
+# One map per profile: a file the package installs -> the package.
+declare -A PROFILE_base=(
   [/usr/bin/prometheus]=prometheus
   [/usr/bin/promtool]=prometheus
   [/usr/bin/prometheus-alertmanager]=prometheus-alertmanager
@@ -21,10 +31,41 @@ declare -A BIN_TO_PKG=(
   [/usr/bin/prometheus-nginx-exporter]=prometheus-nginx-exporter
   [/usr/sbin/nginx]=nginx
 )
+declare -A PROFILE_swift=(
+  [/usr/bin/swift-ring-builder]=swift
+  [/usr/bin/swift-proxy-server]=swift-proxy
+  [/usr/bin/swift-account-server]=swift-account
+  [/usr/bin/swift-container-server]=swift-container
+  [/usr/bin/swift-object-server]=swift-object
+  [/usr/bin/memcached]=memcached
+  [/usr/bin/tcpdump]=tcpdump
+  [/usr/bin/ip]=iproute2
+)
+declare -A PROFILE_shop=(
+  [/usr/sbin/php-fpm8.2]=php8.2-fpm
+  [/usr/bin/php8.2]=php8.2-cli
+  [/usr/share/php8.2-mysql/mysql/mysqli.ini]=php8.2-mysql
+  [/usr/sbin/mariadbd]=mariadb-server
+  [/usr/bin/mariadb-install-db]=mariadb-server
+  [/usr/share/wordpress/wp-settings.php]=wordpress
+)
+declare -A PROFILE_tshark=(
+  [/usr/bin/tshark]=tshark
+)
 
+profiles=("$@")
+[ ${#profiles[@]} -eq 0 ] && profiles=(base)
 missing=()
-for bin in "${!BIN_TO_PKG[@]}"; do
-  [ -x "$root$bin" ] || missing+=("${BIN_TO_PKG[$bin]}")
+for profile in "${profiles[@]}"; do
+  case "$profile" in
+    base|swift|shop|tshark) ;;
+    *) echo "install-system: unknown profile '$profile' (known: base swift shop tshark)" >&2; exit 2 ;;
+  esac
+  declare -n map="PROFILE_$profile"
+  for bin in "${!map[@]}"; do
+    [ -e "$root$bin" ] || missing+=("${map[$bin]}")
+  done
+  unset -n map
 done
 if ! command -v uv >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
@@ -57,7 +98,7 @@ $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 
 # Some postinst scripts start a daemon even so (or a previous install did): stop any system
 # instance that holds the default ports, so the local stack can use them.
-for svc in prometheus prometheus-alertmanager prometheus-node-exporter prometheus-nginx-exporter nginx; do
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter prometheus-nginx-exporter nginx memcached mariadb php8.2-fpm; do
   if command -v service >/dev/null && service "$svc" status >/dev/null 2>&1; then
     $SUDO service "$svc" stop >/dev/null 2>&1 || true
   fi

@@ -19,6 +19,16 @@ from promreflex.stack import Stack
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _copy_registry(tmp_path_factory: pytest.TempPathFactory):
+    """The copy guard's default registry is absolute (/var/lib/promreflex/copies as root): tests
+    that start the shipped routes must not create it on the machine, nor see a user's copies."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PROMREFLEX_COPY_REGISTRY", str(tmp_path_factory.mktemp("copy-registry")))
+    yield
+    mp.undo()
+
+
 def stack_config(state_dir: Path, **controller: Any):
     ports = {name: free_port() for name in ports_model().model_fields}
     overrides = {

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 class ControllerProcess:
     dir: Path
     routes: list[dict[str, Any]]
-    alertmanager_url: str | None = None
+    alertmanager_url: str | list[str] | None = None  # a list: a cluster's peers
     settings: dict[str, Any] = field(default_factory=dict)  # more controller.* keys
     port: int = field(default_factory=free_port)
     child: Child | None = None

@@ -151,7 +151,7 @@ class RunResult:
     round: int
     load: bool
     copy: bool
-    guard: str  # "none", "reactive", "predictive"
+    guard: str  # "none" or the arm's name
     served: int = 0
     failed: int = 0
     copy_seconds: float | None = None
@@ -175,6 +175,12 @@ class RunResult:
     lost_responses: int | None = None  # served_window(load-only) - served_window(load+copy)
     host: dict[str, Any] | None = None  # bench.conditions summary during the run
     note: str = ""
+    copy_slower: float | None = None  # copy_seconds / the round's unguarded copy_seconds - 1
+    held_intervals: list[tuple[float, float]] | None = None  # the controller's share of the copy below 1
+    held_seconds: float = 0.0
+    mean_share: float | None = None  # mean share of its own speed while the copy ran (1 = free)
+    share_timeline: list[tuple[float, float]] | None = None
+    guard_counters: dict[str, float] | None = None  # the controller's copy-guard counters, deltas over the run
 
     def reaction_summary(self) -> str:
         r = self.reaction_s or []

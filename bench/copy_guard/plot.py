@@ -16,7 +16,7 @@ def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, titl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.3 * len(runs) + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.0 * len(runs) + 0.6), sharex=True, squeeze=False)
     ymax = max([threshold * 1.3] + [max(r.per_second.values(), default=0) * 1.1 for r in runs if r.per_second])
     for ax, r in zip(axes[:, 0], runs):
         t0 = r.load_start or (r.copy_start or 0.0)
@@ -32,8 +32,16 @@ def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, titl
         if r.copy_start is not None:
             end = r.copy_end if r.copy_end is not None else r.copy_start
             ax.axvspan(r.copy_start - t0, end - t0, ymin=0, ymax=0.04, color="tab:green", alpha=0.8, label="copy running")
+        for i, (a, b) in enumerate(r.held_intervals or []):
+            ax.axvspan(a - t0, b - t0, color="tab:orange", alpha=0.15, label="copy held (share < 1)" if i == 0 else None)
         for i, (a, b) in enumerate(r.pause_intervals or []):
-            ax.axvspan(a - t0, b - t0, color="tab:orange", alpha=0.25, label="copy paused" if i == 0 else None)
+            ax.axvspan(a - t0, b - t0, color="tab:red", alpha=0.2, label="copy paused" if i == 0 else None)
+        if r.share_timeline:
+            ax2 = ax.twinx()
+            ax2.step([t - t0 for t, _ in r.share_timeline], [s for _, s in r.share_timeline], where="post",
+                     color="tab:purple", linewidth=0.8)
+            ax2.set_ylim(0, 1.05)
+            ax2.set_ylabel("copy share", fontsize=7, color="tab:purple")
         if r.load:
             ax.axvline(r.load_end - t0, color="grey", linewidth=0.8, linestyle=":", label="load ends")
         if r.window_s is not None:
@@ -48,13 +56,63 @@ def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, titl
         ax.legend(loc="lower left", fontsize=7, ncol=6, framealpha=0.8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the load (or the copy) started")
-    return _save(fig, path, title, fontsize=10, dpi=80)
+    return _save(fig, path, title, fontsize=10, dpi=64)  # committed: kept under 200 KB for 8 panels
 
 
-def _label(row: dict[str, Any]) -> str:
-    """``guard-nohold`` for ``load+copy+guard-nohold``: short enough to sit under a bar."""
-    run = row["run"].removeprefix("load+copy+") if row["run"] != "load+copy+guard" else "guard"
-    return f"{run}\n(round {row['round']})"
+def plot_pareto(rows: Sequence[dict[str, Any]], path: Path, target: dict[str, float], title: str = "") -> Path:
+    """Lost responses saved (share) against the copy's slowdown, one point per guarded arm and
+    round; the target region (saved >= target, slowdown <= target) shaded. Throttle settings
+    blue, pause rules orange."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [r for r in rows if r.get("saved_share") is not None and r.get("copy_slower") is not None]
+    # arms whose copy outlived the counting window: no fair share; drawn hollow, at saved / lost
+    late = [r for r in rows if r.get("saved_share") is None and r.get("copy_slower") is not None
+            and r.get("saved_responses") is not None and r.get("lost_responses")]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.axvline(target["slowdown"] * 100, color="tab:green", linestyle="--", linewidth=1,
+               label=f"target: saved >= {target['saved_share']:.0%}, copy <= {target['slowdown']:+.0%}")
+    ax.axhline(target["saved_share"] * 100, color="tab:green", linestyle="--", linewidth=1)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    for r in pts + late:
+        throttle = str(r["arm"]).startswith("throttle")
+        fair = r in pts
+        x = r["copy_slower"] * 100
+        y = (r["saved_share"] if fair else r["saved_responses"] / r["lost_responses"]) * 100
+        color = "tab:blue" if throttle else "tab:orange"
+        ax.scatter([x], [y], s=36, zorder=3, color=color if fair else "none", edgecolors=color)
+        ax.annotate(f"{r['arm']} (r{r['round']})" + ("" if fair else ": copy outlived the window"), (x, y),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    front = _front([(r["copy_slower"] * 100, r["saved_share"] * 100) for r in pts if str(r["arm"]).startswith("throttle")])
+    if len(front) > 1:
+        ax.plot(*zip(*front), color="tab:blue", linewidth=1, alpha=0.6, label="throttle settings: Pareto front")
+    ax.set_xlabel("copy slower than unguarded (%)")
+    ax.set_ylabel("lost responses saved (%)")
+    shown = pts + late
+    if shown:
+        ys = [(r["saved_share"] if r in pts else r["saved_responses"] / r["lost_responses"]) * 100 for r in shown]
+        xs = [r["copy_slower"] * 100 for r in shown]
+        ax.set_ylim(min(-10, min(ys) - 10), max(110, max(ys) + 10))
+        ax.set_xlim(min(-10, min(xs) - 10), max(60, max(xs) + 40))
+    else:
+        ax.text(0.5, 0.5, "no arm with a saved share (see summary.md)", transform=ax.transAxes, ha="center")
+    x0, y1 = ax.get_xlim()[0], ax.get_ylim()[1]
+    ax.fill_between([x0, target["slowdown"] * 100], target["saved_share"] * 100, y1, color="tab:green", alpha=0.08)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _save(fig, path, title, fontsize=9, dpi=80)
+
+
+def _front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both (less delay, more saved), by delay."""
+    out: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not out or y > out[-1][1]:
+            out.append((x, y))
+    return out
 
 
 def _save(fig: Any, path: Path, title: str, fontsize: int, dpi: int) -> Path:
@@ -68,32 +126,3 @@ def _save(fig: Any, path: Path, title: str, fontsize: int, dpi: int) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
-
-
-def plot_summary(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Per loaded run: responses served in the common window, and the copy's duration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    loaded = [r for r in rows if r["served"] is not None]
-    labels = [_label(r) for r in loaded]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
-    bars = a1.bar(range(len(loaded)), [r["served"] for r in loaded], color="tab:blue")
-    for b, r in zip(bars, loaded):
-        txt = f"{r['served']}" + (f"\nsaved {r['saved_responses']:+}" if r["saved_responses"] is not None else "")
-        if r["saved_share"] is not None:
-            txt += f" ({r['saved_share']:.0%})"
-        a1.annotate(txt, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=7)
-    a1.set_xticks(range(len(loaded)), labels, fontsize=7)
-    window = max((r["window_s"] or 0) for r in loaded) if loaded else 0
-    a1.set_ylabel(f"responses served in the window ({window:.0f} s)")
-    a1.margins(y=0.2)
-    copies = [r for r in rows if r["copy_seconds"] is not None]
-    a2.bar(range(len(copies)), [r["copy_seconds"] for r in copies], color="tab:green")
-    a2.set_xticks(range(len(copies)), [_label(r) for r in copies], fontsize=7)
-    a2.set_ylabel("copy duration (s)")
-    for ax in (a1, a2):
-        ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path, title, fontsize=8, dpi=90)

@@ -1,72 +1,70 @@
-"""Reproduce the copy-guard paper (seed 000) on this machine, and try to beat it.
+"""The copy-guard bench (issue 16): does the guard save the shop's responses without holding the
+backup back? On a real PHP shop and on the built-in shop, side by side.
 
-Setup: the real local stack (Prometheus, Alertmanager, node_exporter, nginx proxying to the
-shop-like site of ``bench/copy_guard/site.py``, the access-log exporter, the controller), a
-large copy onto the same disk with ``promreflex copy`` (O_DIRECT), Locust shoppers at a fixed
-offered rate. The site and the copy share an emulated slower disk (``--disk-mbps``, see
-``bench/blkio.py``: this VM's own disk copies at ~1 GB/s, so a copy of a few GB would be over in
-seconds). The threshold is calibrated first with ``promreflex calibrate``'s code and published
-where the rules read it.
+Shops (``--shop``):
+  wordpress  Debian's WordPress on php-fpm and MariaDB behind its own nginx, set up by
+             ``bench/shop`` in a private directory; the stack guards THAT nginx
+             (``stack.nginx.external``: its access log and stub_status), it starts none.
+             Copy: a real ``cp`` of ``--copy-gib`` GiB adopted by PID (buffered, on the raw disk:
+             on this VM such a copy takes about a core of kernel time, STACK-NOTES).
+  builtin    ``bench/copy_guard/site.py`` (product pages of uncached reads, fsync'd checkouts)
+             behind the stack's nginx; the site and the copy share an emulated 100 MB/s disk
+             (``bench/blkio.py``). Copy: ``promreflex copy --io direct``.
+``--copier`` overrides the copy (``cp`` or ``promreflex``).
 
-Runs (``--runs``; each round alternates the order, since baselines drift 5-10 % here):
-  load-only            the site under load, no copy
-  load+copy            the copy starts ``--copy-delay`` s into the load, nothing guards it
-  load+copy+guard-nohold  route CopyGuardSiteOverloaded -> copy-guard, resume as soon as it
-                       resolves (the paper's rule)
-  load+copy+guard      the same, each pause held at least ``--min-pause``
-  load+copy+predictive route CopyGuardSiteOverloadPredicted as well
-  quiet+copy+guard     no load at all, both routes: the copy must never pause
+Load: Locust with the shop's own profile (paths and weights, ``controllers/copy_guard``'s
+profile format; WordPress: product pages, searches, the home page and review POSTs), closed
+loop, with the number of users ``promreflex calibrate``'s ramp finds at the shop's knee; the
+threshold is calibrated by the same code (robust statistic) and published where the rules read
+it. The copy starts ``--copy-delay`` s into the load.
 
-The counting window. Every loaded run of a round offers the same load for the same
-``--load-seconds``, long enough that every copy of the round (the guarded ones included, which
-take longest) ends while the load still runs; responses are counted over the same window in
-every run: from the load's start to the end of the shortest load of the round. A guard cannot
-score by pushing its copy past the end of the measurement: each run does the whole copy and
-serves the shop for the same time. If a copy of a round does end after the window, the round is
-flagged and its saved shares are not reported (rerun with a longer ``--load-seconds``; the
-report says how long the latest copy took).
+Arms (``bench/copy_guard/arms.py``): load only, copy without guard, the paper's rule (pause,
+resume at once), ``min_pause`` 20 s, the adaptive throttle at its shipped defaults and at other
+settings (the Pareto), and a quiet shop (no visitors, only our exporters) where the copy must
+never be paused. A round runs the loaded arms in one order, the next round in the reverse order
+(baselines drift on this machine); the quiet arm runs once at the end.
 
-Per run: responses served and failed within the window (Locust's 100 ms completion bins), the
-lost responses the guard saved ``served_guard - served_copy`` and their share of what the copy
-cost ``(served_guard - served_copy) / (served_loadonly - served_copy)`` within the round, the
-copy's duration (process start to exit), the time the served rate (completions over the last
-second, at 100 ms steps, as the rule's rate1s) spent below the threshold, the time below the
-threshold when each pause took hold (reaction), and the machine's CPU (busy, steal, iowait) and
-load average during the run (psutil; other work shares these cores).
+Counting (fair to every arm): every loaded run of a round offers the same load for the same
+``--load-seconds``; responses are counted over the same window in every run, from the load's
+start to the end of the shortest load of the round, and that window must contain every run's
+WHOLE copy (the guarded ones take longest): a guard cannot score by pushing its copy past the
+measurement. A round where a copy ends after the window gets no saved share (the report says
+which; rerun with a longer load). Per arm: responses served (and failed) in the window, lost
+responses saved ``(served_arm - served_noguard) / (served_loadonly - served_noguard)``, the copy's
+duration and its slowdown vs the unguarded copy of the same round, pauses (the controller's
+share of the copy at 0) and time held (share below 1), time below the threshold.
 
-    uv run python -m bench.copy_guard --lock /tmp/promreflex-heavy.lock [--quick]
+    uv run python -m bench.copy_guard --shop wordpress --lock /tmp/promreflex-heavy.lock
+    uv run python -m bench.copy_guard --shop builtin --lock /tmp/promreflex-heavy.lock
 
-(``--lock`` takes the machine's heavy-job lock for each run and lets other heavy jobs go
-between runs; ``flock LOCK uv run ...`` around the whole bench works too.)
+``--lock`` holds the machine's heavy-job lock for chunks of runs of at most ``--lock-minutes``
+(default 9) and lets other heavy jobs go between chunks; the shop and the stack idle meanwhile.
 
-Writes ``summary.json``, ``summary.md`` (table and conditions), ``timeline.png`` and
-``summary.png`` (small, committed) and ``results.json``/``results.csv`` (every run's timeline:
-raw, not committed) under ``--out``.
+Writes ``summary.json``, ``summary.md``, ``pareto.png``, ``timeline.png`` (small, committed) and
+``results.json`` (every run's timeline, not committed) under ``--out``
+(default ``bench/results/copy_guard/<shop>``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import fcntl
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 
 from bench.blkio import EmulatedDisk
-from bench.conditions import HostSampler, describe, heavy_lock
+from bench.conditions import HostSampler, describe
 from bench.copy_guard.analysis import (
     RunResult,
     Window,
@@ -80,277 +78,300 @@ from bench.copy_guard.analysis import (
     served_between,
     slowdown,
 )
+from bench.copy_guard.arms import ARMS, BASELINE, DEFAULT_LOADED, UNGUARDED, plan, route_for
+from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy
 from bench.copy_guard.site import ensure_data_file, site_component
-from controllers.copy_guard.calibrate import ShopLoad, calibrate
 from promreflex.config import Ports, load_config
-from promreflex.proc import free_port, terminate, wait_until
+from promreflex.proc import free_port, wait_until
 from promreflex.stack import Stack
 
 SITE = "shop"
-ALERT_REACTIVE = "CopyGuardSiteOverloaded"
-ALERT_PREDICTED = "CopyGuardSiteOverloadPredicted"
-PAPER = {"saved_share": 0.623, "copy_unguarded_s": 92.0, "copy_guarded_s": 129.0, "slowdown": 129 / 92 - 1,
-         "below_before_pause_s": 14.0, "served": {"load-only": 5065, "load+copy": 4874, "load+copy+guard": 4993}}
-MODES = {  # name: (load, copy, guard, hold: keep each pause at least --min-pause seconds)
-    "load-only": (True, False, "none", False),
-    "load+copy": (True, True, "none", False),
-    "load+copy+guard-nohold": (True, True, "reactive", False),  # the paper's rule: resume as soon as above
-    "load+copy+guard": (True, True, "reactive", True),
-    "load+copy+predictive": (True, True, "predictive", True),
-    "quiet+copy+guard": (False, True, "predictive", True),
-}
-LOADED = ["load-only", "load+copy", "load+copy+guard-nohold", "load+copy+guard", "load+copy+predictive"]
-GUARDED = ("load+copy+guard-nohold", "load+copy+guard", "load+copy+predictive")
-GB = 1 << 30
+ALERTS = "CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"
+PAPER = {"saved_share": 0.623, "slowdown": 129 / 92 - 1}
+TARGET = {"saved_share": 0.80, "slowdown": 0.40, "quiet_pauses": 0}
+SHOPS: dict[str, dict[str, Any]] = {"wordpress": {"copier": "cp", "copy_gib": 3.0, "disk_mbps": 0.0},
+         "builtin": {"copier": "promreflex", "copy_gib": 1.0, "disk_mbps": 100.0}}
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_order(rounds: int, reverse_first: bool = False, loaded: list[str] | None = None,
-              quiet: bool = True) -> list[tuple[int, str]]:
-    """Loaded runs (``loaded``, default all), alternating direction by round (``reverse_first``:
-    starting reversed, so two single-round invocations together cover both orders); the quiet run last."""
-    arms = list(loaded or LOADED)
-    plan = []
-    for r in range(rounds):
-        plan += [(r, m) for m in (arms if (r + reverse_first) % 2 == 0 else list(reversed(arms)))]
-    return plan + ([(0, "quiet+copy+guard")] if quiet else [])
-
-
-def _get_json(url: str, timeout: float = 1.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback
-        return json.load(resp)
-
-
 def _prom_value(prom: str, expr: str) -> float | None:
     try:
-        body = _get_json(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=2)
-        res = body["data"]["result"]
+        with urllib.request.urlopen(f"{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr}),  # noqa: S310
+                                    timeout=2) as resp:
+            res = json.load(resp)["data"]["result"]
         return float(res[0]["value"][1]) if res else None
     except (OSError, ValueError, KeyError, IndexError):
         return None
 
 
-class CopyProcess:
-    """One ``promreflex copy`` in a child process, in the emulated disk, sampled at 10 Hz."""
+class ChunkedLock:
+    """The heavy-job lock held over consecutive runs, released before a run that would make the
+    chunk longer than ``max_s`` (other heavy jobs go between chunks)."""
 
-    def __init__(self, src: Path, dst: Path, registry_dir: Path, disk: EmulatedDisk | None, log_path: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [sys.executable, "-m", "promreflex", "copy", str(src), str(dst), "--site", SITE,
-                     "--registry.dir", str(registry_dir), "--web.listen-address", f"127.0.0.1:{self.port}",
-                     "--io", "direct", "--fresh"]
-        self.dst, self.disk, self.log_path = dst, disk, log_path
-        self.samples: list[tuple[float, str, int]] = []  # (t, state, done_bytes)
-        self.status: dict[str, Any] = {}
-        self.exited_at: float | None = None
-        self._stop = threading.Event()
+    def __init__(self, path: Path | None, max_s: float):
+        self.path, self.max_s = path, max_s
+        self.f: TextIO | None = None
+        self.since = 0.0
+        self.held_s = 0.0  # over the whole bench
+        self.chunks = 0
 
-    def start(self) -> CopyProcess:
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in finish()
-        self.started = time.time()
-        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT,  # noqa: S603
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        if self.disk:
-            self.disk.add(self.proc.pid)
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set() and self.proc.poll() is None:
+    def before(self, expected_s: float) -> None:
+        if self.path is None:
+            return
+        if self.f is not None and time.monotonic() - self.since + expected_s > self.max_s:
+            self.release()
+        if self.f is None:
+            t = time.monotonic()
+            f = open(self.path, "a")  # noqa: SIM115 - closed in release()
             try:
-                st = _get_json(f"{self.url}/status", timeout=0.5)
-                self.status = st
-                self.samples.append((time.time(), st["state"], int(st["done_bytes"])))
-            except (OSError, ValueError, KeyError):
-                pass
-            self._stop.wait(0.1)
-        if self.proc.poll() is not None:
-            # the exit time, to 0.1 s: wait() is only called when the load has ended, which can be
-            # long after the copy did
-            self.exited_at = time.time()
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except BaseException:  # interrupted while waiting: nothing held
+                f.close()
+                raise
+            self.f, self.since = f, time.monotonic()
+            self.chunks += 1
+            log(f"  holding {self.path} (chunk {self.chunks}; waited {self.since - t:.0f}s)")
 
-    def wait(self, timeout: float) -> float | None:
-        """Seconds from start to exit (None if it had to be killed)."""
-        try:
-            code = self.proc.wait(timeout=timeout)
-            self.thread.join(timeout=2)
-            self.ended = self.exited_at or time.time()
-        except subprocess.TimeoutExpired:
-            terminate(self.proc.pid, grace=5)
-            self.ended = time.time()
-            code = None
-        self._stop.set()
-        self.thread.join(timeout=2)
-        self.log.close()
-        if code != 0:
-            log(f"  copy exited {code}; see {self.log_path}")
-            return None
-        return self.ended - self.started
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def paused_intervals(self) -> list[tuple[float, float]]:
-        return intervals([(t, state == "paused") for t, state, _ in self.samples])
-
-    def done_at(self, when: float) -> int:
-        done = 0
-        for t, _, b in self.samples:
-            if t <= when:
-                done = b
-        return done
-
-    def cleanup(self) -> None:
-        for p in (self.dst, self.dst.parent / f".{self.dst.name}.promreflex-copy.json",
-                  self.dst.parent / f".{self.dst.name}.promreflex-part"):
-            p.unlink(missing_ok=True)
+    def release(self) -> None:
+        if self.f is not None:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
+            self.f = None
+            held = time.monotonic() - self.since
+            self.held_s += held
+            log(f"  released {self.path} after {held:.0f}s (total held {self.held_s / 60:.1f} min)")
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace):
         self.a = args
-        self.work = args.workdir
-        self.out = args.out
+        self.work: Path = args.workdir / args.shop
+        self.out: Path = args.out
         self.registry_dir = self.work / "copies"
-        self.site_port = free_port()
         self.ports = {p: free_port() for p in Ports.model_fields}
         self.disk: EmulatedDisk | None = None
         self.results: list[RunResult] = []
-        self.timelines: dict[tuple[int, str], tuple[dict[int, list[int]], float]] = {}  # (round, run): Locust bins
+        self.timelines: dict[tuple[int, str], tuple[dict[int, list[int]], float]] = {}
         self.windows: dict[int, Window] = {}
-        self.guard: tuple[str, bool] = ("none", False)
+        self.arm: str | None = None
         self.threshold = 0.0
+        self.users = args.users
+        self.calibration: dict[str, Any] | None = None
+        self.lock = ChunkedLock(args.lock, args.lock_minutes * 60)
+        self.shop: Any = None
+        self.site_port = free_port()
+        self.profile: tuple[list[Any], dict[str, list[Any]]] | None = None
+        self.rebuilt = ""
 
     # ------------------------------------------------------------------ setup
-    def routes(self, guard: str, hold: bool = False) -> list[dict[str, Any]]:
-        params = {"registry_dir": str(self.registry_dir), "min_pause": f"{self.a.min_pause if hold else 0:g}s"}
-        routes = []
-        if guard in ("reactive", "predictive"):
-            routes.append({"name": "copy-guard", "matchers": [f'alertname="{ALERT_REACTIVE}"'], "action": "copy-guard",
-                           "params": params})
-        if guard == "predictive":
-            routes.append({"name": "copy-guard-predicted", "matchers": [f'alertname="{ALERT_PREDICTED}"'],
-                           "action": "copy-guard", "params": params})
-        return routes
+    def stack_config(self, routes: list[dict[str, Any]]) -> Stack:
+        over: dict[str, Any] = {"stack.state_dir": str(self.work / "stack"), "stack.ports": self.ports,
+                                "controller.reconcile_interval": "1s", "controller.routes": routes}
+        extra = []
+        if self.a.shop == "wordpress":
+            over["stack.nginx"] = {"external": True, "url": self.shop.url + "/", "stub_status_url": self.shop.stub_status_url,
+                                   "access_log": str(self.shop.access_log)}
+        else:
+            over["stack.upstream"] = f"127.0.0.1:{self.site_port}"
+            extra.append(site_component(self.site_port, self.work / "site", data_size_mib=self.a.site_data_mib,
+                                        reads_per_page=self.a.reads_per_page, workers=self.a.workers,
+                                        cgroup=self.disk.dir if self.disk else None))
+        return Stack(load_config(None, over), extra_components=extra)
 
-    def make_stack(self, guard: str, hold: bool = False) -> Stack:
-        cfg = load_config(None, {
-            "stack.state_dir": str(self.work / "stack"),
-            "stack.ports": self.ports,
-            "stack.upstream": f"127.0.0.1:{self.site_port}",
-            "controller.reconcile_interval": "1s",
-            "controller.routes": self.routes(guard, hold),
-        })
-        site = site_component(self.site_port, self.work / "site", data_size_mib=self.a.site_data_mib,
-                              reads_per_page=self.a.reads_per_page, workers=self.a.workers,
-                              cgroup=self.disk.dir if self.disk else None)
-        return Stack(cfg, extra_components=[site])
-
-    def set_guard(self, guard: str, hold: bool) -> None:
-        """Restart only the controller with the routes of this run (configs re-rendered)."""
-        if (guard, hold) == self.guard:
+    def set_arm(self, name: str) -> None:
+        """Restart only the controller with the arm's route (configs re-rendered)."""
+        routes = route_for(ARMS[name], str(self.registry_dir))
+        key = json.dumps(routes, sort_keys=True)
+        if key == self.arm:
             return
-        stack = self.make_stack(guard, hold)
+        stack = self.stack_config(routes)
         stack.render()
         stack.stop_component("controller")
         stack.start_component("controller", progress=lambda *_: None)
-        self.guard = (guard, hold)
-        log(f"  controller restarted with routes: {[r['name'] for r in self.routes(guard)] or 'none'}"
-            + (f", min_pause {self.a.min_pause:g}s" if guard != "none" and hold else ""))
+        self.arm = key
+        log(f"  controller restarted: {json.dumps(routes[0]['params']) if routes else 'no copy-guard route'}")
 
-    def prepare_data(self) -> None:
+    def target(self) -> str:
+        return self.stack.site_url
+
+    def prepare(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
+        self.work.chmod(0o755)  # nginx workers read the shop's files
         self.out.mkdir(parents=True, exist_ok=True)
-        t = time.monotonic()
-        if ensure_data_file(self.work / "site" / "products.dat", self.a.site_data_mib << 20, progress=log):
-            log(f"wrote the site's product file ({self.a.site_data_mib} MiB) in {time.monotonic() - t:.0f}s")
-        t = time.monotonic()
         self.src = self.work / "source.bin"
-        if ensure_data_file(self.src, int(self.a.copy_gib * GB) // 4096 * 4096, progress=log):
+        t = time.monotonic()
+        if ensure_data_file(self.src, int(self.a.copy_gib * GB) // 4096 * 4096, chunk=64 << 20, repeat=True):
             log(f"wrote the copy's source ({self.a.copy_gib:g} GiB) in {time.monotonic() - t:.0f}s")
-        else:
-            log(f"reusing {self.src} ({self.a.copy_gib:g} GiB)")
         self.dst = self.work / "backup" / "source.bin"
         self.dst.parent.mkdir(exist_ok=True)
+        if self.a.shop == "builtin" and ensure_data_file(self.work / "site" / "products.dat", self.a.site_data_mib << 20):
+            log(f"wrote the site's product file ({self.a.site_data_mib} MiB)")
 
-    # ------------------------------------------------------------------ runs
+    def start_shop(self) -> None:
+        if self.a.shop == "wordpress":
+            from bench.shop.wordpress import WordPressShop
+
+            self.shop = WordPressShop(self.work / "wordpress", fpm_children=self.a.workers, products=self.a.products,
+                                      keep=self.a.keep_data).up(progress=log)
+            self.profile = self.shop_profile()
+        else:
+            from controllers.copy_guard.calibrate import builtin_shop
+
+            self.profile = (builtin_shop(self.a.checkout_share), {})
+
+    def shop_profile(self) -> tuple[list[Any], dict[str, list[Any]]]:
+        from bench.shop.wordpress import PROFILE
+        from controllers.copy_guard.calibrate import Request
+
+        reqs = []
+        for r in PROFILE:
+            body = None
+            if r.get("form"):
+                body = "&".join(f"{k}={v}" for k, v in r["form"].items()).replace("{n}", "{uniq}").replace(" ", "+")
+            reqs.append(Request(r["method"], r["path"], float(r["weight"]), body))
+        return reqs, {"post": self.shop.post_ids, "word": self.shop.words}
+
+    def load(self, seconds: float) -> Any:
+        from controllers.copy_guard.calibrate import ShopLoad
+
+        assert self.profile is not None
+        reqs, variables = self.profile
+        return ShopLoad(self.target(), self.a.rate, self.users, seconds, profile=reqs, variables=variables,
+                        request_timeout=self.a.request_timeout)
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(self) -> None:
+        from controllers.copy_guard.calibrate import calibrate, floor_for, publish, refusal
+
+        a = self.a
+        assert self.profile is not None
+        reqs, variables = self.profile
+        if a.shop_warmup > 0:  # a shop just set up is cold (opcache, buffer pool): warm it before it is measured
+            users, self.users = self.users, a.users or 8
+            run = self.load(a.shop_warmup).start().wait()
+            self.users = users
+            log(f"warm-up: {a.shop_warmup:g}s at {a.users or 8} users, served {run.ok} ({run.ok / a.shop_warmup:.0f} req/s), "
+                f"{run.failed} failed (not counted)")
+        log(f"calibrating {self.target()}: ramp to the knee (unless --users), {a.cal_runs} x {a.cal_seconds:g}s, "
+            "robust threshold, no copy")
+        cal = calibrate(self.target(), site=SITE, rate=a.rate, users=a.users, duration_s=a.cal_seconds, runs=a.cal_runs,
+                        warmup_s=a.warmup, profile=reqs, variables=variables, step_s=a.ramp_step, max_users=a.max_users,
+                        request_timeout=a.request_timeout, progress=lambda s: log("  " + s.strip()))
+        assert cal.threshold is not None
+        cal.floor = floor_for(cal.threshold)
+        why = refusal(cal.threshold, cal.floor)
+        if why:
+            raise RuntimeError(f"calibration refused: {why}")
+        self.threshold, self.users = float(cal.threshold), int(cal.users)
+        self.calibration = cal.to_json()
+        publish(cal, self.stack.textfile_dir)
+        prom = self.stack.url("prometheus")
+        wait_until(lambda: _prom_value(prom, f'site:promreflex_copy_guard_threshold:rps{{site="{SITE}"}}') is not None,
+                   timeout=30, what="threshold visible in Prometheus")
+        log(f"threshold {self.threshold:.1f} req/s, demand floor {cal.floor:.1f}, {self.users} users: {cal.describe()}")
+
+    # ------------------------------------------------------------------ one run
     def one_run(self, rnd: int, name: str) -> RunResult:
-        load_on, copy_on, guard, hold = MODES[name]
-        self.set_guard(guard, hold)
-        a, prom = self.a, self.stack.url("prometheus")
-        r = RunResult(name, rnd, load_on, copy_on, guard)
-        log(f"run {name} (round {rnd + 1}): load {'%gs at %g req/s' % (a.load_seconds, a.rate) if load_on else 'none'}, "
-            f"copy {'%g GiB at +%gs' % (a.copy_gib, a.copy_delay if load_on else 0) if copy_on else 'none'}, guard {guard}")
-        load = ShopLoad(self.stack.url("nginx") + "/", a.rate, a.users, a.load_seconds, checkout_share=a.checkout_share)
-        copy: CopyProcess | None = None
-        t0 = time.time()
+        arm, a = ARMS[name], self.a
+        self.set_arm(name)
+        prom = self.stack.url("prometheus")
+        r = RunResult(name, rnd, arm.load, arm.copy, "none" if not arm.guarded else name)
+        seconds = a.load_seconds if arm.load else 0.0
+        log(f"run {name} (round {rnd + 1}): {arm.label}; load {f'{seconds:g}s, {self.users} users' if arm.load else 'none'}, "
+            f"copy {f'{a.copier} {a.copy_gib:g} GiB' if arm.copy else 'none'}")
+        if self.shop is not None:  # the reviews the last run posted are deleted: every run meets the same shop
+            log(f"  shop reset: {self.shop.reset()} review(s) of the last run deleted")
+        drop_cache(self.src)
+        load = self.load(seconds) if arm.load else None
+        copy = None
+        guard = GuardSampler(self.stack.url("controller") + "/metrics", SITE).start()
         host = HostSampler().start()
-        psutil.cpu_percent(interval=None)
+        t0 = time.time()
+        copy_at = t0 + (a.copy_delay if arm.load else 0.0)
+        deadline = t0 + (seconds if arm.load else 0) + a.copy_timeout
         try:
-            if load_on:
+            if load is not None:
                 load.start()
                 r.load_start = t0
-            copy_at = t0 + (a.copy_delay if load_on else 0.0)
             next_progress = t0 + 10
-            while (load_on and load.running()) or (copy_on and copy is None):
+            while True:
                 now = time.time()
-                if copy_on and copy is None and now >= copy_at:
+                if arm.copy and copy is None and now >= copy_at:
                     self.registry_dir.mkdir(exist_ok=True)
-                    copy = CopyProcess(self.src, self.dst, self.registry_dir, self.disk, self.out / "copy.log").start()
+                    copy = make_copy(a.copier, self.src, self.dst, self.registry_dir, SITE, self.out / "copy.log",
+                                     self.disk.dir if self.disk else None, io=a.io).start()
                     r.copy_start = copy.started
+                load_on = load is not None and load.running()
+                copy_on = arm.copy and (copy is None or copy.running())
+                if not load_on and not copy_on:
+                    break
+                if now > deadline:
+                    log("  deadline reached: stopping the run")
+                    break
                 if now >= next_progress:
                     next_progress += 10
                     rps = _prom_value(prom, f'site:promreflex_http_requests_served:rate1s{{site="{SITE}"}}')
-                    st = copy.status if copy else {}
-                    if copy is not None and copy.proc.poll() is not None:
-                        st = {**st, "state": "ended", "done_bytes": st.get("total_bytes", 1)}
-                    done = f"{100 * st.get('done_bytes', 0) / max(1, st.get('total_bytes', 1)):5.1f}%" if st else "  -  "
-                    log(f"  t={now - t0:5.0f}s served {rps if rps is not None else float('nan'):6.1f} req/s  "
-                        f"copy {done} {st.get('state', '-'):<9} pauses {st.get('pauses', 0):<3} "
+                    share = guard.share[-1][1] if guard.share else 1.0
+                    done = copy.progress[-1][1] / max(1, self.src.stat().st_size) if copy and copy.progress else 0.0
+                    log(f"  t={now - t0:5.0f}s served {rps if rps is not None else float('nan'):6.1f} req/s  copy "
+                        f"{'ended ' if copy is not None and not copy.running() else ''}{100 * done:5.1f}% share {share:.2f}  "
                         f"CPU busy {psutil.cpu_percent(interval=None):3.0f}% load {os.getloadavg()[0]:.1f}")
                 time.sleep(0.1)
-            if load_on:
-                if copy is not None and copy.proc.poll() is None:
-                    log(f"  the copy is still running at the end of the load ({copy.status.get('state', '?')}): "
-                        "this round's window will not contain it; use a longer --load-seconds")
-                run = load.wait()
-                # the load's window ends with its last completion; its last second is partial
-                # (users stop mid-request), so it is left out like calibrate leaves it out
-                last = (max(run.bins) + 1) * run.bin_s if run.bins else time.time()
-                r.served, r.failed, r.load_end = run.ok, run.failed, last - 1.0
-                r.per_second = {k: v for k, v in per_second(run.bins, run.bin_s).items() if k < int(last - run.bin_s)}
-                r.failed_per_second = {k: v for k, v in per_second(run.bins, run.bin_s, 1).items() if k < int(last - run.bin_s)}
-                self.timelines[(rnd, name)] = (run.bins, run.bin_s)
             if copy is not None:
-                limit = a.copy_gib * GB / (a.disk_mbps * 1e6 * 0.3 if a.disk_mbps else 100e6) + 120
-                r.copy_seconds = copy.wait(timeout=limit)
-                r.copy_end = copy.ended
-                r.pause_intervals = copy.paused_intervals()
-                r.pauses = len(r.pause_intervals)
-                r.paused_seconds = sum(b - a_ for a_, b in r.pause_intervals)
-                if load_on:
-                    r.copy_done_under_load_bytes = copy.done_at(r.load_end)
+                r.copy_seconds = copy.wait(timeout=max(0.1, deadline - time.time()))
+                r.copy_end = copy.ended if r.copy_seconds is not None else None
+                if r.copy_seconds is None:
+                    r.note = f"copy did not finish within {a.copy_timeout:g}s after the load (killed)"
+            if load is not None:
+                run = load.wait()
+                last = (max(run.bins) + 1) * run.bin_s if run.bins else time.time()
+                r.served, r.failed, r.load_end = run.ok, run.failed, last - 1.0  # last second partial
+                r.per_second = {k: v for k, v in per_second(run.bins, run.bin_s).items() if k < int(last - run.bin_s)}
+                r.failed_per_second = {k: v for k, v in per_second(run.bins, run.bin_s, 1).items()
+                                       if k < int(last - run.bin_s)}
+                self.timelines[(rnd, name)] = (run.bins, run.bin_s)
         finally:
-            load.kill()
+            if load is not None:
+                load.kill()
             if copy is not None:
                 copy.kill()
                 copy.cleanup()
             r.host = host.stop()
-        copy_txt = f"{r.copy_seconds:.1f}s" if r.copy_seconds is not None else "-"
-        end_txt = f" (ended at +{r.copy_end - t0:.1f}s)" if r.copy_end is not None and load_on else ""
-        log(f"  -> served {r.served}, failed {r.failed} over {r.load_end - r.load_start:.1f}s of load, copy {copy_txt}"
-            f"{end_txt}, pauses {r.pauses} ({r.paused_seconds:.1f}s); {describe(r.host)}")
+            r.guard_counters = guard.stop()
+        end = r.copy_end or time.time()
+        timeline = [(t, s) for t, s in guard.share if r.copy_start is None or r.copy_start <= t <= end]
+        r.pause_intervals = intervals([(t, s <= 0.0) for t, s in timeline])
+        r.held_intervals = intervals([(t, s < 0.999) for t, s in timeline])
+        r.pauses = len(r.pause_intervals)
+        r.paused_seconds = sum(b - x for x, b in r.pause_intervals)
+        r.held_seconds = sum(b - x for x, b in r.held_intervals)
+        r.mean_share = statistics.mean(s for _, s in timeline) if timeline else None
+        r.share_timeline = timeline
+        ct = f"{r.copy_seconds:.1f}s" if r.copy_seconds is not None else "-"
+        log(f"  -> served {r.served}, failed {r.failed}, copy {ct}, pauses {r.pauses} ({r.paused_seconds:.1f}s), held "
+            f"{r.held_seconds:.1f}s, guard {json.dumps({k: round(v) for k, v in (r.guard_counters or {}).items()})}; "
+            f"{describe(r.host)}")
         return r
 
+    def expected_seconds(self, name: str) -> float:
+        arm = ARMS[name]
+        return (self.a.load_seconds if arm.load else self.a.quiet_seconds) + 15
+
+    def settle(self) -> None:
+        """Between runs: no copy-guard alert active, the shop idle for a moment."""
+        prom = self.stack.url("prometheus")
+        try:
+            wait_until(lambda: _prom_value(prom, f'count(ALERTS{{alertname=~"{ALERTS}"}})') is None,
+                       timeout=30, interval=0.5, what="copy-guard alerts to resolve")
+        except Exception as e:  # noqa: BLE001 - report and go on
+            log(f"  (settle: {e})")
+        time.sleep(2)
+
+    # ------------------------------------------------------------------ counting
     def count_in_windows(self) -> None:
-        """Per round: the common window, and each loaded run's served responses, time below the
-        threshold and reaction times within it."""
         by_round: dict[int, list[RunResult]] = {}
         for r in self.results:
             if r.load:
@@ -366,146 +387,183 @@ class Bench:
                 rate = rolling_rate(bins, bin_s, r.load_start + self.a.warmup, end)
                 r.seconds_below = seconds_below(rate, self.threshold, bin_s)
                 if r.pause_intervals:
-                    starts = [p0 for p0, _ in r.pause_intervals if p0 <= end]
-                    r.reaction_s = reaction_times(rate, self.threshold, starts, bin_s)
+                    r.reaction_s = reaction_times(rate, self.threshold, [p for p, _ in r.pause_intervals if p <= end], bin_s)
             named = {r.name: r for r in runs}
-            lo, cp = named.get("load-only"), named.get("load+copy")
-            if lo is None or cp is None or lo.served_window is None or cp.served_window is None:
-                continue
-            for name in GUARDED:
-                g = named.get(name)
-                if g is None or g.served_window is None:
+            lo, cp = named.get(BASELINE), named.get(UNGUARDED)
+            for r in runs:
+                if cp is not None and r.copy_seconds is not None and cp.copy_seconds and r.name != UNGUARDED:
+                    r.copy_slower = slowdown(r.copy_seconds, cp.copy_seconds)
+                if lo is None or cp is None or r.name in (BASELINE, UNGUARDED) or not r.copy:
                     continue
-                g.lost_responses = lo.served_window - cp.served_window
-                g.saved_responses = g.served_window - cp.served_window
-                if w.contains_every_copy:
-                    g.saved_share = saved_share(lo.served_window, cp.served_window, g.served_window)
+                assert lo.served_window is not None and cp.served_window is not None and r.served_window is not None
+                r.lost_responses = lo.served_window - cp.served_window
+                r.saved_responses = r.served_window - cp.served_window
+                # A comparison counts only over a window holding the whole copy of both runs compared
+                # (this arm's and the unguarded one); an arm whose copy outlived it gets no share.
+                late = [n for n in (r.name, UNGUARDED) if n in w.late]
+                if not late:
+                    r.saved_share = saved_share(lo.served_window, cp.served_window, r.served_window)
                 else:
-                    g.note = f"round {rnd + 1}: copies of {', '.join(w.late)} ended after the window; share not reported"
-
-    def settle(self) -> None:
-        """Between runs: wait until no copy-guard alert is active and the site is idle."""
-        prom = self.stack.url("prometheus")
-        try:
-            wait_until(lambda: _prom_value(prom, f'count(ALERTS{{alertname=~"{ALERT_REACTIVE}|{ALERT_PREDICTED}"}})') is None,
-                       timeout=30, interval=0.5, what="copy-guard alerts to resolve")
-        except Exception as e:  # noqa: BLE001 - report and go on
-            log(f"  (settle: {e})")
-        time.sleep(2)
+                    r.note = (r.note + "; " if r.note else "") + (
+                        f"round {rnd + 1}: the copy of {' and '.join(late)} ended after the {w.seconds:.0f}s window; "
+                        "share not reported")
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         a = self.a
-        self.prepare_data()
+        self.prepare()
         if a.disk_mbps > 0:
             if not EmulatedDisk.available():
-                log("no cgroup v1 blkio hierarchy (or not root): run with --disk-mbps 0 to use the raw disk")
+                log("no cgroup v1 blkio hierarchy (or not root): run with --disk-mbps 0")
                 return 2
             self.disk = EmulatedDisk(self.work, a.disk_mbps).create()
-            log(f"emulated disk: blkio throttle {a.disk_mbps:g} MB/s read and write on {self.disk.device}, "
-                f"shared by the site and the copy ({self.disk.dir})")
+            log(f"emulated disk: {a.disk_mbps:g} MB/s on {self.disk.device}, shared by the site and the copy")
         try:
-            self.stack = self.make_stack("none")
-        except BaseException:  # a configuration error: do not leave the blkio group behind
-            if self.disk:
-                self.disk.remove()
-            raise
-        log(f"starting the stack (state {self.work / 'stack'})")
-        try:
-            self.stack.up(progress=lambda line: log(line))
+            self.lock.before(a.shop_warmup + a.cal_runs * a.cal_seconds + 6 * a.ramp_step + 30)
+            self.start_shop()
+            self.stack = self.stack_config([])
+            log(f"starting the stack (state {self.work / 'stack'})")
+            self.stack.up(progress=log)
             prom = self.stack.url("prometheus")
             wait_until(lambda: _prom_value(prom, 'up{job="accesslog"} == 1'), timeout=60, what="access-log exporter scraped")
-            with heavy_lock(a.lock):
-                self.calibrate()
-            plan = run_order(a.rounds, a.reverse, a.runs, quiet=not a.no_quiet)
-            log(f"plan: {', '.join(f'{n}#{r + 1}' for r, n in plan)}")
-            for rnd, name in plan:
-                with heavy_lock(a.lock):
-                    self.settle()
-                    self.results.append(self.one_run(rnd, name))
+            self.calibrate()
+            for rnd, name in plan(a.arms, a.rounds, a.reverse, quiet=not a.no_quiet):
+                self.lock.before(self.expected_seconds(name))
+                self.settle()
+                r = (self.one_run(rnd, name) if ARMS[name].load else self.quiet_run())
+                self.results.append(r)
+                self.write_progress()
         finally:
-            self.stack.down(quiet=True)
-            if self.disk:
-                self.disk.remove()
-            shutil.rmtree(self.registry_dir, ignore_errors=True)
-            shutil.rmtree(self.dst.parent, ignore_errors=True)
-            if not a.keep_data:
-                self.src.unlink(missing_ok=True)
-                shutil.rmtree(self.work / "site", ignore_errors=True)
-            shutil.rmtree(self.work / "stack", ignore_errors=True)
+            self.lock.release()
+            self.teardown()
         self.report()
-        # 3: some copy ended after its round's window (no saved share). The demo (--quick) shows
-        # the table and the note either way.
+        # 3: some copy ended after its round's window (no saved share); the demo (--quick) shows the note either way
         return 0 if self.a.quick or all(w.contains_every_copy for w in self.windows.values()) else 3
 
-    def calibrate(self) -> None:
-        a = self.a
-        log(f"calibrating: {a.cal_runs} run(s) x {a.cal_seconds:g}s at {a.rate:g} req/s, no copy "
-            f"(paper: 5 x 5 min at 100 req/s)")
-        cal = calibrate(self.stack.url("nginx") + "/", site=SITE, rate=a.rate, users=a.users, duration_s=a.cal_seconds,
-                        runs=a.cal_runs, warmup_s=a.warmup, method="min", checkout_share=a.checkout_share,
-                        progress=lambda s: log("  " + s.strip()))
-        from controllers.copy_guard.calibrate import publish
+    def report_from(self, path: Path) -> int:
+        """Rebuild the report from an earlier ``results.json`` (a bench that was stopped before its
+        report): the runs as recorded, the Locust timelines at 1 s resolution (its per-second counts)."""
+        data = json.loads(path.read_text())
+        cal = data.get("calibration") or {}
+        self.calibration, self.threshold, self.users = cal, float(cal.get("threshold") or 0.0), int(cal.get("users") or 0)
+        fields = set(RunResult.__dataclass_fields__)
+        for raw in data["runs"]:
+            r = RunResult(**{k: v for k, v in raw.items() if k in fields})
+            for key in ("per_second", "failed_per_second"):
+                setattr(r, key, {int(k): v for k, v in (getattr(r, key) or {}).items()})
+            for key in ("pause_intervals", "held_intervals", "share_timeline"):
+                setattr(r, key, [tuple(x) for x in (getattr(r, key) or [])])
+            if r.load:
+                failed = r.failed_per_second or {}
+                self.timelines[(r.round, r.name)] = ({s: [n, failed.get(s, 0)] for s, n in (r.per_second or {}).items()}, 1.0)
+            self.results.append(r)
+        self.rebuilt = f"report rebuilt from {path.name} (Locust timelines at 1 s resolution; lock time not recorded)"
+        log(f"report from {path}: {len(self.results)} run(s), threshold {self.threshold:.1f}, {self.users} users")
+        self.report()
+        return 0
 
-        if cal.threshold is None:
-            raise RuntimeError("calibration derived no threshold")
-        self.threshold = float(cal.threshold)
-        self.calibration = cal.to_json()
-        publish(cal, self.stack.textfile_dir)
-        prom = self.stack.url("prometheus")
-        wait_until(lambda: _prom_value(prom, f'site:promreflex_copy_guard_threshold:rps{{site="{SITE}"}}') is not None,
-                   timeout=30, what="threshold visible in Prometheus")
-        o = cal.overall()
-        log(f"threshold {self.threshold:.1f} req/s (lowest per-second served RPS; median {o.median:.1f}, p5 {o.p5:.1f})")
+    def quiet_run(self) -> RunResult:
+        """No visitors at all for a while, then the copy under the shipped route: it must never
+        be paused or slowed (the exporters' own requests are not demand)."""
+        log(f"quiet shop: no visitors for {self.a.quiet_idle:g}s before the copy")
+        time.sleep(self.a.quiet_idle)
+        return self.one_run(0, "quiet")
+
+    def teardown(self) -> None:
+        stack = getattr(self, "stack", None)
+        if stack is not None:
+            stack.down(quiet=True)
+        if self.shop is not None:
+            self.shop.down()
+        if self.disk:
+            self.disk.remove()
+        shutil.rmtree(self.registry_dir, ignore_errors=True)
+        shutil.rmtree(self.work / "backup", ignore_errors=True)
+        shutil.rmtree(self.work / "stack", ignore_errors=True)
+        if not self.a.keep_data:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def write_progress(self) -> None:
+        """Every finished run, raw, so an interrupted bench leaves its measurements behind."""
+        (self.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(self.a).items()},
+                                                           "calibration": self.calibration,
+                                                           "runs": [asdict(r) for r in self.results]}, default=str))
 
     # ------------------------------------------------------------------ output
     def command(self) -> str:
-        """The command that reproduces this run (the flags that differ from the defaults)."""
-        defaults = vars(parse_args(["--quick"] if self.a.quick else []))
+        defaults = vars(parse_args(["--shop", self.a.shop, *(["--quick"] if self.a.quick else [])]))
+
         def value(v: Any) -> str:
             return "" if v is True else " " + (",".join(v) if isinstance(v, list) else str(v))
 
         flags = [f"--{k.replace('_', '-')}{value(v)}" for k, v in vars(self.a).items()
-                 if v != defaults.get(k) and v is not False]
-        return " ".join(["uv run python -m bench.copy_guard",
-                         *(["--quick"] if self.a.quick else []), *flags])
+                 if k not in ("shop", "lock", "quick", "report_from") and v != defaults.get(k) and v is not False]
+        return " ".join(["uv run python -m bench.copy_guard --shop", self.a.shop, *(["--quick"] if self.a.quick else []), *flags,
+                         *(["--lock", str(self.a.lock)] if self.a.lock else [])])
 
     def conditions(self) -> str:
         a = self.a
-        load1, load5, _ = os.getloadavg()
-        return (f"{os.cpu_count()} cores, load average {load1:.2f} (1m) {load5:.2f} (5m) at the end; disk "
-                f"{'emulated %g MB/s (blkio throttle, site + copy share it)' % a.disk_mbps if a.disk_mbps else 'raw'} "
-                f"on {self.work}; copy {a.copy_gib:g} GiB O_DIRECT; site {a.workers} workers, {a.reads_per_page} x 64 KiB "
-                f"uncached reads per page, 1 in {1 / a.checkout_share:.0f} requests an fsync'd checkout; "
-                f"load {a.rate:g} req/s offered by {a.users} users for {a.load_seconds:g}s, copy at +{a.copy_delay:g}s; "
-                f"threshold {self.threshold:.1f} req/s; guarded runs: min_pause {a.min_pause:g}s except guard-nohold")
+        shop = (f"WordPress {self._wp_version()} (Debian), php-fpm {a.workers} workers, MariaDB, its own nginx guarded "
+                f"as an external nginx; {a.products} products" if a.shop == "wordpress" else
+                f"built-in shop ({a.workers} workers, {a.reads_per_page} x 64 KiB uncached reads per page, 1 in "
+                f"{1 / a.checkout_share:.0f} requests an fsync'd checkout) behind the stack's nginx")
+        disk = f"emulated {a.disk_mbps:g} MB/s disk shared by site and copy" if a.disk_mbps else "raw disk"
+        copy = f"{'cp, adopted by PID' if a.copier == 'cp' else f'promreflex copy --io {a.io}'} of {a.copy_gib:g} GiB"
+        return (f"{os.cpu_count()} cores shared with other work; {shop}; {disk}; copy {copy}, cold source, starting "
+                f"+{a.copy_delay:g}s into the load; load: the shop's profile, closed loop, {self.users} users (calibrated "
+                f"knee), {a.load_seconds:g}s per run; threshold {self.threshold:.1f} req/s (calibrated, robust); "
+                + (self.rebuilt or f"heavy lock held {self.lock.held_s / 60:.1f} min in {self.lock.chunks} chunk(s)"))
+
+    @staticmethod
+    def _wp_version() -> str:
+        try:
+            text = Path("/usr/share/wordpress/wp-includes/version.php").read_text()
+            return text.split("$wp_version = '", 1)[1].split("'", 1)[0]
+        except (OSError, IndexError):
+            return "?"
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per run: the figures the table, summary.json and the plots share."""
-        unguarded = [r.copy_seconds for r in self.results if r.name == "load+copy" and r.copy_seconds]
-        base = statistics.mean(unguarded) if unguarded else None
         out = []
         for r in self.results:
             rx = sorted(r.reaction_s or [])
             h = r.host or {}
+            gc = r.guard_counters or {}
             out.append({
-                "run": r.name, "round": r.round + 1, "window_s": _r(r.window_s, 1),
+                "arm": r.name, "label": ARMS[r.name].label, "round": r.round + 1, "window_s": _r(r.window_s, 1),
                 "served": r.served_window if r.load else None, "failed": r.failed_window if r.load else None,
                 "lost_responses": r.lost_responses, "saved_responses": r.saved_responses,
-                "saved_share": _r(r.saved_share, 3),
-                "copy_seconds": _r(r.copy_seconds, 1),
-                "copy_slower": _r(slowdown(r.copy_seconds, base), 3) if r.guard != "none" and r.load else None,
+                "saved_share": _r(r.saved_share, 3), "copy_seconds": _r(r.copy_seconds, 1),
+                "copy_slower": _r(r.copy_slower, 3),
                 "copy_end_s": _r(r.copy_end - (r.load_start or r.copy_start or 0.0), 1) if r.copy_end else None,
                 "pauses": r.pauses if r.copy else None, "paused_seconds": _r(r.paused_seconds, 1) if r.copy else None,
+                "held_seconds": _r(r.held_seconds, 1) if r.copy else None, "mean_share": _r(r.mean_share, 2),
+                "guard_pauses_total": gc.get("pauses_total"), "emergency_pauses": gc.get("emergency_pauses_total"),
                 "seconds_below": _r(r.seconds_below, 1) if r.load else None,
-                "reaction_median_s": _r(rx[len(rx) // 2], 2) if rx else None, "reaction_max_s": _r(rx[-1], 2) if rx else None,
+                "reaction_median_s": _r(rx[len(rx) // 2], 2) if rx else None,
                 "cpu_busy_pct": h.get("cpu_busy_pct"), "cpu_steal_pct": h.get("cpu_steal_pct"),
                 "cpu_iowait_pct": h.get("cpu_iowait_pct"), "load1_max": h.get("load1_max"), "note": r.note,
             })
         return out
 
+    def verdict(self, rows: list[dict[str, Any]]) -> list[str]:
+        lines = []
+        best = [row for row in rows if row["saved_share"] is not None and row["copy_slower"] is not None]
+        meets = [row for row in best if row["saved_share"] >= TARGET["saved_share"] and row["copy_slower"] <= TARGET["slowdown"]]
+        if meets:
+            lines.append("target met by: " + ", ".join(f"{m['arm']} (round {m['round']}: saved {m['saved_share']:.0%}, "
+                                                       f"copy {m['copy_slower']:+.0%})" for m in meets))
+        else:
+            lines.append(f"target (saved >= {TARGET['saved_share']:.0%} with the copy at most {TARGET['slowdown']:+.0%}) "
+                         "NOT met by any arm")
+        quiet = [row for row in rows if row["arm"] == "quiet"]
+        if quiet:
+            q = quiet[0]
+            ok = (q["pauses"] or 0) == 0 and not q["guard_pauses_total"]
+            lines.append(f"quiet shop: {q['pauses']} pause(s), held {q['held_seconds']}s, guard pauses counter "
+                         f"{q['guard_pauses_total']}: {'met' if ok else 'NOT met'} (target 0)")
+        return lines
+
     def report(self) -> None:
-        a = self.a
         self.out.mkdir(parents=True, exist_ok=True)
         self.count_in_windows()
         rows = self.rows()
@@ -513,77 +571,67 @@ class Bench:
         windows: dict[int, dict[str, Any]] = {rnd + 1: {"seconds": round(w.seconds, 1), "latest_copy_end_s": _r(w.latest_copy_end_s, 1),
                              "contains_every_copy": w.contains_every_copy, "late": w.late}
                    for rnd, w in self.windows.items()}
-        wtext = "; ".join(f"round {k}: window {v['seconds']:.1f}s from each load start, latest copy end "
-                          f"+{v['latest_copy_end_s']}s" + ("" if v["contains_every_copy"] else
-                                                          f" -- NOT CONTAINED: {', '.join(v['late'])}")
+        wtext = "; ".join(f"round {k}: window {v['seconds']:.1f}s from each load start, latest copy end +{v['latest_copy_end_s']}s"
+                          + ("" if v["contains_every_copy"] else f" -- NOT CONTAINED: {', '.join(v['late'])}")
                           for k, v in windows.items())
 
         def fmt(v: Any, spec: str = "") -> str:
             return "-" if v is None else format(v, spec)
 
-        cols = [("run", "run", "", 24), ("rnd", "round", "", 4), ("served", "served", "", 8), ("failed", "failed", "", 7),
-                ("saved", "saved_responses", "+", 7), ("of lost", "lost_responses", "", 8),
-                ("share", "saved_share", ".1%", 7), ("copy s", "copy_seconds", ".1f", 8),
-                ("ends +s", "copy_end_s", ".1f", 8), ("slower", "copy_slower", "+.0%", 7), ("pauses", "pauses", "", 7),
-                ("paused s", "paused_seconds", ".1f", 9), ("below s", "seconds_below", ".1f", 8),
-                ("react s", "reaction_median_s", ".1f", 8), ("busy%", "cpu_busy_pct", ".0f", 6),
-                ("steal%", "cpu_steal_pct", ".0f", 7), ("load", "load1_max", ".1f", 6)]
+        cols = [("arm", "arm", "", 17), ("rnd", "round", "", 4), ("served", "served", "", 8), ("failed", "failed", "", 7),
+                ("saved", "saved_responses", "+", 7), ("of lost", "lost_responses", "", 8), ("share", "saved_share", ".1%", 8),
+                ("copy s", "copy_seconds", ".1f", 8), ("slower", "copy_slower", "+.0%", 8), ("pauses", "pauses", "", 7),
+                ("paused s", "paused_seconds", ".1f", 9), ("held s", "held_seconds", ".1f", 8),
+                ("share", "mean_share", ".2f", 6), ("below s", "seconds_below", ".1f", 8), ("busy%", "cpu_busy_pct", ".0f", 6),
+                ("steal%", "cpu_steal_pct", ".0f", 7)]
         head = "".join(f"{t:<{w}}" if i == 0 else f"{t:>{w}}" for i, (t, _, _, w) in enumerate(cols))
-        lines = [head, "-" * len(head)]
-        for row in rows:
-            lines.append("".join(f"{fmt(row[k], spec):<{w}}" if i == 0 else f"{fmt(row[k], spec):>{w}}"
-                                 for i, (_, k, spec, w) in enumerate(cols)))
-        table = "\n".join(lines)
+        table = "\n".join([head, "-" * len(head)] + ["".join(
+            f"{fmt(row[k], spec):<{w}}" if i == 0 else f"{fmt(row[k], spec):>{w}}" for i, (_, k, spec, w) in enumerate(cols))
+            for row in rows])
+        legend = ("served/failed: responses in the round's common window; saved: served(arm) - served(no-guard), of lost = "
+                  "served(load-only) - served(no-guard); share = saved / lost; slower: copy s / no-guard copy s of the "
+                  "round - 1; pauses / paused s: the controller's share of the copy at 0; held s: share below 1 (paused "
+                  "or throttled); share: mean share while the copy ran; below s: seconds the served rate spent below the "
+                  "threshold; busy%/steal%: CPU during the run")
+        verdict = self.verdict(rows)
         notes = [row["note"] for row in rows if row["note"]]
-        legend = ("served/failed: responses within the round's common window; saved: served(guard) - served(load+copy), "
-                  "of lost = served(load-only) - served(load+copy); share = saved / lost; ends +s: copy end from the "
-                  "load start; slower: copy s / mean unguarded copy s - 1; react s: median seconds below the threshold "
-                  "when a pause took hold; busy%/steal%/load: CPU and max 1-min load average during the run")
         print("\n" + "=" * len(head))
-        print(f"copy guard, reproduced: {cond}\n{wtext}\ncommand: {self.command()}\n")
-        print(table)
-        print("\n" + legend)
+        print(f"copy guard, {self.a.shop} shop: {cond}\n{wtext}\ncommand: {self.command()}\n")
+        print(table + "\n\n" + legend)
         for n in notes:
             print("NOTE: " + n)
-        print(f"paper: saved {PAPER['saved_share']:.1%}; copy {PAPER['copy_unguarded_s']:.0f}s -> "
-              f"{PAPER['copy_guarded_s']:.0f}s ({PAPER['slowdown']:+.0%}); {PAPER['below_before_pause_s']:.0f}s below the "
-              "threshold before the pause.")
-        quiet = [r for r in self.results if r.name == "quiet+copy+guard"]
-        if quiet:
-            print(f"quiet site: {sum(q.pauses for q in quiet)} pause(s) of the copy (target 0)")
+        for v in verdict:
+            print("VERDICT: " + v)
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        summary = {"command": self.command(), "when": when, "conditions": cond, "windows": windows,
-                   "threshold": round(self.threshold, 2), "rows": rows, "paper": PAPER, "legend": legend}
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        md = ["| run | round | served | failed | lost responses saved | copy s | copy ends at | pauses | s below threshold "
-              "| reaction median s | CPU busy / steal | load (max) |", "|" + "---|" * 12]
+        summary = {"shop": self.a.shop, "command": self.command(), "when": when, "conditions": cond, "windows": windows,
+                   "threshold": round(self.threshold, 2), "users": self.users, "rows": rows, "target": TARGET,
+                   "paper": PAPER, "verdict": verdict, "legend": legend,
+                   "calibration": {k: (self.calibration or {}).get(k) for k in ("threshold", "method", "users", "spread",
+                                                                               "floor", "ramp", "discarded")}}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        md = ["| arm | round | served | failed | lost responses saved | copy s | copy slower | pauses | held s | "
+              "mean share | s below threshold | CPU busy / steal |", "|" + "---|" * 12]
         for row in rows:
             saved = "-" if row["saved_responses"] is None else (
                 f"{row['saved_responses']:+} of {row['lost_responses']}"
                 + ("" if row["saved_share"] is None else f" ({row['saved_share']:.1%})"))
-            md.append(f"| {row['run']} | {row['round']} | {fmt(row['served'])} | {fmt(row['failed'])} | {saved} | "
-                      f"{fmt(row['copy_seconds'], '.1f')} | {fmt(row['copy_end_s'], '.1f')} | {fmt(row['pauses'])} | "
-                      f"{fmt(row['seconds_below'], '.1f')} | {fmt(row['reaction_median_s'], '.1f')} | "
-                      f"{fmt(row['cpu_busy_pct'], '.0f')}% / {fmt(row['cpu_steal_pct'], '.0f')}% | "
-                      f"{fmt(row['load1_max'], '.1f')} |")
-        (self.out / "summary.md").write_text(f"Copy guard, {when}. Command: `{self.command()}`\n\nConditions: {cond}.\n"
-                                             f"{wtext}.\n\n" + "\n".join(md) + "\n\n" + legend + ".\n"
-                                             + "".join(f"\nNOTE: {n}" for n in notes))
-        payload = {**summary, "args": {k: str(v) for k, v in vars(a).items()},
-                   "calibration": getattr(self, "calibration", None), "runs": [asdict(r) for r in self.results]}
-        (self.out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
-        with open(self.out / "results.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["run"])
-            w.writeheader()
-            w.writerows(rows)
-        from bench.copy_guard.plot import plot_summary, plot_timelines
+            md.append(f"| {row['label']} | {row['round']} | {fmt(row['served'])} | {fmt(row['failed'])} | {saved} | "
+                      f"{fmt(row['copy_seconds'], '.1f')} | {fmt(row['copy_slower'], '+.0%')} | {fmt(row['pauses'])} | "
+                      f"{fmt(row['held_seconds'], '.1f')} | {fmt(row['mean_share'], '.2f')} | {fmt(row['seconds_below'], '.1f')} | "
+                      f"{fmt(row['cpu_busy_pct'], '.0f')}% / {fmt(row['cpu_steal_pct'], '.0f')}% |")
+        (self.out / "summary.md").write_text(
+            f"Copy guard, {self.a.shop} shop, {when}. Command: `{self.command()}`\n\nConditions: {cond}.\n{wtext}.\n\n"
+            + "\n".join(md) + "\n\n" + legend + ".\n" + "".join(f"\nNOTE: {n}\n" for n in notes)
+            + "".join(f"\n**{v}**\n" for v in verdict))
+        self.write_progress()
+        from bench.copy_guard.plot import plot_pareto, plot_timelines
 
-        png = plot_timelines(self.results, self.threshold, self.out / "timeline.png",
-                             title=f"copy guard on this machine: served RPS vs threshold {self.threshold:.1f}, pauses "
-                                   "shaded, counting window to the dotted line")
-        bars = plot_summary(rows, self.out / "summary.png", title=f"copy guard, {when}: {self.command()}")
-        print(f"\nwrote {self.out / 'summary.json'}, {self.out / 'summary.md'}, {png}, {bars} "
-              f"(raw: {self.out / 'results.json'}, {self.out / 'results.csv'})")
+        pareto = plot_pareto(rows, self.out / "pareto.png", TARGET,
+                             title=f"copy guard, {self.a.shop} shop, {when}: lost responses saved vs copy delay")
+        tl = plot_timelines(self.results, self.threshold, self.out / "timeline.png",
+                            title=f"{self.a.shop} shop: served RPS vs threshold {self.threshold:.1f}; copy held (share < 1) "
+                                  "shaded, paused darker")
+        print(f"\nwrote {self.out / 'summary.json'}, {self.out / 'summary.md'}, {pareto}, {tl} (raw: {self.out / 'results.json'})")
 
 
 def _r(v: float | None, nd: int) -> float | None:
@@ -593,52 +641,77 @@ def _r(v: float | None, nd: int) -> float | None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.copy_guard", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shop", choices=list(SHOPS), default=None,
+                    help="wordpress (default) or builtin (the default with --quick: it needs no PHP packages)")
     ap.add_argument("--quick", action="store_true",
-                    help="short version (~8 min): 0.25 GiB, 150 s of load, three loaded runs, one calibration run; "
-                         "exits 0 even when a copy outlived the window (the report says so)")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/copy_guard"))
+                    help="the demo (~6 min): load only, no guard, the paper's rule and the throttle, 60 s each, a smaller "
+                         "copy, one calibration run; into <out>/quick; exits 0 even when a copy outlived the window")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results/copy_guard/<shop>")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/promreflex-bench-copy-guard"),
-                    help="data, copy and stack state (same disk as the copy's destination)")
-    ap.add_argument("--disk-mbps", type=float, default=100.0, help="emulated disk speed, MB/s; 0 = the raw disk")
-    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default 0.5, quick 0.25)")
-    ap.add_argument("--site-data-mib", type=int, default=1024)
-    ap.add_argument("--reads-per-page", type=int, default=24)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=100.0, help="offered requests per second (paper: 100)")
-    ap.add_argument("--users", type=int, default=100)
-    ap.add_argument("--checkout-share", type=float, default=0.1)
-    ap.add_argument("--load-seconds", type=float, default=None, help="load per run, the same in every loaded run: long enough for the slowest (guarded) copy to end "
-                         "inside it (default 180, quick 150)")
-    ap.add_argument("--copy-delay", type=float, default=None, help="copy starts this long into the load (default 8, quick 5)")
+                    help="shop, copy source/destination and stack state (<workdir>/<shop>)")
+    ap.add_argument("--copier", choices=["cp", "promreflex"], default=None, help="default: cp (wordpress), promreflex (builtin)")
+    ap.add_argument("--io", default="direct", help="promreflex copy --io (default direct)")
+    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default: wordpress 3, builtin 1)")
+    ap.add_argument("--disk-mbps", type=float, default=None, help="emulated disk MB/s, 0 = raw (default: builtin 100, wordpress 0)")
+    ap.add_argument("--workers", type=int, default=4, help="php-fpm workers / built-in site workers")
+    ap.add_argument("--products", type=int, default=300, help="wordpress: product posts")
+    ap.add_argument("--site-data-mib", type=int, default=1024, help="builtin: product file size")
+    ap.add_argument("--reads-per-page", type=int, default=24, help="builtin: uncached reads per page")
+    ap.add_argument("--checkout-share", type=float, default=0.1, help="builtin: share of fsync'd checkouts")
+    ap.add_argument("--rate", type=float, default=0.0, help="offered req/s (0: closed loop, the default)")
+    ap.add_argument("--users", type=int, default=None, help="Locust users (default: calibrate's ramp finds the knee)")
+    ap.add_argument("--max-users", type=int, default=32)
+    ap.add_argument("--ramp-step", type=float, default=8.0, help="seconds per ramp step")
+    ap.add_argument("--request-timeout", type=float, default=10.0)
+    ap.add_argument("--load-seconds", type=float, default=85.0, help="load per loaded run, the same in every one: long "
+                    "enough for the slowest copy to end inside it")
+    ap.add_argument("--copy-delay", type=float, default=5.0, help="the copy starts this long into the load")
+    ap.add_argument("--copy-timeout", type=float, default=120.0, help="a copy still running this long after the load is killed")
     ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--cal-runs", type=int, default=None, help="calibration runs (default 3, quick 1; paper 5)")
-    ap.add_argument("--cal-seconds", type=float, default=None, help="calibration run length (default 15, quick 12; paper 300)")
-    ap.add_argument("--min-pause", type=float, default=20.0,
-                    help="copy-guard min_pause for the guarded runs except guard-nohold (default 20s)")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of the loaded runs, alternating order")
-    ap.add_argument("--reverse", action="store_true", help="start with the loaded runs in reverse order")
-    ap.add_argument("--keep-data", action="store_true", help="keep the source and site files for the next run")
-    ap.add_argument("--runs", type=lambda v: [x for x in v.split(",") if x], default=None,
-                    help=f"comma-separated loaded runs (default all: {','.join(LOADED)}); saved shares need "
-                         "load-only and load+copy")
-    ap.add_argument("--no-quiet", action="store_true", help="skip the quiet-site run")
-    ap.add_argument("--lock", type=Path, default=None,
-                    help="take this flock for the calibration and for each run (not in between), e.g. "
-                         "/tmp/promreflex-heavy.lock on a shared machine")
+    ap.add_argument("--shop-warmup", type=float, default=20.0, help="seconds of load before calibrating (not counted)")
+    ap.add_argument("--cal-runs", type=int, default=2)
+    ap.add_argument("--cal-seconds", type=float, default=20.0)
+    ap.add_argument("--min-pause", type=float, default=20.0, help="min_pause of the min-pause arm (default 20)")
+    ap.add_argument("--arms", type=lambda v: [x for x in v.split(",") if x], default=list(DEFAULT_LOADED),
+                    help=f"loaded arms, comma-separated (default {','.join(DEFAULT_LOADED)}; all: "
+                         f"{','.join(n for n, a in ARMS.items() if a.load)})")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--reverse", action="store_true", help="start with the arms in reverse order")
+    ap.add_argument("--no-quiet", action="store_true", help="skip the quiet-shop arm")
+    ap.add_argument("--quiet-idle", type=float, default=15.0, help="quiet arm: seconds without visitors before the copy")
+    ap.add_argument("--quiet-seconds", type=float, default=60.0, help="quiet arm: expected length (for the lock chunks)")
+    ap.add_argument("--keep-data", action="store_true", help="keep the shop and the copy source for the next run")
+    ap.add_argument("--report-from", type=Path, default=None,
+                    help="only write the report from an earlier results.json (same flags as that run)")
+    ap.add_argument("--lock", type=Path, default=None, help="heavy-job lock to hold in chunks (e.g. /tmp/promreflex-heavy.lock)")
+    ap.add_argument("--lock-minutes", type=float, default=9.0, help="longest chunk of runs under the lock")
     a = ap.parse_args(argv)
-    if a.runs is not None and (not a.runs or set(a.runs) - set(LOADED)):
-        ap.error(f"--runs: choose from {', '.join(LOADED)}")
-    quick = a.quick
-    for name, full, short in (("copy_gib", 0.5, 0.25), ("load_seconds", 180.0, 150.0), ("copy_delay", 8.0, 5.0),
-                              ("cal_runs", 3, 1), ("cal_seconds", 15.0, 12.0),
-                              ("runs", LOADED, ["load-only", "load+copy", "load+copy+predictive"])):
-        if getattr(a, name) is None:
-            setattr(a, name, short if quick else full)
-    if a.quick and a.out == Path("bench/results/copy_guard"):
-        a.out = Path("bench/results/copy_guard/quick")
+    a.shop = a.shop or ("builtin" if a.quick else "wordpress")
+    bad = [x for x in a.arms if x not in ARMS or not ARMS[x].load]
+    if bad:
+        ap.error(f"--arms: unknown {', '.join(bad)} (choose from {', '.join(n for n, x in ARMS.items() if x.load)})")
+    if a.quick:
+        a.arms = a.arms if a.arms != DEFAULT_LOADED else ["load-only", "no-guard", "paper", "throttle"]
+        a.load_seconds, a.cal_runs, a.cal_seconds = min(a.load_seconds, 60.0), 1, 12.0
+        a.copy_gib = a.copy_gib or SHOPS[a.shop]["copy_gib"] / 2
+    for key, value in SHOPS[a.shop].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    if a.out is None:
+        a.out = Path("bench/results/copy_guard") / a.shop / ("quick" if a.quick else "")
+    if a.min_pause != 20.0:
+        ARMS["min-pause-20s"].params["min_pause"] = f"{a.min_pause:g}s"  # type: ignore[index]
     return a
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return Bench(args).run()
+    try:
+        bench = Bench(args)
+        return bench.report_from(args.report_from) if args.report_from else bench.run()
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

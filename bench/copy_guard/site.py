@@ -60,8 +60,10 @@ class SiteConfig:
     products: int = 10_000
 
 
-def ensure_data_file(path: Path, size: int, chunk: int = 8 << 20, progress=None) -> bool:
-    """Create ``path`` with ``size`` random bytes unless it already has that size. True if written."""
+def ensure_data_file(path: Path, size: int, chunk: int = 8 << 20, progress=None, repeat: bool = False) -> bool:
+    """Create ``path`` with ``size`` random bytes unless it already has that size. True if written.
+    ``repeat``: one random ``chunk`` written over and over (fast; fine for a copy's source, which
+    nothing compresses or deduplicates)."""
     if size % ALIGN:
         raise ValueError(f"data size must be a multiple of {ALIGN}")
     try:
@@ -71,11 +73,12 @@ def ensure_data_file(path: Path, size: int, chunk: int = 8 << 20, progress=None)
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    block = os.urandom(chunk) if repeat else b""
     with open(tmp, "wb") as f:
         done = 0
         while done < size:
             n = min(chunk, size - done)
-            f.write(os.urandom(n))  # incompressible, no two chunks alike
+            f.write(block[:n] if repeat else os.urandom(n))  # random: incompressible, no two chunks alike
             done += n
             if progress and done % (1 << 30) == 0:
                 progress(f"  writing {path.name}: {done >> 20} MiB of {size >> 20} MiB")

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.rca import basic
-from bench.rca.cases import ANCHORS, HELD_OUT_CASES, VOLUME_IOPS, CaseResult, CaseRunner, Spec, all_cases
+from bench.rca.cases import (
+    ANCHORS, HELD_OUT_CASES, NEW_HELD_OUT_CASES, VOLUME_IOPS, CaseResult, CaseRunner, Spec, all_cases, parse_case,
+)
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.scoring import CaseOutcome, summarise
 from bench.rca.topology import CORE_SERVICES, SERVICES
@@ -49,12 +51,21 @@ def faults_table(result: dict[str, Any]) -> str:
 
     def row(name: str, sub: list[CaseOutcome]) -> str:
         t = summarise(sub)
+        def secs(x: float) -> str:
+            return f"{x:>7.1f}s" if x == x else f"{'-':>8}"  # nan: nothing flagged
+
         return (f"{name:<9}{len(sub):>6}{t['ac1']:>7.2f}{t['ac3']:>7.2f}{t['avg5']:>7.2f}{t['flagged']:>6}/{len(sub):<2}"
-                f"{t['median_s']:>7.1f}s{t['max_s']:>7.1f}s")
+                f"{secs(t['median_s'])}{secs(t['max_s'])}")
 
     for k in kinds:
         lines.append(row(k, [o for o, c in zip(outcomes, result["cases"], strict=True) if c["kind"] == k]))
     lines.append(row("all", outcomes))
+    two = [c for c in result["cases"] if len(c.get("truths") or [c["service"]]) > 1]
+    if two:
+        both = sum(1 for c in two if (c.get("all_within") or 99) <= 2)
+        lines.append(f"two faults at once: the first named is one of the causes in "
+                     f"{sum(1 for c in two if c.get('rank') == 1)}/{len(two)} (counted in AC@1); "
+                     f"both causes among the first two named in {both}/{len(two)}")
     lines.append(f"targets: AC@1 >= 0.90 ({'met' if s['ac1'] >= 0.9 else 'NOT met'}), flagged within 60 s "
                  f"({'met' if s['flagged'] == s['cases'] and s['max_s'] <= 60 else 'NOT met'})")
     lines += [f"anchor: {name}: {value}" for name, value in ANCHORS]
@@ -100,6 +111,38 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def combine(results: list[Path], out: Path) -> tuple[Path, Path]:
+    """One summary over several runs' results JSONs (chunks of one measurement, each run
+    under the lock for less than ten minutes): ``summary.json`` (every case, the runs'
+    commands and conditions) and ``summary.md`` (the table, and a row per case)."""
+    runs = [json.loads(p.read_text()) for p in results]
+    cases = [{**c, "run": i, "rate": r["faults"]["rate"]} for i, r in enumerate(runs) for c in r["faults"]["cases"]]
+    merged = {"mode": runs[0]["faults"]["mode"], "cases": cases}
+    table = faults_table(merged)
+    summary = {"runs": [{"file": str(p), "command": r["command"], "conditions": r["conditions"],
+                         "rate": r["faults"]["rate"], "window": r["faults"]["window"], "for": r["faults"]["for"],
+                         "lines_s": r["faults"]["lines_s"]} for p, r in zip(results, runs, strict=True)],
+               "summary": summarise([outcome_of(c) for c in cases]), "table": table,
+               "cases": [{k: c.get(k) for k in ("run", "rate", "label", "kind", "truths", "flagged", "time_to_flag_s",
+                                                "gauge_time_s", "report_time_s", "rank", "all_within", "root_causes",
+                                                "note")} | {"top5": c["ranking"][:5]} for c in cases]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    rows = ["| run | orders/s | case | flagged (first = named first) | time to flag | rank | both causes within |",
+            "|---|---|---|---|---|---|---|"]
+    for c in cases:
+        flag = f"{c['time_to_flag_s']:.1f} s" if c["flagged"] else "not flagged"
+        both = str(c.get("all_within") or "-") if len(c.get("truths") or []) > 1 else ""
+        rows.append(f"| {c['run'] + 1} | {c['rate']:g} | {c['label']} | {', '.join(c['root_causes']) or '-'} | {flag} "
+                    f"| {c['rank'] or '-'} | {both} |")
+    cond = [f"- run {i + 1}: `{r['command']}`; load average {r['conditions']['loadavg_start'][0]:.2f} at start, "
+            f"{r['conditions']['loadavg_end'][0]:.2f} at end; {r['conditions']['wall_s']:.0f} s"
+            for i, r in enumerate(runs)]
+    (out / "summary.md").write_text("\n".join(["```", table, "```", "", *rows, "", *cond]) + "\n")
+    plot(merged, out / "cases.png")
+    return out / "summary.json", out / "summary.md"
+
+
 def default_mode() -> str:
     try:
         import controllers.rca.action  # noqa: F401
@@ -119,8 +162,12 @@ def replot(results: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 round-trip levels, 4 fault cases (about 3 minutes)")
-    ap.add_argument("--experiment", choices=("basic", "faults", "held-out", "faults+held-out", "all"), default="all",
-                    help="held-out: cases the RCA was not designed on (two faults at once, a slow edge)")
+    ap.add_argument("--experiment", choices=("basic", "faults", "held-out", "new-held-out", "faults+held-out", "all"),
+                    default="all",
+                    help="held-out / new-held-out: cases the RCA was not designed on (two faults at once, a slow edge)")
+    ap.add_argument("--cases", default="",
+                    help="run exactly these cases (comma-separated): svc:kind, svc:kind+svc:kind (two at once), "
+                         "caller->callee (a slow link); replaces --experiment's cases")
     ap.add_argument("--mode", choices=("loop", "direct"), default=None,
                     help="loop: the controller's rca action flags (default when it exists); direct: analyse here")
     ap.add_argument("--services", default=",".join(CORE_SERVICES), help="comma-separated services to fault")
@@ -133,17 +180,31 @@ def main(argv: list[str] | None = None) -> int:
                     help="each service's volume allows this many I/O operations a second (0: the raw disk)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rca"))
     ap.add_argument("--replot", type=Path, metavar="RESULTS_JSON", help="only redraw the plot of an earlier run")
+    ap.add_argument("--combine", type=Path, nargs="+", metavar="RESULTS_JSON",
+                    help="only write one summary (summary.json/md, cases.png in --out) over several runs' results")
     args = ap.parse_args(argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # progress shows through `| tee` and redirections
     if args.replot:
         print(f"wrote {replot(args.replot)}")
         return 0
+    if args.combine:
+        paths = combine(args.combine, args.out)
+        print(Path(paths[1]).read_text())
+        print(f"wrote {paths[0]} and {paths[1]}")
+        return 0
     services = [s for s in args.services.split(",") if s]
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [s for s in services if s not in SERVICES] + [k for k in kinds if k not in FAULT_KINDS]
     if bad:
         ap.error(f"unknown service(s)/kind(s): {', '.join(bad)}")
+    try:
+        picked = [parse_case(c) for c in args.cases.split(",") if c.strip()]
+    except ValueError as e:
+        ap.error(str(e))
+    bad += [s for spec in picked for s in spec.truth + tuple(a for a, _, _ in spec.edges) if s not in SERVICES]
+    if bad:
+        ap.error(f"unknown service(s): {', '.join(bad)}")
     mode = args.mode or default_mode()
     args.out.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"command": "python -m bench.rca " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -151,17 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="promreflex-rca-") as tmp:
         work = Path(tmp)
-        if args.experiment in ("basic", "all"):
+        if not picked and args.experiment in ("basic", "all"):
             levels = (1, 5, 15) if args.quick else basic.ROUNDTRIPS
             out["basic"] = basic.run_basic(work, duration_s=8 if args.quick else 20, roundtrips=levels)
             print("\nBasic experiment (paper: orders max +1395 ms from 1 to 15 round trips; carts-db CPU 25.7 % -> 84.1 %)")
             print(basic.table(out["basic"]))
-        if args.experiment in ("faults", "held-out", "faults+held-out", "all"):
-            cases: list[tuple[str, str] | Spec] = []
-            if args.experiment != "held-out":
+        if picked or args.experiment in ("faults", "held-out", "new-held-out", "faults+held-out", "all"):
+            cases: list[tuple[str, str] | Spec] = list(picked)
+            if not picked and args.experiment in ("faults", "faults+held-out", "all"):
                 cases += QUICK_CASES if args.quick else all_cases(services, kinds)
-            if args.experiment in ("held-out", "faults+held-out", "all"):
+            if not picked and args.experiment in ("held-out", "faults+held-out", "all"):
                 cases += HELD_OUT_CASES
+            if not picked and args.experiment == "new-held-out":
+                cases += NEW_HELD_OUT_CASES
             runner = CaseRunner(work / "cases", mode=mode, window=args.window, for_=args.for_, rate=args.rate,
                                 volume_iops=args.volume_iops)
             window_s = parse_duration(args.window)
@@ -174,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(faults_table(out["faults"]))
     out["conditions"]["loadavg_end"] = os.getloadavg()
     out["conditions"]["wall_s"] = time.monotonic() - t_start
-    name = f"quick-{args.experiment}" if args.quick else args.experiment
+    name = "cases" if picked else (f"quick-{args.experiment}" if args.quick else args.experiment)
     if args.window != "1m" or args.for_ != "15s":
         name += f"-w{args.window}-for{args.for_}"
     path = args.out / f"results-{name}.json"

@@ -1,12 +1,32 @@
-"""The ``copy-guard`` action: pause (or throttle) every registered copy of the alert's site
-while the site is overloaded, and make sure no copy stays stopped.
+"""The ``copy-guard`` action: slow down or pause every registered copy of the alert's site while
+the site is overloaded, and make sure no copy stays stopped or throttled.
 
 Route it from ``CopyGuardSiteOverloaded`` (and, to act earlier, ``CopyGuardSiteOverloadPredicted``):
 
     - name: copy-guard
       matchers: ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"']
       action: copy-guard
-      params: {registry_dir: /var/lib/promreflex/copies, max_pause: 2m, lease: 10s}
+      params: {mode: adaptive, max_pause: 2m}
+
+Three modes:
+- ``adaptive`` (the default, and the shipped route): the alert opens an *episode*; from then on
+  the action's supervisor reads the site's signal from Prometheus (served rate, threshold,
+  demand, floor; one query for every site, the site label only compared) and runs the AIMD
+  throttle of ``throttle.py``: each copy runs a share of its own speed, halved while the site is
+  below its line, raised by a tenth while it is above, paused only in an emergency. A resolved
+  alert does not resume the copies at once: the share climbs back, and the episode ends (copies
+  free) when no alert holds it and the share is back at 1. Without Prometheus it falls back to
+  the alert itself (firing: below).
+- ``pause``: the paper's rule, pause while an alert fires; ``min_pause`` keeps each copy paused
+  at least that long from ITS OWN pause (a copy that joined an open episode is not resumed
+  early because the episode began earlier).
+- ``throttle``: a fixed ``throttle_bytes_per_second`` for copiers (adopted processes are paused).
+
+How a share reaches a copy: ``promreflex copy`` gets ``POST /throttle?share=S&lease=L`` (it
+waits ``(1 - S) / S`` of each chunk's time); an adopted process is duty-cycled by the watchdog:
+frozen ``1 - S`` of every ``duty_period`` (cgroup v2 ``cgroup.freeze``, the v1 freezer, or
+SIGSTOP/SIGCONT, whichever the host offers; ``freeze.py``). Without the watchdog
+(``watchdog: false``) nobody cycles, and an adopted copy below share 1 stays paused.
 
 Control of ``promreflex copy`` processes goes through the controller's aiohttp session, to the
 ``control_url`` of their registry entry, and only to a loopback address unless the route names
@@ -15,31 +35,36 @@ the host in ``control_hosts``; the bearer token sent is the one in the route's
 A registry entry names no token and no token file: whoever can write an entry must not be able
 to make the controller send a secret anywhere. At start (and in ``check-config``) the registry
 directory must be owned by root or the controller's user and not writable by group or others
-(:func:`~controllers.copy_guard.registry.check_dir`).
+(:func:`~controllers.copy_guard.registry.check_dir`). Its default is absolute
+(:func:`~controllers.copy_guard.registry.default_dir`); a relative ``registry_dir`` is resolved
+against the configuration file's directory when validation is given ``config_dir`` in its
+context, else against the controller's working directory at load.
 
-An *episode* per site starts with the first firing alert and ends when the last one resolves
-(the alerts are its holders, by fingerprint: the predictive alert resolving while the overload
-alert fires does not resume anything). During an episode a supervisor task, every ``tick``:
-pauses copies that registered after the episode began, renews the pause leases, and at
-``max_pause`` resumes everything (counted in ``promreflex_copy_guard_forced_resumes_total``:
-the CopyGuardForcedResume alert) and pauses no more until the episode ends. ``min_pause`` keeps a
-pause at least that long after a resolve (hysteresis against resume/pause flapping).
+An episode per site starts with the first firing alert and its alerts are its holders, by
+fingerprint (the predictive alert resolving while the overload alert fires resumes nothing).
+During an episode a supervisor task, every ``tick``: holds copies that registered after the
+episode began, renews leases, applies the throttle's share, and at ``max_pause`` (the episode's
+pause in ``pause`` mode, an emergency pause in ``adaptive`` mode) resumes (counted in
+``promreflex_copy_guard_forced_resumes_total``: the CopyGuardForcedResume alert).
 
-Never a copy left stopped:
-- every pause has a lease: ``promreflex copy`` resumes itself when the controller stops renewing;
-  adopted processes are resumed by the watchdog process (``watchdog.py``) the action starts;
+Never a copy left stopped or throttled:
+- every pause and throttle has a lease: ``promreflex copy`` runs free again when the controller
+  stops renewing; adopted processes are resumed by the watchdog process (``watchdog.py``);
 - ``shutdown`` (controller stop) resumes everything it holds;
-- the state (``<registry_dir>/copy-guard.state``) lists what is held; ``start`` resumes all of it
-  after a crash, then re-pauses only for holders Alertmanager confirms as still active (the
-  engine itself does not fire again for an alert it had applied before the restart).
+- the state (``<registry_dir>/copy-guard.state``, written atomically at every change, the
+  throttle's share included) lists what is held; ``start`` resumes all of it after a crash,
+  then holds again (at the saved share) only for holders Alertmanager confirms as still active
+  (the engine itself does not fire again for an alert it had applied before the restart).
 
-Alert label values are data: the ``site`` label is only compared with registry entries' site.
+Alert label values are data: the ``site`` label is only compared with registry entries' site
+and with the label of the series Prometheus returns; it is never put into a query.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import subprocess
@@ -52,11 +77,12 @@ from typing import Any, Literal
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.copy_guard import freeze
-from controllers.copy_guard.registry import DEFAULT_DIR, Entry, Registry, check_dir
+from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir
+from controllers.copy_guard.throttle import EMERGENCY_REASONS, Settings, Signal, Throttle
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
 from promreflex.httpd import read_token_file
@@ -65,23 +91,54 @@ log = logging.getLogger("promreflex.action.copy-guard")
 
 STATE_NAME = "copy-guard.state"
 RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
+VERDICTS = ("below", "severe", "hold", "above", "quiet", "max_pause")
 HTTP_TIMEOUT = 2.0
+SIGNAL_TIMEOUT = 2.0
 _HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
+
+# The site's signal, every site at once (the site label is compared in Python, never put into
+# the query). The recorded series are those of rules/copy-guard.rules.yml; `window` is the
+# recorded window of the served rate (the shortest window holding 4 samples of the access-log
+# counter), so a decision waits until the served rate holds only data from after the last
+# change; for a Prometheus with older rules, the same ladder is computed here.
+SIGNAL_QUERY = """
+label_replace(site:promreflex_http_requests_served:rate1s, "promreflex_q", "served", "", "")
+or label_replace(timestamp(site:promreflex_http_requests_served:rate1s), "promreflex_q", "at", "", "")
+or label_replace(site:promreflex_copy_guard_threshold:rps, "promreflex_q", "threshold", "", "")
+or label_replace(site:promreflex_copy_guard_demand:rps, "promreflex_q", "demand", "", "")
+or label_replace(site:promreflex_copy_guard_demand_floor:rps, "promreflex_q", "floor", "", "")
+or label_replace(site:promreflex_copy_guard_rate_window:seconds, "promreflex_q", "window", "", "")
+or label_replace(
+  max by (site) (1 + 0 * (count_over_time(promreflex_http_requests_total[1s]) >= 4))
+  or max by (site) (5 + 0 * (count_over_time(promreflex_http_requests_total[5s]) >= 4))
+  or max by (site) (60 + 0 * (count_over_time(promreflex_http_requests_total[1m]) >= 4))
+  or max by (site) (120 + 0 * count_over_time(promreflex_http_requests_total[2m])),
+  "promreflex_q", "window", "", "")
+"""
 
 
 class CopyGuardParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    registry_dir: Path = DEFAULT_DIR
+    registry_dir: Path = Field(default_factory=default_dir)
     sites: list[str] = Field(default_factory=list)  # empty: every site
-    mode: Literal["pause", "throttle"] = "pause"
-    throttle_bytes_per_second: int = Field(default=10 * 1024 * 1024, gt=0)
+    mode: Literal["adaptive", "pause", "throttle"] = "adaptive"
+    throttle_bytes_per_second: int = Field(default=10 * 1024 * 1024, gt=0)  # mode throttle
     max_pause: Duration = Field(default=120.0, gt=0)
-    min_pause: Duration = 0.0
+    min_pause: Duration = Field(default=0.0, ge=0)
     lease: Duration = Field(default=10.0, gt=0, le=600)
     tick: Duration = Field(default=0.2, gt=0, le=5)
+    # The adaptive throttle (throttle.py): AIMD on the share of each copy's own speed.
+    decrease: float = Field(default=0.5, gt=0, lt=1)
+    increase: float = Field(default=0.1, gt=0, le=1)
+    min_share: float = Field(default=0.1, gt=0, lt=1)
+    band: float = Field(default=0.05, ge=0, le=1)
+    severe: float = Field(default=0.5, ge=0, lt=1)
+    emergency_after: Duration = Field(default=10.0, ge=0)
+    period: Duration | None = Field(default=None, gt=0)  # None ("auto"): the signal's rate window
+    duty_period: Duration = Field(default=1.0, ge=0.1, le=60)
     adopt_methods: list[Literal["cgroup2", "cgroup1", "signal"]] | None = None  # default: what the host offers
-    watchdog: bool = True  # start the lease keeper for adopted copies
+    watchdog: bool = True  # start the lease keeper (and duty cycler) for adopted copies
     # Hosts beyond loopback whose copiers' control endpoints may be called (names or IPs, as
     # the entries' control_url spell them). Empty: loopback only.
     control_hosts: list[str] = Field(default_factory=list)
@@ -98,13 +155,36 @@ class CopyGuardParams(BaseModel):
             raise ValueError(f"not host names or addresses: {', '.join(map(repr, bad))} (no scheme, port or path)")
         return hosts
 
+    @field_validator("period", mode="before")
+    @classmethod
+    def _auto(cls, value: Any) -> Any:
+        return None if value == "auto" else value
+
+    @field_validator("registry_dir")
+    @classmethod
+    def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
+        """Relative: against the configuration file's directory (``config_dir`` in the
+        validation context), else the working directory now, once."""
+        value = value.expanduser()
+        if value.is_absolute():
+            return value
+        base = (info.context or {}).get("config_dir") if isinstance(info.context, dict) else None
+        return (Path(base) / value).absolute() if base else value.absolute()
+
+    def settings(self) -> Settings:
+        return Settings(decrease=self.decrease, increase=self.increase, min_share=self.min_share, band=self.band,
+                        severe=self.severe, emergency_after=self.emergency_after, period=self.period,
+                        min_pause=self.min_pause, max_pause=self.max_pause)
+
 
 @dataclass
 class Held:
     id: str
     kind: str
     control_url: str | None = None
-    renewed: float = 0.0
+    renewed: float = 0.0  # monotonic time of the last command that reached the copy
+    since: float = field(default_factory=time.time)  # when this copy was first held (Unix s)
+    share: float = 0.0  # what was applied last (adaptive; 0 paused)
 
 
 @dataclass
@@ -115,23 +195,55 @@ class Episode:
     holders: dict[str, dict[str, Any]] = field(default_factory=dict)  # fingerprint -> {alertname, confirmed}
     held: dict[str, Held] = field(default_factory=dict)
     forced: bool = False
-    resume_at: float | None = None
+    resume_at: float | None = None  # pause mode, resolved: when the last held copy's min_pause ends
+    throttle: Throttle | None = None  # adaptive mode
+    counted: dict[str, int] = field(default_factory=dict)  # the throttle's counts already in the metrics
 
     def to_json(self) -> dict[str, Any]:
         return {"site": self.site, "params": self.params.model_dump(mode="json"), "since": self.since,
                 "holders": self.holders, "forced": self.forced, "resume_at": self.resume_at,
-                "held": {i: {"kind": h.kind, "control_url": h.control_url} for i, h in self.held.items()}}
+                "held": {i: {"kind": h.kind, "control_url": h.control_url, "since": h.since}
+                         for i, h in self.held.items()},
+                "throttle": self.throttle.to_json() if self.throttle else None}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], params: CopyGuardParams) -> Episode:
+        """Raises KeyError/TypeError/ValueError for a record it cannot read."""
+        held = {}
+        for i, h in dict(raw.get("held", {})).items():
+            since = h.get("since")
+            held[str(i)] = Held(str(i), str(h["kind"]), _str_or_none(h.get("control_url")),
+                                since=float(since) if isinstance(since, (int, float)) else time.time())
+        ep = cls(str(raw["site"]), params, float(raw["since"]),
+                 {str(k): {"alertname": str(v.get("alertname", "")), "confirmed": False}
+                  for k, v in dict(raw.get("holders", {})).items()},
+                 held, bool(raw.get("forced", False)))
+        if params.mode == "adaptive":
+            ep.throttle = Throttle.from_json(params.settings(), raw.get("throttle"))
+        return ep
+
+    def share(self) -> float:
+        """What every copy of the site should run at now (0 paused, 1 free)."""
+        if self.throttle is not None:
+            return self.throttle.share
+        return 0.0
+
+    def adaptive(self) -> bool:
+        return self.throttle is not None
 
 
 class GuardMetrics:
     def __init__(self, registry: CollectorRegistry):
-        self.paused = Gauge("promreflex_copy_guard_paused_copies", "Copies the guard holds paused or throttled now.",
+        self.paused = Gauge("promreflex_copy_guard_paused_copies", "Copies the guard holds paused now.",
                             ["site"], registry=registry)
+        self.throttled = Gauge("promreflex_copy_guard_throttled_copies",
+                               "Copies the guard holds throttled now (running a share of their speed, or capped).",
+                               ["site"], registry=registry)
         self.registered = Gauge("promreflex_copy_guard_registered_copies", "Copies registered for the site.",
                                 ["site"], registry=registry)
         self.episode = Gauge("promreflex_copy_guard_episode_active",
-                             "1 while an overload episode of the site is open (an alert holds it).", ["site"],
-                             registry=registry)
+                             "1 while an overload episode of the site is open (an alert holds it, or the "
+                             "throttle is climbing back).", ["site"], registry=registry)
         self.pauses = Counter("promreflex_copy_guard_pauses_total", "Copies paused (or throttled), renewals excluded.",
                               ["site"], registry=registry)
         self.episodes = Counter("promreflex_copy_guard_episodes_total", "Overload episodes begun.", ["site"],
@@ -139,23 +251,52 @@ class GuardMetrics:
         self.resumes = Counter("promreflex_copy_guard_resumes_total", "Copies resumed, by reason.", ["site", "reason"],
                                registry=registry)
         self.forced = Counter("promreflex_copy_guard_forced_resumes_total",
-                              "Episodes whose copies were resumed at max_pause while still overloaded.", ["site"],
+                              "Pauses ended at max_pause while the site was still overloaded.", ["site"],
                               registry=registry)
         self.pause_seconds = Counter("promreflex_copy_guard_pause_seconds_total",
                                      "Seconds during which at least one copy of the site was held.", ["site"],
                                      registry=registry)
         self.errors = Counter("promreflex_copy_guard_errors_total", "Failed pause, renew or resume operations.",
                               ["site", "operation"], registry=registry)
+        self.share = Gauge("promreflex_copy_guard_share",
+                           "Share of their own speed the site's copies may use (1 free, 0 paused).", ["site"],
+                           registry=registry)
+        self.copy_share = Gauge("promreflex_copy_guard_copy_share",
+                                "Share of its own speed a held copy was last told to use (removed when released; "
+                                "adopted copies: the fraction of each duty period they run).", ["site", "id"],
+                                registry=registry)
+        self.decreases = Counter("promreflex_copy_guard_throttle_decreases_total",
+                                 "Multiplicative decreases of the site's share (below the line).", ["site"],
+                                 registry=registry)
+        self.increases = Counter("promreflex_copy_guard_throttle_increases_total",
+                                 "Additive increases of the site's share (above the line).", ["site"],
+                                 registry=registry)
+        self.emergencies = Counter("promreflex_copy_guard_emergency_pauses_total",
+                                   "Emergency pauses of the adaptive throttle, by reason (severe: deficit beyond "
+                                   "`severe`; floor: below the line at min_share for emergency_after).",
+                                   ["site", "reason"], registry=registry)
+        self.decisions = Counter("promreflex_copy_guard_throttle_decisions_total",
+                                 "Decisions of the adaptive throttle, by what the signal said.", ["site", "verdict"],
+                                 registry=registry)
+        self.signal_errors = Counter("promreflex_copy_guard_signal_errors_total",
+                                     "Reads of the signal from Prometheus that failed, or gave no usable served rate "
+                                     "and threshold for a site the throttle holds (it follows the alerts then).",
+                                     ["site"], registry=registry)
 
     def site(self, site: str) -> None:
         """Create the site's series at 0 (so increase() and absence alerts work from the start)."""
-        for m in (self.paused, self.registered, self.episode, self.pauses, self.episodes, self.forced,
-                  self.pause_seconds):
+        for m in (self.paused, self.throttled, self.registered, self.episode, self.pauses, self.episodes, self.forced,
+                  self.pause_seconds, self.decreases, self.increases, self.signal_errors):
             m.labels(site)
+        self.share.labels(site).set(1)
         for reason in RESUME_REASONS:
             self.resumes.labels(site, reason)
         for op in ("pause", "renew", "resume"):
             self.errors.labels(site, op)
+        for reason in EMERGENCY_REASONS:
+            self.emergencies.labels(site, reason)
+        for verdict in VERDICTS:
+            self.decisions.labels(site, verdict)
 
 
 class ControlError(Exception):
@@ -194,14 +335,47 @@ class ControlClient:
         return body if isinstance(body, dict) else {}
 
 
+def parse_signals(result: list[dict[str, Any]]) -> dict[str, Signal]:
+    """The answer to :data:`SIGNAL_QUERY` -> one :class:`Signal` per site (values that are not
+    finite numbers are dropped)."""
+    values: dict[str, dict[str, float]] = {}
+    for r in result:
+        try:
+            metric = r.get("metric", {})
+            site, q, value = metric.get("site"), metric.get("promreflex_q"), float(r["value"][1])
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+            continue
+        if isinstance(site, str) and isinstance(q, str) and math.isfinite(value):
+            values.setdefault(site, {})[q] = value
+    return {site: Signal(served=v.get("served"), threshold=v.get("threshold"), demand=v.get("demand"),
+                         floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0))
+            for site, v in values.items()}
+
+
+def release_adopted(registry: Registry, copy_id: str) -> None:
+    """Resume an adopted copy and clear its pause record, under the entry's lock (so the
+    watchdog's duty cycle cannot freeze it again in between)."""
+    if registry.get(copy_id) is None:
+        return
+    with registry.locked(copy_id):
+        entry = registry.get(copy_id)
+        if entry is None or not entry.pause:
+            return
+        freeze.resume(entry.pause)
+        entry.pause = None
+        registry.update(entry)
+
+
 @register
 class CopyGuardAction(Action):
-    """Pauses the alert's site's copies on fire, resumes them on resolve (with a lease)."""
+    """Throttles (or pauses) the alert's site's copies on fire; lets them go on resolve, after
+    the throttle climbed back (or min_pause); every hold has a lease."""
 
     name = "copy-guard"
     Params = CopyGuardParams
     concurrency = 4
-    resolved_means = "resume the site's copies (after min_pause) once no alert of the site holds them"
+    resolved_means = ("let the site's copies run free once no alert of the site holds them: adaptive, when the "
+                      "throttle's share is back at 1; pause, when each copy's min_pause has passed")
 
     def __init__(self) -> None:
         super().__init__()
@@ -216,6 +390,8 @@ class CopyGuardAction(Action):
         self._seen_sites: set[str] = set()
         self._tokens: dict[Path, str] = {}
         self._own_session: aiohttp.ClientSession | None = None
+        self._signals: dict[str, Signal] | None = None
+        self._signals_read = -math.inf  # monotonic time of the last read
 
     # ------------------------------------------------------------------ engine hooks
     def target(self, ctx: ActionContext) -> str:
@@ -263,11 +439,16 @@ class CopyGuardAction(Action):
         if params.sites and site not in params.sites:
             return f"site {site!r} is not guarded by this route"
         self._know(params)
+        signals = await self.signals(max_age=params.tick, sites=(site,)) if params.mode == "adaptive" else None
         async with self.lock:
             ep = self.episodes.get(site)
             if ep is None:
                 ep = self.episodes[site] = Episode(site, params)
                 self._m().episodes.labels(site).inc()
+                if params.mode == "adaptive":
+                    ep.throttle = Throttle(params.settings())
+                    ep.throttle.open(time.time(), (signals or {}).get(site))
+                    self._count(ep)
             ep.holders[ctx.alert.fingerprint] = {"alertname": ctx.alert.name, "confirmed": True}
             ep.resume_at = None
             if ep.forced:
@@ -275,6 +456,8 @@ class CopyGuardAction(Action):
                 return f"site {site}: resumed at max_pause earlier in this episode; not pausing again until it ends"
             held = await self._enforce(ep)
             self._save()
+        if ep.throttle is not None:
+            return f"site {site}: {held} cop{'y' if held == 1 else 'ies'} at share {ep.throttle.share:g}"
         return f"site {site}: {held} cop{'y' if held == 1 else 'ies'} {'paused' if params.mode == 'pause' else 'throttled'}"
 
     async def resolve(self, ctx: ActionContext) -> str:
@@ -288,19 +471,47 @@ class CopyGuardAction(Action):
             if ep.holders:
                 self._save()
                 return f"site {site}: still held by {', '.join(sorted(h['alertname'] for h in ep.holders.values()))}"
-            resume_at = ep.since + ep.params.min_pause
-            if time.time() < resume_at and ep.held:
-                ep.resume_at = resume_at
+            if ep.throttle is not None and not ep.throttle.free and ep.held:
                 self._save()
-                return f"site {site}: resume in {resume_at - time.time():.1f}s (min_pause)"
+                return f"site {site}: share {ep.throttle.share:g}, climbing back before the copies run free"
+            if ep.throttle is None and ep.held:
+                ep.resume_at = max(h.since for h in ep.held.values()) + ep.params.min_pause
+                if time.time() < ep.resume_at:
+                    self._save()
+                    return f"site {site}: resume in {ep.resume_at - time.time():.1f}s (min_pause)"
             n = await self._end(ep, "resolved")
             self._save()
         return f"site {site}: {n} cop{'y' if n == 1 else 'ies'} resumed"
 
+    # ------------------------------------------------------------------ the signal
+    async def signals(self, max_age: float = 0.0, sites: tuple[str, ...] = ()) -> dict[str, Signal] | None:
+        """Every site's signal from Prometheus (None without Prometheus or when it cannot be
+        read: the throttle then follows the alerts). Reuses a reading younger than ``max_age``.
+        A new reading that has nothing usable for one of ``sites`` is counted for it (the
+        throttle of that site is blind: CopyGuardThrottleBlind)."""
+        prom = self.services.get("prometheus")
+        if prom is None:
+            return None
+        if self._signals is not None and time.monotonic() - self._signals_read < max_age:
+            return self._signals
+        try:
+            result = await asyncio.wait_for(prom.query(SIGNAL_QUERY), SIGNAL_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - counted; the alerts are the fallback
+            log.debug("cannot read the sites' signal from Prometheus: %r", e)
+            self._signals = None
+        else:
+            self._signals = parse_signals(result)
+        self._signals_read = time.monotonic()
+        for site in sites:
+            sig = (self._signals or {}).get(site)
+            if sig is None or not sig.usable():
+                self._m().signal_errors.labels(site).inc()
+        return self._signals
+
     # ------------------------------------------------------------------ recovery
     async def recover(self, params_list: list[CopyGuardParams]) -> int:
         """Resume everything a previous controller held (its state files), keep its holders as
-        unconfirmed: the supervisor re-pauses only for those Alertmanager still has active."""
+        unconfirmed: the supervisor holds again only for those Alertmanager still has active."""
         resumed = 0
         for params in params_list:
             self._know(params)
@@ -315,14 +526,8 @@ class CopyGuardAction(Action):
                     try:
                         # The episode goes on under the route's current params (its control
                         # hosts and token), not under what the state file says.
-                        params = self.known[reg_dir]
-                        ep = Episode(str(raw["site"]), params, float(raw["since"]),
-                                     {str(k): {"alertname": str(v.get("alertname", "")), "confirmed": False}
-                                      for k, v in dict(raw.get("holders", {})).items()},
-                                     {str(i): Held(str(i), str(h["kind"]), _str_or_none(h.get("control_url")))
-                                      for i, h in dict(raw.get("held", {})).items()},
-                                     bool(raw.get("forced", False)))
-                    except (KeyError, TypeError, ValueError, ValidationError) as e:
+                        ep = Episode.from_json(raw, self.known[reg_dir])
+                    except (KeyError, TypeError, ValueError, AttributeError, ValidationError) as e:
                         log.warning("ignoring unreadable episode in %s: %r", reg_dir / STATE_NAME, e)
                         continue
                     resumed += await self._release_all(ep, "recovery")
@@ -357,16 +562,26 @@ class CopyGuardAction(Action):
     async def _supervise(self) -> None:
         while True:
             try:
+                signals = None
+                adaptive = tuple(site for site, ep in self.episodes.items() if ep.adaptive())
+                if adaptive:
+                    signals = await self.signals(max_age=self._read_every(), sites=adaptive)
                 async with self.lock:
-                    await self.tick()
+                    await self.tick(signals)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the supervisor must survive anything
                 log.exception("copy-guard supervisor tick failed")
             await asyncio.sleep(min([p.tick for p in self.known.values()] or [0.2]))
 
-    async def tick(self) -> None:
-        """One pass (caller holds the lock): confirm, enforce, time out, release, count."""
+    def _read_every(self) -> float:
+        """How often to read the signal: a quarter of the shortest rate window (a new sample
+        every scrape), at least every tick."""
+        windows = [s.window for s in (self._signals or {}).values()] or [1.0]
+        return max(min(p.tick for p in self.known.values()) if self.known else 0.2, min(windows) / 4)
+
+    async def tick(self, signals: dict[str, Signal] | None = None) -> None:
+        """One pass (caller holds the lock): confirm, decide, enforce, time out, release, count."""
         now, mono = time.time(), time.monotonic()
         elapsed, self._last_tick = mono - self._last_tick, mono
         m = self._m()
@@ -375,14 +590,22 @@ class CopyGuardAction(Action):
             if ep.held:
                 m.pause_seconds.labels(site).inc(elapsed)
             await self._confirm(ep)
-            if not ep.holders and (ep.resume_at is None or now >= ep.resume_at or not ep.held):
-                await self._end(ep, "resolved")
-                changed = True
+            if ep.throttle is not None:
+                changed |= await self._tick_adaptive(ep, now, (signals or {}).get(site) if signals else None)
                 continue
             if not ep.holders:
-                # Resolved, waiting out min_pause: keep the leases of held copies alive (or they
-                # resume by themselves after one lease), pause nothing new.
-                await self._enforce(ep, pause_new=False)
+                # Resolved: each copy is let go once its own min_pause has passed; the others
+                # keep their leases renewed (or they would resume by themselves), nothing new
+                # is paused.
+                for h in [h for h in ep.held.values() if now >= h.since + ep.params.min_pause]:
+                    await self._release(ep, h, "resolved")
+                    del ep.held[h.id]
+                    changed = True
+                if not ep.held:
+                    await self._end(ep, "resolved")
+                    changed = True
+                else:
+                    await self._enforce(ep, pause_new=False)
                 continue
             if ep.forced or not any(h["confirmed"] for h in ep.holders.values()):
                 continue
@@ -407,27 +630,78 @@ class CopyGuardAction(Action):
                 self._seen_sites.add(site)
             m.registered.labels(site).set(counts.get(site, 0))
             current = self.episodes.get(site)
-            m.paused.labels(site).set(len(current.held) if current else 0)
+            held = list(current.held.values()) if current else []
+            paused = sum(1 for h in held if h.share <= 0 and not (current and current.params.mode == "throttle"
+                                                                  and h.kind == "copier"))
+            m.paused.labels(site).set(paused)
+            m.throttled.labels(site).set(len(held) - paused)
             m.episode.labels(site).set(1 if current else 0)
+            m.share.labels(site).set(current.share() if current and (current.held or current.throttle) else 1)
         if changed:
             self._save()
 
+    async def _tick_adaptive(self, ep: Episode, now: float, sig: Signal | None) -> bool:
+        """One step of the throttle; returns True when something worth saving changed."""
+        t = ep.throttle
+        assert t is not None
+        confirmed = any(h["confirmed"] for h in ep.holders.values())
+        if ep.holders and not confirmed:
+            return False  # after a restart: wait for Alertmanager before holding anything
+        before = (t.share, t.forced)
+        stepped = t.step(now, sig, alert_below=confirmed)
+        self._count(ep)
+        if t.forced != before[1]:
+            self._m().forced.labels(ep.site).inc()
+            log.warning("site %s: emergency pause reached max_pause (%.0fs): back to share %g", ep.site,
+                        ep.params.max_pause, t.share)
+        if stepped:
+            log.info("site %s: %s -> share %g (was %g)", ep.site, t.last_verdict, t.share, before[0])
+        if not ep.holders and t.free:
+            await self._end(ep, "resolved")
+            return True
+        held_before = set(ep.held)
+        await self._enforce(ep)
+        return stepped or set(ep.held) != held_before
+
+    def _count(self, ep: Episode) -> None:
+        """Carry the throttle's counts over to the metrics (both only grow)."""
+        t, m, site = ep.throttle, self._m(), ep.site
+        if t is None:
+            return
+        for key, n in t.counts().items():
+            new = n - ep.counted.get(key, 0)
+            if new <= 0:
+                continue
+            ep.counted[key] = n
+            kind, _, label = key.partition(":")
+            if kind == "decreases":
+                m.decreases.labels(site).inc(new)
+            elif kind == "increases":
+                m.increases.labels(site).inc(new)
+            elif kind == "emergency":
+                m.emergencies.labels(site, label).inc(new)
+            elif kind == "verdict":
+                m.decisions.labels(site, label).inc(new)
+
     async def _enforce(self, ep: Episode, pause_new: bool = True) -> int:
-        """Hold every registered copy of the site (only those already held unless ``pause_new``);
-        renew leases that are due; forget copies that ended. Returns how many copies are held."""
+        """Hold every registered copy of the site (only those already held unless ``pause_new``)
+        at the episode's share; renew leases that are due; forget copies that ended. Returns
+        how many copies are held."""
         reg = Registry(ep.params.registry_dir)
         entries = {e.id: e for e in reg.for_site(ep.site)}
         for copy_id in [i for i in ep.held if i not in entries]:
             del ep.held[copy_id]  # the copy finished (or died): nothing to hold
             self._m().resumes.labels(ep.site, "ended").inc()
+            self._forget_share(ep.site, copy_id)
         mono = time.monotonic()
+        share = ep.share()
         jobs = []
         for copy_id, entry in entries.items():
             held = ep.held.get(copy_id)
             if held is None:
                 if pause_new:
                     jobs.append(self._hold(ep, entry, renew=False))
-            elif mono - held.renewed >= ep.params.lease / 3:
+            elif held.share != share or mono - held.renewed >= ep.params.lease / 3:
                 jobs.append(self._hold(ep, entry, renew=True))
         if jobs:
             await asyncio.gather(*jobs)
@@ -436,43 +710,53 @@ class CopyGuardAction(Action):
     async def _hold(self, ep: Episode, entry: Entry, renew: bool) -> None:
         p = ep.params
         held = ep.held.get(entry.id) or Held(entry.id, entry.kind, entry.control_url)
+        share = ep.share()
         op = "renew" if renew else "pause"
         try:
             if entry.kind == "copier":
                 control = self._client(p)
                 if p.mode == "throttle":
                     await control(held, "throttle", bytes_per_second=p.throttle_bytes_per_second, lease=p.lease)
+                elif p.mode == "adaptive" and share > 0:
+                    await control(held, "throttle", share=f"{share:g}", lease=p.lease)
                 else:
                     await control(held, "pause", lease=p.lease)
             else:
-                await asyncio.to_thread(self._hold_adopted, ep, entry)
+                await asyncio.to_thread(self._hold_adopted, ep, entry, share)
         except Exception as e:  # noqa: BLE001 - counted; retried at the next tick
             self._m().errors.labels(ep.site, op).inc()
             log.warning("site %s: could not %s copy %s: %r", ep.site, op, entry.id, e)
             return
         held.renewed = time.monotonic()
+        held.share = share
+        if ep.throttle is not None:
+            self._m().copy_share.labels(ep.site, entry.id).set(share)
         if not renew:
             ep.held[entry.id] = held
             self._m().pauses.labels(ep.site).inc()
-            log.info("site %s: %s copy %s (%s, pid %d)", ep.site, "throttled" if p.mode == "throttle" and
-                     entry.kind == "copier" else "paused", entry.id, entry.kind, entry.pid)
+            how = (f"share {share:g}" if p.mode == "adaptive" else
+                   "throttled" if p.mode == "throttle" and entry.kind == "copier" else "paused")
+            log.info("site %s: copy %s (%s, pid %d): %s", ep.site, entry.id, entry.kind, entry.pid, how)
 
-    def _hold_adopted(self, ep: Episode, entry: Entry) -> None:
-        """Pause a foreign process (or renew its lease). Throttle mode pauses too: this host has
-        no cgroup v2 io.max and v1 blkio does not limit buffered writes (STACK-NOTES)."""
+    def _hold_adopted(self, ep: Episode, entry: Entry, share: float) -> None:
+        """Hold a foreign process at ``share`` (0: paused; else the watchdog runs it ``share`` of
+        each duty period), or renew its lease. Under the entry's lock: the watchdog acts under
+        it too."""
         reg = Registry(ep.params.registry_dir)
-        current = reg.get(entry.id) or entry
-        until = time.time() + ep.params.lease
-        if current.pause and freeze.is_frozen(current.pause):
-            current.pause["until"] = until
-        else:
-            if current.pause:  # the watchdog resumed it (lease ran out): pause again
-                freeze.resume(current.pause)
-            record = freeze.pause(entry.id, pid=None if entry.pgid else entry.pid, pgid=entry.pgid,
-                                  methods=list(ep.params.adopt_methods) if ep.params.adopt_methods else None)
-            record["until"] = until
-            current.pause = record
-        reg.update(current)
+        with reg.locked(entry.id):
+            current = reg.get(entry.id) or entry
+            now = time.time()
+            if current.pause and not freeze.intact(current.pause):
+                freeze.forget(current.pause)  # its cgroup was removed, or its processes are gone
+                current.pause = None
+            if current.pause is None:
+                current.pause = freeze.pause(entry.id, pid=None if entry.pgid else entry.pid, pgid=entry.pgid,
+                                             methods=list(ep.params.adopt_methods) if ep.params.adopt_methods else None)
+                current.pause["since"] = now
+            current.pause.update(until=now + ep.params.lease, duty=share, period=ep.params.duty_period)
+            if share <= 0:
+                freeze.set_frozen(current.pause, True)
+            reg.update(current)
         if ep.params.watchdog:
             self._ensure_watchdog(reg.dir)
 
@@ -497,34 +781,33 @@ class CopyGuardAction(Action):
                 except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
                     log.info("copy %s did not answer resume (%r): it ended, or its lease will resume it", held.id, e)
             else:
-                await asyncio.to_thread(self._release_adopted, ep.params.registry_dir, held.id)
+                await asyncio.to_thread(release_adopted, Registry(ep.params.registry_dir), held.id)
         except Exception as e:  # noqa: BLE001
             self._m().errors.labels(ep.site, "resume").inc()
             log.warning("site %s: could not resume copy %s: %r", ep.site, held.id, e)
             return False
         self._m().resumes.labels(ep.site, reason).inc()
+        self._forget_share(ep.site, held.id)
         return True
 
-    @staticmethod
-    def _release_adopted(reg_dir: Path, copy_id: str) -> None:
-        reg = Registry(reg_dir)
-        entry = reg.get(copy_id)
-        if entry is None or not entry.pause:
-            return
-        freeze.resume(entry.pause)
-        entry.pause = None
-        reg.update(entry)
+    def _forget_share(self, site: str, copy_id: str) -> None:
+        try:
+            self._m().copy_share.remove(site, copy_id)
+        except KeyError:
+            pass
 
     async def _release_all(self, ep: Episode, reason: str) -> int:
         results = await asyncio.gather(*(self._release(ep, h, reason) for h in ep.held.values()))
         ep.held.clear()
         self._m().paused.labels(ep.site).set(0)
+        self._m().throttled.labels(ep.site).set(0)
         return sum(results)
 
     async def _end(self, ep: Episode, reason: str) -> int:
         n = await self._release_all(ep, reason)
         self.episodes.pop(ep.site, None)
         self._m().episode.labels(ep.site).set(0)
+        self._m().share.labels(ep.site).set(1)
         return n
 
     # ------------------------------------------------------------------ helpers

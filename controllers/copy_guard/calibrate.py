@@ -1,63 +1,112 @@
-"""``promreflex calibrate``: measure the served RPS of the loaded, healthy shop and publish the
-copy guard's threshold where the rules read it.
+"""``promreflex calibrate``: measure what the healthy shop serves at saturation, under the
+user's own requests, and publish the copy guard's threshold where the rules read it.
 
-How the threshold is derived (the paper, seed 000): drive the site with more requests than it
-can serve (there: 100 requests/s, 5 runs of 5 minutes, no copy running), record the served
-requests per second, and take the LOWEST value over all runs (20.2 req/s there). A saturated
-healthy site serves its capacity, give or take noise; anything below the lowest value it ever
-showed while healthy is then taken as a sign that something else (a copy) takes its resources.
+What is sent (the load profile is yours):
 
-- ``--method min`` (default, the paper's): the lowest per-second served RPS over every run,
-  after dropping each run's first ``--warmup`` seconds (Locust ramping up) and its last,
-  partial second. Default because no second the healthy site served during calibration counts
-  as "suffering"; the alert's ``for:`` filters the rarer, briefer dips a longer healthy run
-  shows below it (calibrate long: the minimum of short runs sits high). The
-  per-second bins are the rule's window too (``site:promreflex_http_requests_served:rate1s``).
-- ``--method quantile --quantile Q``: the Q-quantile (e.g. 0.05) of all per-second values. Safer
-  against one outlier second (a stall of the calibration machine) dragging the minimum, and so
-  the guard's sensitivity, down; the price is that a healthy saturated site dips below it in
-  about Q of its seconds, which the alert's ``for:`` must absorb. Use it when the minimum of a
-  run sits far below that run's p5 (the summary table shows both).
+- ``--request "METHOD PATH [WEIGHT [BODY]]"`` (repeat): e.g. ``--request "GET /product/{id} 9"
+  --request "POST /checkout 1 cart=1&qty=1"``; ``{id}`` is a random integer below
+  ``--product-count``. Paths are taken under the path of ``--target``
+  (``--target http://shop:8080/store/`` + ``GET /cart`` requests ``/store/cart``).
+- ``--replay ACCESS_LOG``: the GET/HEAD requests your visitors made (answered 2xx/3xx), weighted
+  by how often they were made (the ``--replay-top`` most frequent). Left out: our own traffic
+  (``/stub_status``, ``/metrics``, Prometheus and the nginx exporter's user agents, a previous
+  calibration's ``promreflex-calibrate``). POST bodies are not in an access log: add them with
+  ``--request``.
+- ``--profile FILE`` (YAML or JSON): ``requests: [{method, path, weight, body}]`` and
+  ``vars: {post: [12, 15, 31], word: [shoe, bag]}``: ``{post}`` in a path or body is a random
+  element of its list, ``{uniq}`` a unique string (a comment that is not a duplicate).
+- None of these: ``GET`` of the ``--target`` URL itself (its path is honoured, never dropped).
+Redirects are not followed: a 302 counts as served, as in the access log.
 
-RPS per second comes from the load generator (completions counted by second, every run) or,
-with ``--source prometheus``, from the recorded series the rules use, queried at 1 s steps over
-each run (the stack must be running). The load itself is Locust in a child process (importing
-locust patches the standard library with gevent), with the shop profile of
-``controllers/copy_guard/locustfile.py``: ``--rate`` requests per second spread over ``--users``
-paced users, ``--checkout-share`` of them fsync'd POST /checkout, the rest product pages.
+How hard (start light, ramp; defaults that do not time a PHP shop out): unless ``--users`` is
+given, a ramp of short steps (``--step-duration``, default 10 s) at 1, 2, 4, ... users, each
+user sending its next request as soon as the previous one returned, up to ``--max-users``. It
+stops at the knee: when doubling the users added less than 10% served (the site is saturated:
+more users would only queue), when any request failed or timed out (``--request-timeout``,
+default 10 s), or when the 95th percentile of response times passed a third of that timeout.
+The runs then use the users of the knee. ``--rate R`` paces the users to R requests per second
+in total instead (the paper: 100 req/s).
 
-The threshold is published with :func:`controllers.copy_guard.threshold.write_threshold` as
-``promreflex_copy_guard_rps_threshold{site}`` in ``<textfile dir>/promreflex_copy_guard_threshold.prom``
-(node_exporter's textfile collector; the stack's by default), with the demand floor below which
-the site is merely quiet (default half the threshold).
+The threshold (``--method``):
+
+- ``robust`` (default): the MEDIAN OVER THE RUNS of each run's 5th percentile of per-second
+  served RPS (after each run's ``--warmup`` and its partial last second). The paper took the
+  lowest second of all runs: one slow second (a busy shared host) dragged its threshold to 4 req/s
+  and a stalled run to 0. A run's p5 ignores its worst seconds; the median over runs ignores a
+  bad run. Its spread is printed with it: the range of the per-run p5s and their median
+  absolute deviation (MAD); above 20% of the threshold a warning says the runs disagree.
+- ``min``: the lowest per-second served RPS of all runs (the paper's rule).
+- ``quantile --quantile Q``: the Q-quantile of every second of every run together.
+
+A run is discarded, with a message saying why, when more than ``--max-failed`` (default 1%) of
+its requests failed (timeouts, 499s, 5xx: the site was pushed past healthy saturation), when
+it stalled (a second after the warm-up with nothing served), when Locust did not finish, or
+when it served nothing. Fewer than ``--min-runs`` valid runs (default: more than half): nothing
+is published, exit 1.
+
+Refused, nothing published (exit 1): a threshold the idle shop or our own traffic could cross.
+The demand floor published with it (below that demand the shop is merely quiet and copies are
+never paused) is ``--floor-ratio`` (0.5) of the threshold but never below ``--min-floor``
+(default 2 req/s: the stub_status requests of two nginx exporters scraped every second, should
+a Prometheus count them); a threshold below twice that floor is refused. With a Prometheus
+(the stack's, or ``--prometheus.url``), the shop's demand during the minute before the load and
+the nginx exporters' own request rate are measured first, and a floor at or below either is
+refused too.
+
+Every run and the threshold are printed as a table; ``--out FILE`` keeps them as JSON.
+``calibrate`` cleans up after itself: its Locust child is in a process group of its own, killed
+on SIGINT, SIGTERM, SIGHUP and SIGQUIT, and it dies with the calibration (PR_SET_PDEATHSIG) if
+that is SIGKILLed.
+
+Published with :func:`controllers.copy_guard.threshold.write_threshold` as
+``promreflex_copy_guard_rps_threshold{site}`` and ``promreflex_copy_guard_demand_floor_rps{site}``
+in ``<textfile dir>/promreflex_copy_guard_threshold.prom`` (node_exporter's textfile collector;
+the stack's by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from promreflex.config import parse_duration
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_QUERY = 'site:promreflex_http_requests_served:rate1s{{site="{site}"}}'
+#: The lowest demand floor: two nginx exporters scraped every second make 2 req/s of stub_status
+#: requests; a floor at or below that could be opened by our own traffic alone.
+MIN_FLOOR_RPS = 2.0
+FLOOR_RATIO = 0.5
+SPREAD_WARN = 0.2
+#: Our own requests, never replayed: paths and user agents (the locustfile's is promreflex-calibrate).
+OWN_PATHS = ("/stub_status", "/metrics", "/-/", "/nginx_status")
+OWN_AGENTS = ("Prometheus", "NGINX-Prometheus-Exporter", "nginx-prometheus-exporter", "promreflex", "Blackbox")
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class CalibrationError(Exception):
-    """The load could not be run or produced nothing to calibrate from."""
+    """The load could not be run, or produced nothing a threshold can be trusted from."""
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -102,26 +151,181 @@ def per_second_series(per_second: Mapping[int, int], warmup_s: float = 0.0) -> l
     return [float(per_second.get(s, 0)) for s in range(start, last)]
 
 
-def derive_threshold(runs: Sequence[Sequence[float]], method: str = "min", q: float = 0.05) -> float:
-    """The threshold from every run's per-second served RPS: the lowest value (``min``, the
-    paper) or the ``q``-quantile of all values together (``quantile``)."""
+@dataclass(frozen=True)
+class Spread:
+    """How far the runs agree: the range and the median absolute deviation of the per-run
+    statistic the threshold is the median of (robust), or of every second (min, quantile)."""
+
+    low: float
+    high: float
+    mad: float
+    over: str  # "runs" or "seconds"
+
+    def relative(self, threshold: float) -> float:
+        return (self.high - self.low) / 2 / threshold if threshold > 0 else math.inf
+
+
+def derive_threshold(runs: Sequence[Sequence[float]], method: str = "robust", q: float = 0.05) -> float:
+    """The threshold from every run's per-second served RPS (see the module doc): ``robust``
+    (median of the runs' ``q``-quantiles), ``min`` (the paper) or ``quantile`` (pooled)."""
     values = [v for run in runs for v in run]
     if not values:
         raise CalibrationError("no per-second values to derive a threshold from")
+    if method == "robust":
+        return quantile([quantile(r, q) for r in runs if r], 0.5)
     if method == "min":
         return min(values)
     if method == "quantile":
         return quantile(values, q)
-    raise ValueError(f"unknown method {method!r} (min or quantile)")
+    raise ValueError(f"unknown method {method!r} (robust, min or quantile)")
+
+
+def spread_of(runs: Sequence[Sequence[float]], method: str = "robust", q: float = 0.05) -> Spread:
+    if method == "robust":
+        stats = [quantile(r, q) for r in runs if r]
+        over = "runs"
+    else:
+        stats = [v for r in runs for v in r]
+        over = "seconds"
+    if not stats:
+        raise CalibrationError("no values")
+    med = quantile(stats, 0.5)
+    return Spread(min(stats), max(stats), quantile([abs(s - med) for s in stats], 0.5), over)
 
 
 def saturation_warning(offered_rps: float, dist: Distribution) -> str | None:
-    """A warning when the site kept up with the offered load (then the threshold measures the
+    """A warning when the site kept up with a paced load (then the threshold measures the
     load, not the site's capacity)."""
     if offered_rps > 0 and dist.median >= 0.95 * offered_rps:
         return (f"the site served {dist.median:.1f} req/s of the {offered_rps:.0f} offered (median): it kept up, "
-                "so this measures the load, not the site's capacity; raise --rate until it saturates")
+                "so this measures the load, not the site's capacity; raise --rate, or leave it out (closed loop)")
     return None
+
+
+def floor_for(threshold: float, ratio: float = FLOOR_RATIO, min_floor: float = MIN_FLOOR_RPS,
+              explicit: float | None = None) -> float:
+    """The demand floor published with ``threshold``: ``explicit``, or ``ratio`` of it, never
+    below ``min_floor`` (ValueError for an explicit floor below it)."""
+    if explicit is not None:
+        if explicit < min_floor:
+            raise ValueError(f"--demand-floor {explicit:g} is below the lowest sane floor {min_floor:g} req/s "
+                             "(our own traffic could reach it; lower --min-floor only if you know why)")
+        return explicit
+    return max(ratio * threshold, min_floor)
+
+
+def refusal(threshold: float, floor: float, min_floor: float = MIN_FLOOR_RPS, idle_demand: float | None = None,
+            own_rps: float | None = None) -> str | None:
+    """Why ``threshold`` (with ``floor``) must not be published, or None."""
+    if not math.isfinite(threshold) or threshold <= 0:
+        return f"the threshold is {threshold:g} req/s: the shop served nothing in some second of every run"
+    if threshold < 2 * min_floor:
+        return (f"the threshold {threshold:.2f} req/s is below twice the lowest demand floor ({2 * min_floor:g} req/s): "
+                "an idle shop's own traffic (exporter scrapes, probes, bots) is of that order, the guard could not tell "
+                "a quiet shop from a suffering one")
+    if idle_demand is not None and floor <= idle_demand:
+        return (f"the shop showed {idle_demand:.2f} req/s of demand in the minute before the load, at or above the "
+                f"floor {floor:.2f} req/s: at that traffic (bots, probes, or visitors) its copies would be paused; "
+                "raise --min-floor above it, or calibrate when the shop is quiet")
+    if own_rps is not None and floor <= own_rps:
+        return (f"the nginx exporters' own stub_status requests make {own_rps:.2f} req/s, at or above the floor "
+                f"{floor:.2f} req/s; raise --min-floor above it")
+    return None
+
+
+# ---------------------------------------------------------------------------- profile
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    weight: float = 1.0
+    body: str | None = None
+
+
+def parse_request(text: str) -> Request:
+    """``"GET /product/{id} 9"``, ``"POST /checkout 1 cart=1&qty=1"``, ``"/about"`` (GET, weight 1)."""
+    parts = shlex.split(text)
+    if parts and parts[0].upper() not in METHODS and parts[0].startswith("/"):
+        parts.insert(0, "GET")
+    if len(parts) < 2 or parts[0].upper() not in METHODS or not parts[1].startswith("/"):
+        raise ValueError(f"{text!r} is not \"METHOD /PATH [WEIGHT [BODY]]\" (METHOD one of {', '.join(METHODS)})")
+    try:
+        weight = float(parts[2]) if len(parts) > 2 else 1.0
+    except ValueError:
+        raise ValueError(f"{text!r}: the weight {parts[2]!r} is not a number") from None
+    if not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"{text!r}: the weight must be > 0")
+    return Request(parts[0].upper(), parts[1], weight, " ".join(parts[3:]) if len(parts) > 3 else None)
+
+
+_LOG_REQUEST = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/\S*) HTTP/[0-9.]+" (?P<status>\d{3}) ')
+_LOG_AGENT = re.compile(r'"(?P<agent>[^"]*)"(?:\s+\S+=\S*)*\s*$')
+
+
+def replay_profile(lines: Sequence[str] | Any, top: int = 500) -> tuple[list[Request], dict[str, int]]:
+    """The GET/HEAD requests an access log's visitors made (2xx/3xx), weighted by count, the
+    ``top`` most frequent; and what was left out, by reason."""
+    counts: Counter[tuple[str, str]] = Counter()
+    skipped: Counter[str] = Counter()
+    for line in lines:
+        m = _LOG_REQUEST.search(line)
+        if not m:
+            skipped["not a request line"] += 1
+            continue
+        method, path, status = m.group("method"), m.group("path"), int(m.group("status"))
+        agent_m = _LOG_AGENT.search(line[m.end():])
+        agent = agent_m.group("agent") if agent_m else ""
+        if any(path.startswith(p) for p in OWN_PATHS) or any(a.lower() in agent.lower() for a in OWN_AGENTS):
+            skipped["our own traffic"] += 1
+        elif method not in ("GET", "HEAD"):
+            skipped[f"{method} (no body in the log)"] += 1
+        elif not 200 <= status < 400:
+            skipped[f"status {status // 100}xx"] += 1
+        else:
+            counts[(method, path)] += 1
+    return [Request(m, p, float(n)) for (m, p), n in counts.most_common(top)], dict(skipped)
+
+
+def profile_json(requests: Sequence[Request], base_path: str,
+                 variables: Mapping[str, Sequence[Any]] | None = None) -> dict[str, Any]:
+    return {"base_path": base_path.rstrip("/"), "requests": [asdict(r) for r in requests],
+            "vars": {k: [str(v) for v in vs] for k, vs in (variables or {}).items()}}
+
+
+def read_profile(path: Path) -> tuple[list[Request], dict[str, list[str]]]:
+    """A profile file (YAML or JSON): ``requests: [{method, path, weight, body}]`` and optional
+    ``vars: {NAME: [values]}`` for ``{NAME}`` placeholders."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read --profile {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"--profile {path} is not YAML/JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("requests"), list) or not data["requests"]:
+        raise ValueError(f"--profile {path}: needs a non-empty `requests:` list")
+    requests = []
+    for i, r in enumerate(data["requests"]):
+        if not isinstance(r, dict) or set(r) - {"method", "path", "weight", "body"}:
+            raise ValueError(f"--profile {path}: requests[{i}] must be a mapping of method, path, weight, body")
+        try:
+            requests.append(parse_request(shlex.join([str(r.get("method", "GET")), str(r.get("path", "")),
+                                                      str(r.get("weight", 1))])))
+        except ValueError as e:
+            raise ValueError(f"--profile {path}: requests[{i}]: {e}") from None
+        if r.get("body") is not None:
+            requests[-1] = Request(requests[-1].method, requests[-1].path, requests[-1].weight, str(r["body"]))
+    variables = data.get("vars") or {}
+    if not isinstance(variables, dict) or not all(isinstance(v, list) and v for v in variables.values()):
+        raise ValueError(f"--profile {path}: `vars:` maps names to non-empty lists")
+    return requests, {str(k): [str(x) for x in v] for k, v in variables.items()}
+
+
+def builtin_shop(checkout_share: float = 0.1) -> list[Request]:
+    """The built-in shop's profile (``bench/copy_guard/site.py``): product pages and checkouts."""
+    return [Request("GET", "/product/{id}", 1.0 - checkout_share),
+            Request("POST", "/checkout", checkout_share, "cart=1&qty=1")]
 
 
 # ---------------------------------------------------------------------------- load
@@ -136,6 +340,8 @@ class LoadRun:
     bin_s: float
     started: float
     ended: float
+    errors: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
 
     def per_second(self, column: int = 0) -> dict[int, int]:
         """Completions per whole unix second (column 0: served, 1: failed)."""
@@ -148,53 +354,113 @@ class LoadRun:
     def served(self) -> dict[int, int]:
         return self.per_second(0)
 
+    @property
+    def failed_share(self) -> float:
+        return self.failed / (self.ok + self.failed) if self.ok + self.failed else 0.0
 
-def locust_argv(target: str, rate: float, users: int, duration_s: float, timeline: Path, *,
-                checkout_share: float = 0.1, locustfile: Path = LOCUSTFILE) -> list[str]:
+
+def split_target(target: str) -> tuple[str, str]:
+    """``http://h:8080/store/`` -> (``http://h:8080``, ``/store/``)."""
     parts = urllib.parse.urlsplit(target)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"not an http(s) URL: {target!r}")
-    if rate <= 0 or users < 1 or duration_s <= 0:
-        raise ValueError("rate and duration must be > 0 and users >= 1")
+    path = parts.path or "/"
+    return f"{parts.scheme}://{parts.netloc}", path + (f"?{parts.query}" if parts.query else "")
+
+
+def locust_argv(target: str, rate: float, users: int, duration_s: float, timeline: Path, *,
+                checkout_share: float = 0.1, locustfile: Path = LOCUSTFILE, profile_file: Path | None = None,
+                request_timeout: float = 10.0, product_count: int = 10000) -> list[str]:
+    """``rate`` 0: closed loop (each user goes again as soon as answered)."""
+    host, _ = split_target(target)
+    if rate < 0 or users < 1 or duration_s <= 0:
+        raise ValueError("rate must be >= 0, duration > 0 and users >= 1")
     if not 0.0 <= checkout_share <= 1.0:
         raise ValueError("checkout share must be within [0, 1]")
-    return [
+    argv = [
         sys.executable, "-m", "locust", "-f", str(locustfile), "--headless",
-        "--host", f"{parts.scheme}://{parts.netloc}", "-u", str(users), "-r", str(users),
+        "--host", host, "-u", str(users), "-r", str(users),
         "-t", f"{max(1, math.ceil(duration_s))}s", "--shop-rate", str(rate),
         "--checkout-share", str(checkout_share), "--timeline-out", str(timeline),
+        "--request-timeout", str(request_timeout), "--parent-pid", str(os.getpid()),
+        "--product-count", str(max(1, product_count)),
         "--skip-log", "--only-summary", "--exit-code-on-error", "0", "--stop-timeout", "0", "--loglevel", "ERROR",
     ]
+    if profile_file is not None:
+        argv += ["--profile-file", str(profile_file)]
+    return argv
+
+
+#: Loads running now: a signal handler kills them (see :func:`cleanup_on_signals`).
+_LIVE: set[ShopLoad] = set()
+
+
+def _die_with_parent() -> None:
+    """In the Locust child, before exec: SIGKILL me when my parent dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the locustfile's --parent-pid watch still ends it
 
 
 class ShopLoad:
-    """A bounded Locust run of the shop profile in a child process; ``start`` then ``wait``."""
+    """A bounded Locust run in a child process (own process group); ``start`` then ``wait``.
+
+    ``profile`` is the requests to send (default: the built-in shop's, with ``checkout_share``),
+    under the path of ``target``."""
 
     def __init__(self, target: str, rate: float, users: int, duration_s: float, *, checkout_share: float = 0.1,
-                 locustfile: Path = LOCUSTFILE, margin_s: float = 30.0):
+                 locustfile: Path = LOCUSTFILE, margin_s: float = 30.0, profile: Sequence[Request] | None = None,
+                 request_timeout: float = 10.0, product_count: int = 10000,
+                 variables: Mapping[str, Sequence[Any]] | None = None):
         self.duration_s = duration_s
-        self.margin_s = margin_s
+        self.margin_s = margin_s + request_timeout
         self._dir = tempfile.mkdtemp(prefix="promreflex-calibrate-")
         self.timeline = Path(self._dir) / "timeline.json"
-        self.argv = locust_argv(target, rate, users, duration_s, self.timeline,
-                                checkout_share=checkout_share, locustfile=locustfile)
+        profile_file = None
+        if profile is not None:
+            profile_file = Path(self._dir) / "profile.json"
+            _, base = split_target(target)
+            profile_file.write_text(json.dumps(profile_json(profile, base.split("?")[0], variables)))
+        self.argv = locust_argv(target, rate, users, duration_s, self.timeline, checkout_share=checkout_share,
+                                locustfile=locustfile, profile_file=profile_file, request_timeout=request_timeout,
+                                product_count=product_count)
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
 
     def start(self) -> ShopLoad:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.started = time.time()
+        # PR_SET_PDEATHSIG fires when the forking THREAD ends: only from the main thread (a
+        # benchmark may start loads from a worker thread that ends before the load does).
+        main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,  # noqa: S603
-                                     stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+                                     preexec_fn=_die_with_parent if main else None)  # noqa: PLW1509 - prctl only
+        _LIVE.add(self)
         return self
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc is not None and self.running():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        """Kill the whole Locust process group (idempotent) and remove the temporary files."""
+        # Only while the leader runs: once reaped, its PID (the group id) may belong to someone else.
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        _LIVE.discard(self)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def wait(self) -> LoadRun:
         assert self.proc is not None, "start() first"
@@ -204,40 +470,95 @@ class ShopLoad:
         except subprocess.TimeoutExpired:
             self.kill()
             raise CalibrationError(f"locust did not finish within {self.duration_s + self.margin_s:.0f}s; killed") from None
+        except BaseException:
+            self.kill()  # a signal, Ctrl-C: never leave the child behind
+            raise
         try:
             data = json.loads(self.timeline.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise CalibrationError(f"locust exited {self.proc.returncode} without a timeline ({e}); "
-                                   f"stderr: {err.strip()[-2000:]}") from e
+                                   f"stderr: {(err or '').strip()[-2000:]}") from e
         finally:
-            self.timeline.unlink(missing_ok=True)
-            try:
-                os.rmdir(self._dir)
-            except OSError:
-                pass
+            self.kill()  # removes the files
         bins = {int(k): [int(v[0]), int(v[1])] for k, v in data["bins"].items()}
         return LoadRun(int(data["totals"]["ok"]), int(data["totals"]["failed"]), bins, float(data["bin_s"]),
-                       self.started, time.time())
+                       self.started, time.time(), dict(data.get("errors", {})), dict(data.get("latency_ms", {})))
 
 
 def run_shop_load(target: str, rate: float, users: int, duration_s: float, **kw: Any) -> LoadRun:
-    """Run the shop profile against ``target`` for ``duration_s`` seconds and return its timeline."""
+    """Run the load against ``target`` for ``duration_s`` seconds and return its timeline."""
     return ShopLoad(target, rate, users, duration_s, **kw).start().wait()
 
 
+def cleanup_on_signals(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)) -> None:
+    """On any of ``signals``: kill every running load's process group, then exit 128 + signal."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        for load in list(_LIVE):
+            load.kill()
+        print(f"\ncalibrate: stopped by signal {signum}; locust stopped, nothing published", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+
+
 # ---------------------------------------------------------------------------- Prometheus
+def _prometheus_get(base_url: str, api: str, params: dict[str, str], timeout: float = 10.0) -> Any:
+    url = f"{base_url.rstrip('/')}/api/v1/{api}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - the user's Prometheus URL
+        body = json.load(resp)
+    if body.get("status") != "success":
+        raise CalibrationError(f"Prometheus refused {params.get('query')!r}: {body.get('error')}")
+    return body["data"]
+
+
+def prometheus_instant(base_url: str, query: str, timeout: float = 10.0) -> list[tuple[dict[str, str], float]]:
+    """``query``'s samples now: (labels, value) pairs."""
+    data = _prometheus_get(base_url, "query", {"query": query}, timeout)
+    if data.get("resultType") == "scalar":
+        return [({}, float(data["result"][1]))]
+    return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+
+
 def prometheus_series(base_url: str, query: str, start: float, end: float, step_s: float = 1.0,
                       timeout: float = 10.0) -> list[float]:
     """Values of ``query`` (one series) at ``step_s`` steps over [start, end], via query_range."""
-    params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s}"})
-    with urllib.request.urlopen(f"{base_url.rstrip('/')}/api/v1/query_range?{params}", timeout=timeout) as resp:  # noqa: S310
-        body = json.load(resp)
-    if body.get("status") != "success":
-        raise CalibrationError(f"Prometheus refused {query!r}: {body.get('error')}")
-    result = body["data"]["result"]
+    data = _prometheus_get(base_url, "query_range", {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                     "step": f"{step_s}"}, timeout)
+    result = data["result"]
     if len(result) != 1:
         raise CalibrationError(f"{query!r} returned {len(result)} series over the run, need exactly 1")
     return [float(v) for _, v in result[0]["values"] if math.isfinite(float(v))]
+
+
+#: The nginx exporters' own stub_status requests per second (one per scrape; see the rules).
+OWN_RPS_QUERY = "sum(irate(nginx_http_requests_total[1m]) / clamp_min(idelta(nginx_http_requests_total[1m]), 1))"
+IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[1m]) '
+              'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[1m:1s]))')
+
+
+@dataclass(frozen=True)
+class Baseline:
+    idle_demand: float | None
+    own_rps: float | None
+    note: str
+
+
+def measure_baseline(prometheus_url: str | None, site: str) -> Baseline:
+    """The shop's demand over the last minute and the exporters' own request rate, or why not."""
+    if not prometheus_url:
+        return Baseline(None, None, "no Prometheus given (--prometheus.url): idle demand and own traffic not checked")
+    try:
+        idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site))
+        own = prometheus_instant(prometheus_url, OWN_RPS_QUERY)
+    except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError) as e:
+        return Baseline(None, None, f"Prometheus at {prometheus_url} not usable ({e}): idle demand and own traffic not checked")
+    idle_v = max((v for _, v in idle if math.isfinite(v)), default=None)
+    own_v = max((v for _, v in own if math.isfinite(v)), default=None)
+    return Baseline(idle_v, own_v, f"before the load (Prometheus {prometheus_url}): shop demand "
+                    f"{'unknown' if idle_v is None else f'{idle_v:.2f} req/s'} over the last minute, nginx exporters' "
+                    f"own requests {'unknown' if own_v is None else f'{own_v:.2f} req/s'}")
 
 
 # ---------------------------------------------------------------------------- calibration
@@ -251,9 +572,13 @@ class Calibration:
     users: int
     duration_s: float
     warmup_s: float
-    runs: list[list[float]] = field(default_factory=list)  # per-second served RPS of each run
+    runs: list[list[float]] = field(default_factory=list)  # per-second served RPS of each VALID run
     totals: list[dict[str, int]] = field(default_factory=list)
     threshold: float | None = None
+    discarded: list[str] = field(default_factory=list)
+    ramp: list[dict[str, Any]] = field(default_factory=list)
+    spread: Spread | None = None
+    floor: float | None = None
 
     def run_distributions(self) -> list[Distribution]:
         return [Distribution.of(r) for r in self.runs]
@@ -271,44 +596,128 @@ class Calibration:
                      f"{sum(t['ok'] for t in self.totals):>8}{sum(t['failed'] for t in self.totals):>8}")
         return "\n".join(lines)
 
+    def describe(self) -> str:
+        """The threshold, the statistic it is, and its spread, in one line."""
+        assert self.threshold is not None
+        what = {"robust": f"median over {len(self.runs)} run(s) of each run's {self.quantile:g}-quantile",
+                "min": "lowest second of all runs (the paper's rule)",
+                "quantile": f"{self.quantile:g}-quantile of all seconds"}[self.method]
+        s = self.spread
+        spread = "" if s is None else (f"; spread over {s.over}: {s.low:.1f}..{s.high:.1f} req/s, MAD {s.mad:.1f}"
+                                       if len(self.runs) > 1 or s.over == "seconds" else "; one run: no spread across runs")
+        return f"threshold {self.threshold:.2f} req/s ({what}{spread})"
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "per_run": [asdict(d) for d in self.run_distributions()],
                 "overall": asdict(self.overall()) if self.runs else None}
 
 
-def calibrate(target: str, *, site: str = "shop", rate: float = 100.0, users: int = 100, duration_s: float = 60.0,
-              runs: int = 5, warmup_s: float = 5.0, method: str = "min", q: float = 0.05, checkout_share: float = 0.1,
+def check_run(load: LoadRun, values: Sequence[float], max_failed: float) -> str | None:
+    """Why a run cannot be trusted (None: it can)."""
+    top = ", ".join(f"{k} x{n}" for k, n in list(load.errors.items())[:2])
+    if load.ok == 0 or not values:
+        return f"it served nothing after the warm-up ({load.ok} ok, {load.failed} failed{'; ' + top if top else ''})"
+    if load.failed_share > max_failed:
+        return (f"{load.failed} of {load.ok + load.failed} requests failed ({load.failed_share:.1%} > {max_failed:.0%}: "
+                f"timeouts, 499s or errors{'; ' + top if top else ''}): the site was pushed past a healthy saturation; "
+                "fewer --users or a longer --request-timeout")
+    stalled = sum(1 for v in values if v == 0)
+    if stalled:
+        return f"it stalled: {stalled} second(s) after the warm-up served nothing"
+    return None
+
+
+def ramp_users(target: str, profile: Sequence[Request] | None, *, max_users: int = 32, step_s: float = 10.0,
+               rate: float = 0.0, progress: Callable[[str], None] = print, **load_kw: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Start light and double the users until the knee (module doc); returns (users, steps)."""
+    steps: list[dict[str, Any]] = []
+    users, chosen = 1, 0
+    while users <= max_users:
+        load = run_shop_load(target, rate, users, step_s, profile=profile, **load_kw)
+        values = per_second_series(load.served(), min(2.0, step_s / 3))
+        served = quantile(values, 0.5) if values else 0.0
+        p95 = float(load.latency_ms.get("p95", 0.0))
+        step = {"users": users, "served_median": served, "failed": load.failed, "ok": load.ok, "p95_ms": p95}
+        steps.append(step)
+        progress(f"  ramp: {users:>3} user(s): {served:7.1f} req/s served (median), p95 {p95:6.0f} ms, "
+                 f"{load.failed} failed")
+        if load.failed or load.ok == 0:
+            if chosen == 0:
+                raise CalibrationError(f"the site failed already under {users} user(s) ({load.ok} ok, {load.failed} "
+                                       f"failed; {', '.join(load.errors) or 'no answer'}): is {target} up and healthy?")
+            progress(f"  ramp: failures at {users} users: calibrating with {chosen}")
+            break
+        timeout_s = float(load_kw.get("request_timeout", 10.0))
+        if p95 > timeout_s * 1000 / 3:
+            chosen = chosen or users
+            progress(f"  ramp: p95 {p95:.0f} ms is over a third of the {timeout_s:g}s timeout: calibrating with {chosen}")
+            break
+        if len(steps) > 1 and served < 1.10 * steps[-2]["served_median"]:
+            chosen = users
+            progress(f"  ramp: {users} users served less than 10% more than {steps[-2]['users']}: saturated, "
+                     f"calibrating with {users}")
+            break
+        chosen = users
+        users *= 2
+    return max(chosen, 1), steps
+
+
+def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int | None = None, duration_s: float = 60.0,
+              runs: int = 3, warmup_s: float = 5.0, method: str = "robust", q: float = 0.05, checkout_share: float = 0.1,
               source: str = "locust", prometheus_url: str | None = None, query: str | None = None,
+              profile: Sequence[Request] | None = None, max_users: int = 32, step_s: float = 10.0,
+              request_timeout: float = 10.0, max_failed: float = 0.01, min_runs: int | None = None,
+              product_count: int = 10000, variables: Mapping[str, Sequence[Any]] | None = None,
               progress: Callable[[str], None] = print) -> Calibration:
-    """Run the load ``runs`` times and derive the threshold (not published: see :func:`publish`)."""
+    """Ramp (unless ``users``), run the load ``runs`` times, discard the runs that cannot be
+    trusted and derive the threshold with its spread (not published: see :func:`publish`)."""
     if runs < 1:
         raise ValueError("runs must be >= 1")
     if duration_s <= warmup_s + 1:
         raise ValueError(f"duration {duration_s}s leaves nothing after the {warmup_s}s warm-up")
     if source == "prometheus" and not prometheus_url:
         raise ValueError("--source prometheus needs --prometheus.url")
-    cal = Calibration(site, method, q, source, rate, users, duration_s, warmup_s)
+    min_runs = runs // 2 + 1 if min_runs is None else min_runs
+    load_kw: dict[str, Any] = {"request_timeout": request_timeout, "checkout_share": checkout_share,
+                               "product_count": product_count, "variables": variables}
+    ramp: list[dict[str, Any]] = []
+    if users is None:
+        progress(f"ramp: 1, 2, 4, ... up to {max_users} users, {step_s:g}s each, until the site saturates")
+        users, ramp = ramp_users(target, profile, max_users=max_users, step_s=step_s, rate=rate, progress=progress,
+                                 **load_kw)
+    cal = Calibration(site, method, q, source, rate, users, duration_s, warmup_s, ramp=ramp)
+    offered = f"{rate:g} req/s offered by {users} users" if rate else f"{users} users, closed loop"
     for i in range(1, runs + 1):
-        progress(f"calibrate run {i}/{runs}: {rate:g} req/s offered by {users} users for {duration_s:g}s ...")
-        load = run_shop_load(target, rate, users, duration_s, checkout_share=checkout_share)
+        progress(f"calibrate run {i}/{runs}: {offered} for {duration_s:g}s ...")
+        try:
+            load = run_shop_load(target, rate, users, duration_s, profile=profile, **load_kw)
+        except CalibrationError as e:
+            cal.discarded.append(f"run {i}: {e}")
+            progress(f"  run {i}/{runs} DISCARDED: {e}")
+            continue
         if source == "prometheus":
-            if prometheus_url is None:
-                raise CalibrationError("--source prometheus needs a Prometheus URL")
+            assert prometheus_url is not None
             served = load.served()
             first = min(served) + math.ceil(warmup_s) if served else load.started + warmup_s
             last = (max(served) - 1) if served else load.ended
             values = prometheus_series(prometheus_url, query or DEFAULT_QUERY.format(site=site), first, last)
         else:
             values = per_second_series(load.served(), warmup_s)
-        if not values or load.ok == 0:
-            raise CalibrationError(f"run {i} served nothing after its {warmup_s:g}s warm-up "
-                                   f"({load.ok} ok, {load.failed} failed): is {target} up?")
+        why = check_run(load, values, max_failed)
+        if why:
+            cal.discarded.append(f"run {i}: {why}")
+            progress(f"  run {i}/{runs} DISCARDED: {why}")
+            continue
         cal.runs.append(values)
         cal.totals.append({"ok": load.ok, "failed": load.failed})
         d = Distribution.of(values)
         progress(f"  run {i}/{runs}: served {load.ok} ({load.failed} failed); per second min {d.min:.1f} "
-                 f"p5 {d.p5:.1f} median {d.median:.1f} max {d.max:.1f}")
+                 f"p5 {d.p5:.1f} median {d.median:.1f} max {d.max:.1f}; p95 {load.latency_ms.get('p95', 0):.0f} ms")
+    if len(cal.runs) < min_runs:
+        raise CalibrationError(f"only {len(cal.runs)} of {runs} runs can be trusted (need {min_runs}); nothing published. "
+                               + " ".join(cal.discarded))
     cal.threshold = derive_threshold(cal.runs, method, q)
+    cal.spread = spread_of(cal.runs, method, q)
     return cal
 
 
@@ -317,7 +726,8 @@ def publish(cal: Calibration, textfile_dir: Path, demand_floor_rps: float | None
 
     if cal.threshold is None:
         raise CalibrationError("nothing calibrated")
-    return write_threshold(textfile_dir, cal.site, cal.threshold, demand_floor_rps=demand_floor_rps)
+    floor = demand_floor_rps if demand_floor_rps is not None else cal.floor
+    return write_threshold(textfile_dir, cal.site, cal.threshold, demand_floor_rps=floor)
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -331,6 +741,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _request(text: str) -> Request:
+    try:
+        return parse_request(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _stack_defaults(args: argparse.Namespace) -> tuple[str, Path, str]:
     """Target URL, textfile dir and Prometheus URL of the local stack the flags describe."""
     from promreflex.config import DEFAULT_CONFIG, load_config
@@ -339,48 +756,100 @@ def _stack_defaults(args: argparse.Namespace) -> tuple[str, Path, str]:
     overrides = {"stack.state_dir": str(args.state_dir)} if args.state_dir else {}
     cfg = load_config(args.config_file or DEFAULT_CONFIG, overrides)
     stack = Stack(cfg)
-    return stack.url("nginx") + "/", stack.textfile_dir, stack.url("prometheus")
+    return stack.site_url, stack.textfile_dir, stack.url("prometheus")
+
+
+def build_profile(args: argparse.Namespace) -> tuple[list[Request], dict[str, list[str]], str]:
+    """The requests to send from the flags, their variables, and a line saying what they are."""
+    requests = list(args.request or [])
+    variables: dict[str, list[str]] = {}
+    what = []
+    if requests:
+        what.append(f"{len(requests)} --request line(s)")
+    if args.profile:
+        from_file, variables = read_profile(args.profile)
+        requests += from_file
+        what.append(f"{len(from_file)} request(s) from {args.profile}")
+    if args.replay:
+        try:
+            with open(args.replay, errors="replace") as f:
+                replayed, skipped = replay_profile(f, args.replay_top)
+        except OSError as e:
+            raise CalibrationError(f"cannot read --replay {args.replay}: {e.strerror}") from e
+        if not replayed:
+            raise CalibrationError(f"--replay {args.replay}: no GET/HEAD request answered 2xx/3xx by a visitor "
+                                   f"(left out: {skipped or 'nothing, no line parsed'})")
+        requests += replayed
+        what.append(f"{len(replayed)} path(s) replayed from {args.replay} (left out: "
+                    + (", ".join(f"{k} {v}" for k, v in skipped.items()) or "none") + ")")
+    if not requests:
+        requests = [Request("GET", "/")]
+        what.append("GET of the --target URL (give --request, --profile or --replay for your shop's own mix)")
+    return requests, variables, "; ".join(what)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    if not 0.0 <= args.quantile <= 1.0 or args.runs < 1 or args.users < 1 or args.rate <= 0:
-        print("calibrate: need --quantile within [0, 1], --runs >= 1, --users >= 1, --rate > 0", file=sys.stderr)
+    if (not 0.0 <= args.quantile <= 1.0 or args.runs < 1 or (args.users is not None and args.users < 1)
+            or args.rate < 0 or args.max_users < 1 or not 0.0 <= args.max_failed < 1.0 or args.min_floor < 0):
+        print("calibrate: need --quantile within [0, 1], --runs >= 1, --users/--max-users >= 1, --rate >= 0, "
+              "--max-failed within [0, 1), --min-floor >= 0", file=sys.stderr)
         return 2
+    cleanup_on_signals()
     target, textfile_dir, prom = _stack_defaults(args)
     target = args.target or target
     textfile_dir = args.textfile_dir or textfile_dir
-    prometheus_url = args.prometheus_url or (prom if args.source == "prometheus" else None)
-    print(f"calibrating site {args.site!r} at {target}: {args.runs} run(s) of {args.rate:g} req/s for "
-          f"{args.duration:g}s (warm-up {args.warmup:g}s dropped), threshold = "
-          + ("lowest per-second served RPS" if args.method == "min" else f"{args.quantile:g}-quantile of per-second served RPS")
-          + f", source {args.source}")
+    prometheus_url = args.prometheus_url or (None if args.textfile_dir and args.source != "prometheus" else prom)
+    try:
+        split_target(target)
+        profile, variables, what = build_profile(args)
+    except (ValueError, CalibrationError) as e:
+        print(f"calibrate: {e}", file=sys.stderr)
+        return 1
+    print(f"calibrating site {args.site!r} at {target}: {what}; {args.runs} run(s) of {args.duration:g}s "
+          f"(warm-up {args.warmup:g}s dropped), method {args.method}, source {args.source}")
+    baseline = measure_baseline(prometheus_url, args.site)
+    print(baseline.note)
     try:
         cal = calibrate(target, site=args.site, rate=args.rate, users=args.users, duration_s=args.duration,
                         runs=args.runs, warmup_s=args.warmup, method=args.method, q=args.quantile,
-                        checkout_share=args.checkout_share, source=args.source, prometheus_url=prometheus_url,
-                        query=args.query)
+                        source=args.source, prometheus_url=prometheus_url, query=args.query, profile=profile,
+                        max_users=args.max_users, step_s=args.step_duration, request_timeout=args.request_timeout,
+                        max_failed=args.max_failed, min_runs=args.min_runs, product_count=args.product_count,
+                        variables=variables)
+        cal.floor = floor_for(cal.threshold or 0.0, args.floor_ratio, args.min_floor, args.demand_floor)
     except (CalibrationError, ValueError, OSError) as e:
         print(f"calibrate: {e}", file=sys.stderr)
         return 1
     print()
     print(cal.table())
+    for line in cal.discarded:
+        print(f"discarded {line}")
     warning = saturation_warning(args.rate, cal.overall())
     if warning:
         print(f"\nwarning: {warning}")
-    print(f"\nthreshold ({args.method}{'' if args.method == 'min' else f' q={args.quantile:g}'}): {cal.threshold:.2f} req/s")
+    assert cal.threshold is not None and cal.spread is not None
+    print(f"\n{cal.describe()}; demand floor {cal.floor:.2f} req/s")
+    if len(cal.runs) > 1 and cal.spread.relative(cal.threshold) > SPREAD_WARN:
+        print(f"warning: the runs disagree by more than {SPREAD_WARN:.0%} of the threshold: the host was busy or the shop "
+              "changed during the calibration; calibrate again at a quieter time or with more --runs")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(cal.to_json(), indent=2))
         print(f"wrote {args.out}")
+    why = refusal(cal.threshold, cal.floor, args.min_floor, baseline.idle_demand, baseline.own_rps)
+    if why:
+        print(f"calibrate: refused, nothing published: {why}", file=sys.stderr)
+        return 1
     if args.dry_run:
         print("dry run: threshold not published")
         return 0
     try:
-        path = publish(cal, textfile_dir, args.demand_floor)
+        path = publish(cal, textfile_dir)
     except (ValueError, OSError) as e:
         print(f"calibrate: cannot publish the threshold: {e}", file=sys.stderr)
         return 1
-    print(f"published promreflex_copy_guard_rps_threshold{{site=\"{args.site}\"}} {cal.threshold:.2f} in {path}")
+    print(f"published promreflex_copy_guard_rps_threshold{{site=\"{args.site}\"}} {cal.threshold:.2f} and "
+          f"promreflex_copy_guard_demand_floor_rps {cal.floor:.2f} in {path}")
     return 0
 
 
@@ -390,24 +859,44 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config.file", dest="config_file", type=Path, default=None, help="stack configuration (for the defaults below)")
     p.add_argument("--state.dir", dest="state_dir", type=Path, default=None, help="the local stack's state directory")
-    p.add_argument("--target", default=None, help="site base URL (default: the local stack's nginx)")
+    p.add_argument("--target", default=None,
+                   help="the shop's URL, its path included (default: the stack's site: its nginx, or stack.nginx.url)")
     p.add_argument("--site", default="shop", help="site label the threshold is published for (default shop)")
-    p.add_argument("--rate", type=float, default=100.0, help="requests per second offered (paper: 100; default 100)")
-    p.add_argument("--users", type=int, default=100, help="paced Locust users sharing the rate (default 100)")
+    p.add_argument("--request", action="append", type=_request, metavar='"METHOD /PATH [WEIGHT [BODY]]"',
+                   help="a request of your shop's mix (repeat); {id} is a random integer")
+    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="YAML/JSON: requests: [{method, path, weight, body}], vars: {NAME: [values]} for {NAME}")
+    p.add_argument("--replay", type=Path, default=None, metavar="ACCESS_LOG",
+                   help="replay the GET/HEAD paths your visitors requested (weighted by count)")
+    p.add_argument("--replay-top", type=int, default=500, help="the most frequent paths kept by --replay (default 500)")
+    p.add_argument("--product-count", type=int, default=10000, help="{id} is drawn from 0..N-1 (default 10000)")
+    p.add_argument("--users", type=int, default=None, help="concurrent users; default: ramp 1, 2, 4, ... to the knee")
+    p.add_argument("--max-users", type=int, default=32, help="where the ramp stops at the latest (default 32)")
+    p.add_argument("--step-duration", type=_seconds, default=10.0, help="length of each ramp step (default 10s)")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="pace the users to this many requests per second in total (default 0: closed loop)")
+    p.add_argument("--request-timeout", type=_seconds, default=10.0, help="a request fails after this (default 10s)")
     p.add_argument("--duration", type=_seconds, default=60.0, help="length of each run (paper: 5m; default 60s)")
-    p.add_argument("--runs", type=int, default=5, help="number of runs (paper: 5; default 5)")
+    p.add_argument("--runs", type=int, default=3, help="number of runs (paper: 5; default 3)")
+    p.add_argument("--min-runs", type=int, default=None, help="valid runs needed (default: more than half of --runs)")
     p.add_argument("--warmup", type=_seconds, default=5.0, help="seconds dropped at the start of each run (default 5s)")
-    p.add_argument("--checkout-share", type=float, default=0.1, help="share of fsync'd POST /checkout (default 0.1)")
-    p.add_argument("--method", choices=["min", "quantile"], default="min",
-                   help="min: lowest per-second RPS over all runs (paper; default). quantile: the --quantile of all seconds")
-    p.add_argument("--quantile", type=float, default=0.05, help="for --method quantile (default 0.05)")
+    p.add_argument("--max-failed", type=float, default=0.01, help="a run with a larger share of failed requests is discarded (default 0.01)")
+    p.add_argument("--checkout-share", type=float, default=0.1, help=argparse.SUPPRESS)  # the built-in shop profile (API)
+    p.add_argument("--method", choices=["robust", "min", "quantile"], default="robust",
+                   help="robust: median over runs of each run's --quantile (default); min: lowest second (paper); "
+                        "quantile: the --quantile of all seconds")
+    p.add_argument("--quantile", type=float, default=0.05, help="for robust and quantile (default 0.05)")
     p.add_argument("--source", choices=["locust", "prometheus"], default="locust",
                    help="per-second RPS from Locust's completions (default) or the rules' recorded series")
-    p.add_argument("--prometheus.url", dest="prometheus_url", default=None, help="for --source prometheus (default: the stack's)")
+    p.add_argument("--prometheus.url", dest="prometheus_url", default=None,
+                   help="for the idle check and --source prometheus (default: the stack's)")
     p.add_argument("--query", default=None, help="PromQL for --source prometheus (default: site:promreflex_http_requests_served:rate1s{site=SITE})")
     p.add_argument("--textfile.dir", dest="textfile_dir", type=Path, default=None,
                    help="node_exporter textfile directory (default: the local stack's)")
-    p.add_argument("--demand-floor", type=float, default=None, help="demand floor in req/s (default: half the threshold)")
+    p.add_argument("--demand-floor", type=float, default=None, help="demand floor in req/s (default: --floor-ratio of the threshold)")
+    p.add_argument("--floor-ratio", type=float, default=FLOOR_RATIO, help=f"floor as a share of the threshold (default {FLOOR_RATIO})")
+    p.add_argument("--min-floor", type=float, default=MIN_FLOOR_RPS,
+                   help=f"the lowest floor, and half the lowest threshold, accepted (default {MIN_FLOOR_RPS:g} req/s)")
     p.add_argument("--out", type=Path, default=None, help="also write every run's values and statistics as JSON here")
     p.add_argument("--dry-run", action="store_true", help="measure and print, do not publish")
     p.set_defaults(func=cmd_calibrate)

@@ -1,8 +1,10 @@
-"""``promreflex copy SRC DST`` (the resumable, pausable copier) and ``promreflex copy-guard
-adopt|list|resume-all`` (foreign copies and the registry).
+"""``promreflex copy SRC DST`` (the resumable, pausable, throttleable copier) and ``promreflex
+copy-guard adopt|list|resume-all|doctor`` (foreign copies, the registry, and CALIB's check of the
+whole chain in ``doctor.py``).
 
 :func:`register` adds both to a CLI's subcommands; each handler returns the exit status.
-Run as ``promreflex copy SRC DST`` and ``promreflex copy-guard adopt|list|resume-all``.
+``--registry.dir`` defaults to :func:`~controllers.copy_guard.registry.default_dir` (absolute, the
+same for every command wherever it runs).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from controllers.copy_guard import freeze
 from controllers.copy_guard.copier import IO_MODES
-from controllers.copy_guard.registry import DEFAULT_DIR, ID_RE, Entry, Registry, new_id, process_start
+from controllers.copy_guard.registry import ENV_DIR, ID_RE, Entry, Registry, default_dir, new_id, process_start
 from promreflex.proc import pid_alive
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -29,6 +31,18 @@ def parse_size(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 1M, 64K, 1048576)")
     return int(float(m.group(1)) * _MULT[m.group(2).lower()])
+
+
+REGISTRY_HELP = (f"the copy registry the guard reads (default: ${ENV_DIR}, else /var/lib/promreflex/copies as root, "
+                 "else $XDG_STATE_HOME/promreflex/copies; the same wherever the command runs)")
+
+
+def _abs_path(text: str) -> Path:
+    return Path(text).expanduser().absolute()
+
+
+def _registry(args: argparse.Namespace) -> Path:
+    return args.registry_dir if args.registry_dir is not None else default_dir()
 
 
 def _site(text: str) -> str:
@@ -45,7 +59,7 @@ def _copy(args: argparse.Namespace) -> int:
     if args.id is not None and not ID_RE.match(args.id):
         print("copy: --id must be 1-64 of letters, digits, '_', '.', '-'", file=sys.stderr)
         return 2
-    return run_copy(args.src, args.dst, site=args.site, registry_dir=None if args.no_register else args.registry_dir,
+    return run_copy(args.src, args.dst, site=args.site, registry_dir=None if args.no_register else _registry(args),
                     listen=args.listen_address, token_file=args.token_file, chunk_size=args.chunk_size,
                     rate_limit=args.rate_limit, io=args.io, checkpoint_bytes=args.checkpoint_size,
                     max_lease=args.max_lease, fresh=args.fresh, linger=args.linger, copy_id=args.id)
@@ -64,7 +78,7 @@ def _adopt(args: argparse.Namespace) -> int:
         return 1
     entry = Entry(id=args.id or new_id("adopted"), kind="adopted", pid=pid, pid_start=process_start(pid),
                   pgid=pgid, site=args.site, src=args.src or "", dst=args.dst or "")
-    path = Registry(args.registry_dir).add(entry)
+    path = Registry(_registry(args)).add(entry)
     how = f"process group {pgid}" if pgid is not None else f"pid {pid} and its children"
     print(f"adopted {how} as {entry.id} for site {args.site} ({path}); pause methods here: "
           f"{', '.join(freeze.detect())}")
@@ -72,14 +86,20 @@ def _adopt(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    entries = Registry(args.registry_dir).entries()
+    entries = Registry(_registry(args)).entries()
     if not entries:
-        print(f"no copies registered in {args.registry_dir}")
+        print(f"no copies registered in {_registry(args)}")
         return 0
-    print(f"{'id':<28} {'kind':<8} {'site':<10} {'pid':>7} {'paused':<8} {'control':<26} src -> dst")
+    print(f"{'id':<28} {'kind':<8} {'site':<10} {'pid':>7} {'held':<14} {'control':<26} src -> dst")
     for e in entries:
-        paused = (e.pause or {}).get("method", "") if e.kind == "adopted" else "-"
-        print(f"{e.id:<28} {e.kind:<8} {e.site:<10} {e.pid:>7} {paused or 'no':<8} {e.control_url or '-':<26} "
+        if e.kind != "adopted":
+            held = "-"
+        elif not e.pause:
+            held = "no"
+        else:  # paused, or running a share of each duty period
+            share = freeze.duty(e.pause)
+            held = f"{e.pause.get('method', '')} {'paused' if share <= 0 else f'{share:.0%}'}"
+        print(f"{e.id:<28} {e.kind:<8} {e.site:<10} {e.pid:>7} {held:<14} {e.control_url or '-':<26} "
               f"{e.src} -> {e.dst}")
     return 0
 
@@ -91,21 +111,20 @@ def _resume_all(args: argparse.Namespace) -> int:
 async def _resume_all_async(args: argparse.Namespace) -> int:
     import aiohttp
 
-    from controllers.copy_guard.action import ControlClient, Held
+    from controllers.copy_guard.action import ControlClient, Held, release_adopted
     from promreflex.httpd import read_token_file
 
     token = read_token_file(args.token_file, "--control.token-file")
     failed = 0
     async with aiohttp.ClientSession() as session:
         control = ControlClient(session, token, args.control_hosts)
-        for e in Registry(args.registry_dir).entries():
+        registry = Registry(_registry(args))
+        for e in registry.entries():
             try:
                 if e.kind == "copier":
                     await control(Held(e.id, e.kind, e.control_url), "resume")
-                elif e.pause:
-                    freeze.resume(e.pause)
-                    e.pause = None
-                    Registry(args.registry_dir).update(e)
+                else:
+                    release_adopted(registry, e.id)
                 print(f"resumed {e.id}")
             except Exception as exc:  # noqa: BLE001 - report each and go on
                 failed += 1
@@ -121,8 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.add_argument("--site", type=_site, default="shop", help="the site whose overload pauses this copy (default shop)")
-    cp.add_argument("--registry.dir", dest="registry_dir", type=Path, default=DEFAULT_DIR,
-                    help=f"where the copy registers itself for the guard (default {DEFAULT_DIR})")
+    cp.add_argument("--registry.dir", dest="registry_dir", type=_abs_path, default=None, help=REGISTRY_HELP)
     cp.add_argument("--no-register", action="store_true", help="do not register (the guard will not see it)")
     cp.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:0",
                     help="/metrics and control endpoint (default: a free loopback port)")
@@ -142,9 +160,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cp.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
     cp.set_defaults(func=_copy)
 
-    guard = subparsers.add_parser("copy-guard", help="copies the copy guard may pause: adopt, list, resume-all")
-    sub = guard.add_subparsers(dest="copy_guard_command", metavar="{adopt,list,resume-all}")
+    guard = subparsers.add_parser("copy-guard", help="copies the copy guard may pause: adopt, list, resume-all, doctor")
+    sub = guard.add_subparsers(dest="copy_guard_command", metavar="{adopt,list,resume-all,doctor}")
     sub.required = True
+    from controllers.copy_guard.doctor import add_doctor_parser
+
+    add_doctor_parser(sub)
     ad = sub.add_parser("adopt", help="register a running rsync/cp/tar so the guard pauses it")
     who = ad.add_mutually_exclusive_group(required=True)
     who.add_argument("--pid", type=int, help="the process (its children are paused with it)")
@@ -159,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ra.add_argument("--control.host", dest="control_hosts", action="append", default=[], metavar="HOST",
                     help="a host beyond loopback whose copies may be resumed (repeat; the route's control_hosts)")
     for p in (ad, sub.add_parser("list", help="registered copies"), ra):
-        p.add_argument("--registry.dir", dest="registry_dir", type=Path, default=DEFAULT_DIR)
+        p.add_argument("--registry.dir", dest="registry_dir", type=_abs_path, default=None, help=REGISTRY_HELP)
     ad.set_defaults(func=_adopt)
     sub.choices["list"].set_defaults(func=_list)
     sub.choices["resume-all"].set_defaults(func=_resume_all)

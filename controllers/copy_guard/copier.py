@@ -16,8 +16,12 @@ How it stays correct across kills:
 
 Pausing and throttling: before every chunk (default 1 MiB) the copier asks its
 :class:`Control`. A pause holds until resumed or until its *lease* runs out (the controller
-renews it; if the controller dies, the copy resumes by itself). A throttle caps the rate
-(token bucket); ``rate_limit`` is the copy's own cap when nobody throttles it.
+renews it; if the controller dies, the copy resumes by itself). A throttle, with a lease too,
+either caps the rate (``bytes_per_second``, token bucket) or gives the copy a *share* of its own
+speed (``share`` in (0, 1]: after each chunk it waits ``chunk time * (1 - share) / share``, so
+it runs ``share`` of the time whatever its I/O mode, disk or competition; the adaptive throttle
+of the copy-guard action sends shares). ``rate_limit`` is the copy's own cap when nobody
+throttles it.
 
 Page cache: ``io="fadvise"`` (default) drops the pages it read and, at each checkpoint, the
 pages it wrote (after fdatasync), so a backup does not evict the shop's cache; ``"direct"``
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
 import stat
@@ -84,7 +89,8 @@ class Control:
         self.clock = clock
         self.cond = threading.Condition()
         self.mode = "running"  # running | paused | throttled
-        self.hold_rate = 0.0
+        self.hold_rate = 0.0  # throttled by a byte rate (0: not)
+        self.hold_share = 1.0  # throttled by a share of the copy's own speed (1: not)
         self.until = 0.0
         self.stopping = False
         self.paused_seconds = 0.0
@@ -93,6 +99,10 @@ class Control:
         self.lease_expiries = 0
         self._mode_since = clock()
         self._next_send = 0.0
+        self._chunk_end = 0.0  # when the copying thread last left wait_turn (0: not yet)
+        self._chunk_work = 0.0  # how long the chunk before took (its I/O and its rate-cap wait)
+        self.share_wait_seconds = 0.0  # waited because of a share (the duty the share imposes)
+        self.work_seconds = 0.0  # spent copying (and rate-capped) while a share applied
 
     # --- commands (any thread)
     def _lease(self, lease: float | None) -> float:
@@ -122,12 +132,21 @@ class Control:
             self.until = self.clock() + self._lease(lease)
             self._set_mode("paused")
 
-    def throttle(self, bytes_per_second: float, lease: float | None = None) -> None:
-        if not bytes_per_second > 0:
+    def throttle(self, bytes_per_second: float | None = None, lease: float | None = None,
+                 share: float | None = None) -> None:
+        """Cap the rate (``bytes_per_second``) or run at ``share`` of the copy's own speed
+        (exactly one of the two), until resumed or the lease runs out. A share of 1 runs free
+        (under the lease); a renewal with a new value replaces the old one."""
+        if (bytes_per_second is None) == (share is None):
+            raise ValueError("give either bytes_per_second or share")
+        if bytes_per_second is not None and not (bytes_per_second > 0 and math.isfinite(bytes_per_second)):
             raise ValueError("bytes_per_second must be above 0")
+        if share is not None and not (0 < share <= 1):
+            raise ValueError("share must be in (0, 1]")
         with self.cond:
             self.until = self.clock() + self._lease(lease)
-            self.hold_rate = float(bytes_per_second)
+            self.hold_rate = float(bytes_per_second or 0.0)
+            self.hold_share = float(share) if share is not None else 1.0
             self._set_mode("throttled")
 
     def resume(self) -> None:
@@ -153,20 +172,34 @@ class Control:
             self._account(now)
             return {
                 "mode": self.mode, "lease_left": max(0.0, self.until - now) if self.mode != "running" else 0.0,
-                "rate": self.rate(), "paused_seconds": self.paused_seconds,
+                "rate": self.rate(), "share": self.share(), "paused_seconds": self.paused_seconds,
                 "throttled_seconds": self.throttled_seconds, "pauses": self.pauses,
-                "lease_expiries": self.lease_expiries,
+                "lease_expiries": self.lease_expiries, "share_wait_seconds": self.share_wait_seconds,
+                "work_seconds": self.work_seconds,
             }
 
     def rate(self) -> float:
-        if self.mode == "throttled":
+        if self.mode == "throttled" and self.hold_rate > 0:
             return min(self.hold_rate, self.base_rate) if self.base_rate > 0 else self.hold_rate
         return self.base_rate
 
+    def share(self) -> float:
+        """The share of its own speed the copy may use now (0 paused, 1 free)."""
+        if self.mode == "paused":
+            return 0.0
+        return self.hold_share if self.mode == "throttled" else 1.0
+
     # --- the copying thread
     def wait_turn(self, nbytes: int) -> None:
-        """Block while paused; pace ``nbytes`` at the current rate. Raises Stopped."""
+        """Block while paused; hold the share; pace ``nbytes`` at the current rate. Raises Stopped."""
         with self.cond:
+            entered = self.clock()
+            # The chunk before this call took `work`: its I/O (since we last returned) plus the
+            # rate cap's wait. A share s waits work * (1 - s) / s before this chunk, re-read at
+            # each wake-up so a new share (or a resume) takes effect at once.
+            work = self._chunk_work + (entered - self._chunk_end if self._chunk_end else 0.0)
+            counted = False
+            rate_wait_from: float | None = None
             while True:
                 if self.stopping:
                     raise Stopped()
@@ -175,16 +208,33 @@ class Control:
                 if self.mode == "paused":
                     self.cond.wait(timeout=min(0.25, max(0.001, self.until - now)))
                     continue
+                share = self.share()
+                if share < 1.0 and rate_wait_from is None:
+                    if not counted:
+                        self.work_seconds += work
+                        counted = True
+                    due = entered + work * (1.0 - share) / share
+                    if now < due:
+                        self.cond.wait(timeout=min(0.25, due - now))
+                        waited = min(self.clock(), due) - now
+                        self.share_wait_seconds += waited
+                        self._next_send += waited  # a share's wait is not credit for the rate cap
+                        continue
                 rate = self.rate()
                 if rate <= 0:
                     self._next_send = now
-                    return
+                    break
                 if self._next_send < now - 0.1:  # no credit saved beyond 100 ms of idling
                     self._next_send = now - 0.1
                 if self._next_send <= now:
                     self._next_send += nbytes / rate
-                    return
+                    break
+                if rate_wait_from is None:
+                    rate_wait_from = now
                 self.cond.wait(timeout=min(0.25, self._next_send - now))
+            end = self.clock()
+            self._chunk_work = end - rate_wait_from if rate_wait_from is not None else 0.0
+            self._chunk_end = end
 
 
 # ---------------------------------------------------------------------- plan
@@ -565,6 +615,10 @@ class CopyCollector(Collector):
         yield counter("promreflex_copy_source_changes", "Source files that changed during the copy and were copied again.",
                       p.source_changes)
         yield gauge("promreflex_copy_rate_limit_bytes_per_second", "The rate cap in force (0: none).", ctl["rate"])
+        yield gauge("promreflex_copy_throttle_share", "The share of its own speed the copy may use now (1 free, 0 paused).",
+                    ctl["share"])
+        yield counter("promreflex_copy_throttle_wait_seconds",
+                      "Seconds this copier process waited to keep to a share of its speed.", ctl["share_wait_seconds"])
         yield gauge("promreflex_copy_start_time_seconds", "Unix time this copier process started.", self.started)
         req = CounterMetricFamily("promreflex_copy_control_requests", "Control requests by command and result.",
                                   labels=["site", "command", "result"])

@@ -13,6 +13,14 @@ Three methods, the first the host offers wins (``detect()``):
 A pause returns a *record* (plain JSON) holding everything needed to undo it, including each
 process's original cgroup, so a resume can run in another process (the watchdog) after the
 controller died. Resuming moves the processes back to where they were and removes the cgroup.
+
+Throttling by duty cycle: a record with ``duty`` d in (0, 1) and ``period`` P (seconds) asks for
+the processes to run d of every P and be frozen the rest (frozen first, from the record's
+``since``): :func:`duty_phase` says which phase ``now`` falls in and when it ends, and
+:func:`set_frozen` flips the state without moving anything (one write to ``cgroup.freeze`` or
+``freezer.state``, or SIGSTOP/SIGCONT). Freezing holds any process, whatever it does (buffered
+writes included: it cannot dirty pages while frozen). The watchdog runs the cycle, so it goes
+on, and ends at the lease, whatever happens to the controller. ``duty`` 0 (or absent) is a pause.
 """
 
 from __future__ import annotations
@@ -227,6 +235,70 @@ def pause(name: str, *, pid: int | None = None, pgid: int | None = None,
     raise PauseError("; ".join(errors))
 
 
+def set_frozen(record: dict[str, Any], frozen: bool) -> None:
+    """Freeze or thaw what ``record`` holds, in place (no process moves; idempotent). A cgroup
+    that is gone (resumed meanwhile) is left alone."""
+    method = record.get("method")
+    if method == "signal":
+        sig = signal.SIGSTOP if frozen else signal.SIGCONT
+        pgid = record.get("pgid")
+        try:
+            if pgid is not None:
+                os.killpg(int(pgid), sig)
+            else:
+                for p in record.get("pids", []):
+                    try:
+                        os.kill(int(p), sig)
+                    except ProcessLookupError:
+                        pass
+        except ProcessLookupError:
+            pass
+        return
+    if method not in ("cgroup2", "cgroup1"):
+        raise PauseError(f"unknown pause method {method!r}")
+    cg = Path(str(record.get("cgroup", "")))
+    if not cg.name.startswith(PREFIX) or not cg.is_dir():
+        return
+    try:
+        if method == "cgroup2":
+            _write(cg / "cgroup.freeze", "1" if frozen else "0")
+        else:
+            _write(cg / "freezer.state", "FROZEN" if frozen else "THAWED")
+    except FileNotFoundError:
+        pass  # removed by a resume between the check and the write
+
+
+def duty(record: dict[str, Any]) -> float:
+    """The share of time the record's processes may run (0: paused; 1: free)."""
+    try:
+        d = float(record.get("duty") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(1.0, max(0.0, d)) if d == d else 0.0
+
+
+def duty_phase(record: dict[str, Any], now: float) -> tuple[bool, float]:
+    """(frozen, when this phase ends) at ``now`` for a duty-cycled record: each ``period``
+    starts frozen for ``(1 - duty) * period`` and runs for the rest. A pause (duty 0) is frozen
+    for good (the phase ends at the lease)."""
+    d = duty(record)
+    until = float(record.get("until") or now)
+    if d <= 0.0:
+        return True, until
+    if d >= 1.0:
+        return False, until
+    try:
+        period = max(0.05, float(record.get("period") or 1.0))
+        since = float(record.get("since") or 0.0)
+    except (TypeError, ValueError):
+        period, since = 1.0, 0.0
+    start = now - (now - since) % period
+    off = (1.0 - d) * period
+    if now < start + off:
+        return True, start + off
+    return False, start + period
+
+
 def resume(record: dict[str, Any]) -> None:
     """Undo :func:`pause` (idempotent; processes that exited meanwhile are fine)."""
     method = record.get("method")
@@ -248,6 +320,19 @@ def resume(record: dict[str, Any]) -> None:
         _thaw_cgroup(record)
     else:
         raise PauseError(f"unknown pause method {method!r}")
+
+
+def intact(record: dict[str, Any]) -> bool:
+    """True while the record still holds something: its cgroup exists with processes in it,
+    or (signals) one of its processes lives. False: hold the processes again from scratch."""
+    method = record.get("method")
+    if method == "signal":
+        return any(stopped(int(p)) is not None for p in record.get("pids", []))
+    cg = Path(str(record.get("cgroup", "")))
+    try:
+        return cg.name.startswith(PREFIX) and bool((cg / "cgroup.procs").read_text().split())
+    except OSError:
+        return False
 
 
 def forget(record: dict[str, Any]) -> None:

@@ -1,46 +1,88 @@
-"""Locust profile for the copy guard: shoppers arriving at a fixed total rate.
+"""Locust profile for the copy guard: the user's own requests, paced or closed-loop.
 
-Run only in a child process (``controllers.copy_guard.calibrate.run_shop_load`` does): importing
+Run only in a child process (``controllers.copy_guard.calibrate.ShopLoad`` does): importing
 locust monkey-patches the standard library with gevent.
 
-- ``--shop-rate`` requests per second in total, spread over the ``-u`` users: each user paces
-  itself to one request every ``users / rate`` seconds (like the paper's "100 accesses per
-  second"), with a random phase so arrivals do not come in lock-step. When the site answers
-  slower than the pacing, a user sends its next request as soon as the previous one returns:
-  the site is then saturated and the served rate is its capacity.
-- ``--checkout-share`` of the requests are ``POST /checkout`` (an fsync'd commit on the site),
-  the rest ``GET /product/<random id>`` (uncached reads).
+- ``--profile-file FILE``: JSON ``{"base_path": "/shop", "requests": [{"method": "GET",
+  "path": "/product/{id}", "weight": 9, "body": null}, ...], "vars": {"post": [12, 15]}}``: each
+  request is drawn with its weight; in its path and body ``{id}`` and ``{n}`` become a random
+  integer below ``--product-count``, ``{uniq}`` a string unique to the request, and ``{NAME}`` a
+  random element of ``vars[NAME]``; ``base_path`` (the path of ``--target``) is put in front
+  of every path. Redirects are not followed (a 302 is an answer, as in the access log).
+  Without it: the built-in shop's profile
+  (``bench/copy_guard/site.py``): ``--checkout-share`` of ``POST /checkout``, the rest
+  ``GET /product/<id>``.
+- ``--shop-rate R`` requests per second in total, spread over the ``-u`` users: each user paces
+  itself to one request every ``users / R`` seconds with a random phase. ``0``: no pacing, each
+  user sends its next request as soon as the previous one returned (closed loop: the site is
+  saturated by ``-u`` concurrent requests and the served rate is its capacity).
+- ``--request-timeout S``: a request unanswered after S seconds fails (and shows in the
+  timeline's errors).
+- ``--parent-pid P``: quit when P is no longer our parent (the calibration died without being
+  able to stop us; Linux also delivers SIGKILL through PR_SET_PDEATHSIG, set by the parent).
 - ``--timeline-out FILE``: at exit, JSON ``{"bin_s": 0.1, "bins": {"<unix time // 0.1>": [ok,
-  failed]}, "totals": {"ok": n, "failed": n}}``, completions counted by completion time in
-  100 ms bins: the per-second served RPS the calibration needs, and the finer timeline the
-  benchmark measures reaction times with (Locust's CSV history is rounded and comes up short).
+  failed]}, "totals": {"ok": n, "failed": n}, "errors": {"<kind>": n}, "latency_ms": {"p50": ..,
+  "p95": .., "max": .., "n": ..}}``: completions counted by completion time in 100 ms bins (the
+  per-second served RPS the calibration needs, and the finer timeline the benchmark measures
+  reaction times with; Locust's CSV history is rounded and comes up short).
+
+Requests carry ``User-Agent: promreflex-calibrate``, so a replay of the access log
+(``promreflex calibrate --replay``) leaves the calibration's own requests out.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import random
+import re
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from typing import Any
 
 import gevent
 from locust import FastHttpUser, events, task
 
 BIN_S = 0.1
+USER_AGENT = "promreflex-calibrate"
+_RESERVOIR = 20000
 _bins: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+_errors: Counter[str] = Counter()
+_latencies: list[float] = []
+_latency_n = 0
 
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser) -> None:  # noqa: ANN001 - locust's argparse wrapper
-    parser.add_argument("--shop-rate", type=float, default=100.0, help="total request rate to offer, per second")
-    parser.add_argument("--checkout-share", type=float, default=0.1, help="share of requests that are POST /checkout")
-    parser.add_argument("--product-count", type=int, default=10000, help="product ids drawn from 0..N-1")
+    parser.add_argument("--shop-rate", type=float, default=0.0, help="total request rate to offer per second (0: closed loop)")
+    parser.add_argument("--checkout-share", type=float, default=0.1, help="built-in shop profile: share of POST /checkout")
+    parser.add_argument("--product-count", type=int, default=10000, help="{id} is drawn from 0..N-1")
+    parser.add_argument("--profile-file", type=str, default="", help="the requests to send (JSON, see the module doc)")
+    parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds before a request fails")
+    parser.add_argument("--parent-pid", type=int, default=0, help="quit when this process is no longer our parent")
     parser.add_argument("--timeline-out", type=str, default="", help="write per-second completions (JSON) here at exit")
 
 
 @events.request.add_listener
 def _count(request_type, name, response_time, response_length, exception=None, **_kw) -> None:  # noqa: ANN001
+    global _latency_n
     _bins[int(time.time() / BIN_S)][1 if exception else 0] += 1
+    if exception is not None:
+        _errors[f"{type(exception).__name__}: {str(exception)[:80]}"] += 1
+    _latency_n += 1
+    if len(_latencies) < _RESERVOIR:
+        _latencies.append(float(response_time))
+    else:  # reservoir sampling keeps a uniform sample of every response time
+        j = random.randrange(_latency_n)
+        if j < _RESERVOIR:
+            _latencies[j] = float(response_time)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
 
 
 @events.quitting.add_listener
@@ -50,24 +92,79 @@ def _write_timeline(environment, **_kw) -> None:  # noqa: ANN001
         return
     ok = sum(v[0] for v in _bins.values())
     failed = sum(v[1] for v in _bins.values())
+    lat = sorted(_latencies)
     with open(path, "w") as f:
         json.dump({"bin_s": BIN_S, "bins": {str(k): v for k, v in sorted(_bins.items())},
-                   "totals": {"ok": ok, "failed": failed}}, f)
+                   "totals": {"ok": ok, "failed": failed}, "errors": dict(_errors.most_common(5)),
+                   "latency_ms": {"n": _latency_n, "p50": _pct(lat, 0.5), "p95": _pct(lat, 0.95),
+                                  "max": lat[-1] if lat else 0.0}}, f)
+
+
+@events.init.add_listener
+def _watch_parent(environment, **_kw) -> None:  # noqa: ANN001
+    opts = environment.parsed_options
+    if opts:  # FastHttpUser reads its timeouts when a user is created, after init
+        Shopper.network_timeout = Shopper.connection_timeout = opts.request_timeout
+    if not opts or not opts.parent_pid:
+        return
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != opts.parent_pid and environment.runner is not None:
+                environment.runner.quit()
+                return
+            gevent.sleep(0.5)
+
+    gevent.spawn(watch)
+
+
+def load_profile(opts: Any) -> tuple[str, list[dict[str, Any]], dict[str, list[str]]]:
+    """(base path, requests, variables) from ``--profile-file``, or the built-in shop's profile."""
+    if opts.profile_file:
+        with open(opts.profile_file) as f:
+            data = json.load(f)
+        variables = {str(k): [str(v) for v in vs] for k, vs in (data.get("vars") or {}).items() if vs}
+        return str(data.get("base_path", "")).rstrip("/"), list(data["requests"]), variables
+    share = min(max(opts.checkout_share, 0.0), 1.0)
+    return "", [{"method": "GET", "path": "/product/{id}", "weight": 1.0 - share, "body": None},
+                {"method": "POST", "path": "/checkout", "weight": share, "body": "cart=1&qty=1"}], {}
+
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_uniq = itertools.count()
+
+
+def fill(text: str, variables: dict[str, list[str]], count: int) -> str:
+    """Replace ``{id}``/``{n}``, ``{uniq}`` and ``{NAME}`` (see the module doc); others stay."""
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name in variables:
+            return random.choice(variables[name])
+        if name in ("id", "n"):
+            return str(random.randrange(max(1, count)))
+        if name == "uniq":
+            return f"{os.getpid()}-{next(_uniq)}-{random.randrange(1 << 30)}"
+        return m.group(0)
+
+    return _PLACEHOLDER.sub(one, text)
 
 
 class Shopper(FastHttpUser):
     concurrency = 1
-    connection_timeout = 10.0
-    network_timeout = 10.0
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options
+        self.base, self.requests, self.variables = load_profile(opts)
+        self.weights = [max(float(r.get("weight", 1.0)), 0.0) for r in self.requests]
         users = max(1, self.environment.runner.target_user_count or 1)
-        self.period = users / max(opts.shop_rate, 1e-6)
-        gevent.sleep(random.uniform(0, self.period))  # random phase
+        self.period = users / opts.shop_rate if opts.shop_rate > 0 else 0.0
+        if self.period:
+            gevent.sleep(random.uniform(0, self.period))  # random phase
         self.next_at = time.monotonic()
 
     def wait_time(self) -> float:
+        if not self.period:
+            return 0.0
         self.next_at += self.period
         now = time.monotonic()
         if self.next_at < now:  # fell behind (slow site): go now, do not try to catch up in a burst
@@ -77,8 +174,13 @@ class Shopper(FastHttpUser):
     @task
     def shop(self) -> None:
         opts = self.environment.parsed_options
-        if random.random() < opts.checkout_share:
-            self.client.post("/checkout", data="cart=1&qty=1", name="checkout",
-                             headers={"Content-Type": "application/x-www-form-urlencoded"})
-        else:
-            self.client.get(f"/product/{random.randrange(opts.product_count)}", name="product")
+        req = random.choices(self.requests, weights=self.weights)[0]
+        path = self.base + fill(str(req["path"]), self.variables, opts.product_count)
+        method = str(req.get("method", "GET")).upper()
+        headers = {"User-Agent": USER_AGENT}
+        body = req.get("body")
+        if body is not None:
+            body = fill(str(body), self.variables, opts.product_count)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        self.client.request(method, path, data=body, headers=headers, name=f"{method} {req['path']}",
+                            allow_redirects=False)

@@ -5,15 +5,19 @@ from promreflex.capability import Capability, lazy
 
 CAPABILITY = Capability(
     name="copy_guard",
-    summary="pause bulk copies while the shop serves fewer requests than its calibrated threshold",
+    summary="throttle (or pause) bulk copies while the shop serves fewer requests than its calibrated threshold",
     cli=(lazy("controllers.copy_guard.cli:register"), lazy("controllers.copy_guard.calibrate:register")),
     routes=(
         # While the shop serves fewer requests per second than its calibrated threshold under real
-        # demand, pause every copy registered for that site (`promreflex copy`, or
-        # `promreflex copy-guard adopt --pid N` for rsync/cp/tar), and resume when it recovers.
+        # demand, slow every copy registered for that site (`promreflex copy`, or
+        # `promreflex copy-guard adopt --pid N` for rsync/cp/tar) to the share of its speed the
+        # shop affords (AIMD on the served rate, read from Prometheus; pause only in an
+        # emergency), and let it run free once the shop is back above its line and the share
+        # has climbed back to 1. The registry is the absolute default (registry.default_dir).
         {"name": "copy-guard", "matchers": ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"'],
-         "action": "copy-guard", "params": {"registry_dir": ".promreflex/copies", "max_pause": "2m"}},
+         "action": "copy-guard", "params": {"mode": "adaptive", "max_pause": "2m"}},
     ),
     rules=("copy-guard.rules.yml",),
+    host_actions=("copy-guard",),
     dashboards=("copy_guard.json",),
 )

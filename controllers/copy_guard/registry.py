@@ -1,5 +1,9 @@
-"""The copy registry: one JSON file per running copy in a directory (default
-``.promreflex/copies/``), so the copy-guard action finds every copy it may pause.
+"""The copy registry: one JSON file per running copy in a directory, so the copy-guard action
+finds every copy it may pause. The default directory is absolute, the same for every command
+wherever it runs (:func:`default_dir`): ``$PROMREFLEX_COPY_REGISTRY`` if set, else
+``/var/lib/promreflex/copies`` for root, else ``$XDG_STATE_HOME/promreflex/copies``
+(``~/.local/state/promreflex/copies``). A relative ``registry_dir`` in a route is resolved
+against the configuration file's directory when the loader says which (see ``action.py``).
 
 A copy registers itself (``promreflex copy``) or is adopted (``promreflex copy-guard adopt``):
 
@@ -23,12 +27,15 @@ with which token is the route's decision (``control_hosts``, ``control_token_fil
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
 import secrets
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,22 @@ import psutil
 from promreflex.errors import UserError
 from promreflex.fsutil import atomic_write_json
 
-DEFAULT_DIR = Path(".promreflex/copies")
+ENV_DIR = "PROMREFLEX_COPY_REGISTRY"
+SYSTEM_DIR = Path("/var/lib/promreflex/copies")
+
+
+def default_dir() -> Path:
+    """Where copies register when nobody says (absolute; read at each call, so the environment
+    of the command counts): ``$PROMREFLEX_COPY_REGISTRY``, else ``/var/lib/promreflex/copies``
+    for root, else ``$XDG_STATE_HOME/promreflex/copies`` (default ``~/.local/state``)."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return SYSTEM_DIR
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base.absolute() / "promreflex" / "copies"
 ID_RE = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 
 
@@ -124,8 +146,8 @@ class Entry:
 
 
 class Registry:
-    def __init__(self, directory: str | Path = DEFAULT_DIR):
-        self.dir = Path(directory)
+    def __init__(self, directory: str | Path | None = None):
+        self.dir = Path(directory) if directory is not None else default_dir()
 
     def path(self, copy_id: str) -> Path:
         if not ID_RE.match(copy_id):
@@ -147,6 +169,24 @@ class Registry:
             self.path(copy_id).unlink()
         except FileNotFoundError:
             pass
+        self.lock_path(copy_id).unlink(missing_ok=True)
+
+    def lock_path(self, copy_id: str) -> Path:
+        return self.path(copy_id).with_suffix(".lock")
+
+    @contextlib.contextmanager
+    def locked(self, copy_id: str) -> Iterator[None]:
+        """Hold the entry's lock (``flock`` on ``<id>.lock``): whoever changes whether an
+        adopted copy is frozen (the controller, the watchdog's duty cycle and lease, ``resume-all``)
+        re-reads the entry and acts under it, so a resume and a freeze can never interleave
+        (a SIGSTOP sent after the resume's SIGCONT). The kernel drops it if its holder dies."""
+        check_dir(self.dir, create=True)
+        fd = os.open(self.lock_path(copy_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def get(self, copy_id: str) -> Entry | None:
         try:
@@ -175,6 +215,7 @@ class Registry:
 
                         forget(entry.pause)
                     path.unlink(missing_ok=True)
+                    path.with_suffix(".lock").unlink(missing_ok=True)
                 if not include_dead:
                     continue
             out.append(entry)

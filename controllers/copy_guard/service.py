@@ -11,6 +11,8 @@ Control endpoint (``--web.listen-address``, default an ephemeral loopback port):
     POST /pause?lease=SECONDS           pause until resumed or the lease runs out (renew by
                                         pausing again)
     POST /throttle?bytes_per_second=N&lease=SECONDS
+    POST /throttle?share=S&lease=SECONDS  run S (0 < S <= 1) of the copy's own speed (the
+                                        adaptive throttle of the copy-guard action)
     POST /resume
 
 Control commands need ``Authorization: Bearer <token>`` when a token file is given (mode 0600:
@@ -80,6 +82,8 @@ class CopyService:
                 "state": p.state if p.state in ("done", "failed") else ctl["mode"], "done_bytes": p.done_bytes,
                 "total_bytes": p.total_bytes, "done_files": p.done_files, "total_files": p.total_files,
                 "io": self.copier.io_effective, "lease_left": round(ctl["lease_left"], 3), "rate": ctl["rate"],
+                "share": ctl["share"], "share_wait_seconds": round(ctl["share_wait_seconds"], 3),
+                "work_seconds": round(ctl["work_seconds"], 3),
                 "paused_seconds": round(ctl["paused_seconds"], 3), "pauses": ctl["pauses"],
                 "lease_expiries": ctl["lease_expiries"], "error": p.error}
 
@@ -94,7 +98,12 @@ class CopyService:
             if name == "pause":
                 self.control.pause(lease)
             elif name == "throttle":
-                self.control.throttle(float(query.get("bytes_per_second", "")), lease)
+                if ("share" in query) == ("bytes_per_second" in query):
+                    raise ValueError("throttle takes either share (0 < share <= 1) or bytes_per_second")
+                if "share" in query:
+                    self.control.throttle(share=float(query["share"]), lease=lease)
+                else:
+                    self.control.throttle(float(query["bytes_per_second"]), lease)
             else:
                 self.control.resume()
         except (ValueError, IndexError) as e:

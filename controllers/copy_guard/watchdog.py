@@ -1,11 +1,21 @@
-"""The lease keeper for adopted copies: resumes a paused foreign process whose pause lease ran
-out, i.e. the controller that paused it stopped renewing (it was killed, or it hangs).
+"""The lease keeper and duty cycler for adopted copies.
 
-Copies run by ``promreflex copy`` keep their own lease; rsync, cp or tar cannot, so the
-copy-guard action starts this small process (its own session, so it outlives a SIGKILLed
-controller) whenever it pauses an adopted copy. Every ``interval`` it reads the registry and
-resumes each adopted entry whose ``pause.until`` (Unix time) has passed. It exits once the
-controller is gone and nothing adopted is paused, or after ``idle`` seconds with nothing paused.
+Copies run by ``promreflex copy`` keep their own lease and pace themselves; rsync, cp or tar
+cannot, so the copy-guard action starts this small process (its own session, so it outlives a
+SIGKILLed controller) whenever it holds an adopted copy. It reads the registry and, for each
+adopted entry with a ``pause`` record:
+
+- the lease (``pause.until``, Unix time) has passed: the controller stopped renewing (it was
+  killed, or it hangs), so the copy is resumed (thawed, moved back, record cleared);
+- otherwise it applies the record's duty phase (``freeze.duty_phase``): frozen for good at
+  duty 0 (a pause), else frozen ``1 - duty`` of every ``period`` and running the rest. It wakes
+  at every phase boundary and at least every ``interval`` to see new records, and applies the
+  phase at each wake (idempotent), so a restarted watchdog or a thaw by anyone else is corrected
+  at once.
+
+Every change happens under the entry's lock (``Registry.locked``), re-reading the entry first,
+so it never interleaves with the controller's own freeze or resume. It exits once the controller
+is gone and nothing adopted is held, or after ``idle`` seconds with nothing held.
 
     python -m controllers.copy_guard.watchdog --registry.dir DIR --parent-pid PID
 """
@@ -25,41 +35,48 @@ from promreflex.proc import pid_alive
 log = logging.getLogger("promreflex.copy_guard.watchdog")
 
 
-def sweep(registry: Registry, now: float | None = None) -> tuple[int, int]:
-    """Resume adopted copies whose lease expired. Returns (resumed, still paused)."""
+def sweep(registry: Registry, now: float | None = None) -> tuple[int, int, float]:
+    """Resume adopted copies whose lease expired, apply the duty phase of the others.
+    Returns (resumed, still held, the time of the next phase boundary or lease end)."""
     now = time.time() if now is None else now
-    resumed = paused = 0
+    resumed = held = 0
+    wake = float("inf")
     for entry in registry.entries():
         if entry.kind != "adopted" or not entry.pause:
             continue
-        if float(entry.pause.get("until", 0)) > now:
-            paused += 1
-            continue
         try:
-            freeze.resume(entry.pause)
-        except (OSError, freeze.PauseError) as e:
-            log.warning("could not resume %s: %s", entry.id, e)
-            paused += 1
-            continue
-        current = registry.get(entry.id)
-        if current is not None and current.pause and float(current.pause.get("until", 0)) <= now:
-            current.pause = None
-            registry.update(current)
-        resumed += 1
-        log.warning("lease of %s (pid %d) expired: resumed", entry.id, entry.pid)
-    return resumed, paused
+            with registry.locked(entry.id):
+                current = registry.get(entry.id)
+                if current is None or not current.pause:
+                    continue
+                until = float(current.pause.get("until", 0))
+                if until <= now:
+                    freeze.resume(current.pause)
+                    current.pause = None
+                    registry.update(current)
+                    resumed += 1
+                    log.warning("lease of %s (pid %d) expired: resumed", entry.id, entry.pid)
+                    continue
+                frozen, ends = freeze.duty_phase(current.pause, now)
+                freeze.set_frozen(current.pause, frozen)
+                held += 1
+                wake = min(wake, ends, until)
+        except (OSError, ValueError, freeze.PauseError) as e:
+            log.warning("could not keep %s: %s", entry.id, e)
+            held += 1
+    return resumed, held, wake
 
 
 def run(registry_dir: Path, parent_pid: int, interval: float = 0.2, idle: float = 60.0) -> int:
     registry = Registry(registry_dir)
     idle_since = time.monotonic()
     while True:
-        _, paused = sweep(registry)
-        if paused:
+        _, held, wake = sweep(registry)
+        if held:
             idle_since = time.monotonic()
         elif not pid_alive(parent_pid) or time.monotonic() - idle_since > idle:
             return 0
-        time.sleep(interval)
+        time.sleep(min(interval, max(0.001, wake - time.time())))
 
 
 def main(argv: list[str] | None = None) -> int:

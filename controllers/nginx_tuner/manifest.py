@@ -9,5 +9,6 @@ CAPABILITY = Capability(
     summary="sweep nginx keepalive_timeout and apply the Pareto choice; nginx memory exporter",
     cli=(lazy("controllers.nginx_tuner.cli:register"),),
     rules=("nginx.rules.yml",),
+    host_actions=("retune-nginx",),
     dashboards=("nginx_tuner.json",),
 )

@@ -9,13 +9,15 @@ from Prometheus (:mod:`controllers.rca.promsource`), and runs :func:`controllers
 A later alert of a service the incident already explains is answered at once without a new
 analysis; an alert of a service it does not explain starts a new analysis (the incident grows).
 
-The root causes flagged are those that explain a candidate: a candidate that is a root itself,
-or the root at the end of a candidate's chain of slow dependencies. They are flagged where
-people look:
+The root cause flagged is the head of the engine's ranking, the answer ``rca offline`` and
+``rca eval`` give on the same data (what offline finds, the live loop finds); the dependency
+rule and the line are evidence in the scores and the report, not a gate. A candidate that
+neither is that root nor waits on it (two faults at once) adds its own root when the ranking
+shows one with a significant anomaly (:func:`attribute`). They are flagged where people look:
 
 - ``promreflex_root_cause{service}`` = the score, on the controller's ``/metrics``;
 - ``MeshRootCause{service=<root>}`` posted to Alertmanager, and for each dependant (a slow
-  service whose slowness the root explains) ``MeshRootCauseSymptom{service=<dependant>,
+  service that waits on the root through slow callees) ``MeshRootCauseSymptom{service=<dependant>,
   root_cause=<root>}``. Alertmanager can only inhibit on *equal* labels, so the symptom alert
   carries the dependant's own ``service``; the inhibit rule (promreflex/stack.py and
   compose/alertmanager/alertmanager.yml)::
@@ -61,7 +63,6 @@ from pydantic import Field, model_validator
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.rca.engine import analyse
-from controllers.rca.graph import path_to_root
 from controllers.rca.models import AnalysisConfig, Finding
 from controllers.rca.presets import DEFAULT_REPORT, MESH_QUERIES
 from controllers.rca.promsource import PromSourceConfig, collect
@@ -134,28 +135,51 @@ class RcaParams(Strict):
         return self
 
 
+def _waits_on(service: str, calls: dict[str, list[str]], slow: set[str]) -> set[str]:
+    """What ``service`` may be waiting for: its callees, and further down only through slow
+    callees (a fast callee passes no slowness up, whatever happens below it)."""
+    seen: set[str] = set()
+    todo = [service]
+    while todo:
+        for callee in calls.get(todo.pop(), []):
+            if callee not in seen and callee != service:
+                seen.add(callee)
+                if callee in slow:
+                    todo.append(callee)
+    return seen
+
+
 def attribute(finding: Finding, candidates: set[str]) -> tuple[dict[str, float], dict[str, str]]:
-    """(flagged roots -> score, dependant -> its root) for the given candidates.
+    """(flagged roots -> score, in rank order; dependant -> its root) for the given candidates.
 
-    A root is flagged when it explains a candidate: the candidate is that root, or the root
-    ends the candidate's shortest chain of slow dependencies. Dependants are the slow services
-    (candidates or not) whose chain ends at a flagged root.
+    The head of the ranking is the root cause, as offline (``rca offline``/``rca eval`` score
+    the same ranking): the dependency rule and the line are evidence inside the scores and the
+    report, not a gate here. A candidate that neither is a flagged root nor waits on one (two
+    faults at once) gets its own: the best-ranked of itself and what it waits on, flagged when
+    its score is a significant anomaly (``config.z_threshold``), never on noise. Dependants are
+    the slow services (candidates or not) that wait on a flagged root through slow callees;
+    each is attributed to the best-ranked root it waits on.
     """
-    by_name = {v.service: v for v in finding.ranking}
-    slow_adj = {v.service: v.slow_dependencies for v in finding.ranking if v.slow}
-    root_set = set(finding.root_causes)
-
-    def root_of(service: str) -> str | None:
-        if service not in slow_adj:
-            return None
-        end = path_to_root(service, slow_adj, root_set)[-1]
-        return end if end in root_set else None
-
-    explained = {r for s in candidates if (r := root_of(s)) is not None}
-    roots = {r: by_name[r].score for r in finding.root_causes if r in explained}  # in rank order
+    ranking = finding.ranking
+    if not ranking or ranking[0].score <= 0:
+        return {}, {}
+    rank = {v.service: v.rank for v in ranking}
+    score = {v.service: v.score for v in ranking}
+    calls = {v.service: v.dependencies for v in ranking}
+    slow = {v.service for v in ranking if v.slow} | candidates
+    waits = {s: _waits_on(s, calls, slow) for s in slow}
+    flagged = [ranking[0].service]
+    for s in sorted(candidates, key=lambda c: rank.get(c, len(rank) + 1)):
+        if s in flagged or waits[s] & set(flagged):
+            continue
+        own = min([x for x in (s, *waits[s]) if x in rank], key=rank.__getitem__, default=None)
+        if own is not None and own not in flagged and score[own] >= finding.config.z_threshold:
+            flagged.append(own)
+    flagged.sort(key=rank.__getitem__)
+    roots = {r: score[r] for r in flagged}
     symptoms = {
-        v.service: r for v in finding.ranking
-        if v.group == "symptom" and (r := root_of(v.service)) in roots
+        s: next(r for r in flagged if r in waits[s])
+        for s in sorted(slow) if s not in roots and waits[s] & set(roots)
     }
     return roots, symptoms
 

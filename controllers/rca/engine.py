@@ -14,8 +14,9 @@
    memory or errors still count). A slow callee does not explain a caller whose own resources
    peaked while the callee's did not and to whose added latency it contributed little
    (``explain_share``): its slowness is collateral. The groups (root-cause candidate, symptom,
-   not slow) and the 3 s line break ties and are report fields; the live action flags the
-   root-cause candidates that explain the alerting services.
+   not slow) and the 3 s line order the services whose scores are below the significance
+   cut-off and are report fields. The live action flags the head of this ranking, the same
+   answer ``rca offline`` and ``rca eval`` give.
 """
 
 from __future__ import annotations
@@ -207,6 +208,17 @@ def _latency_series(data: ServiceData | None) -> list[TimeSeries]:
     return [m.series for m in data.metrics if m.kind == "latency"] if data else []
 
 
+def _rank_key(v: ServiceVerdict, cfg: AnalysisConfig) -> tuple[int, int, float, int, float, float, str]:
+    """Significant anomalies (score >= ``z_threshold``, the Iglewicz-Hoaglin cut-off) first, by
+    score. Below the cut-off a score is noise, not evidence, so among those services the
+    dependency rule's group (root-cause candidate, symptom, not slow) orders them before their
+    scores do: with no significant anomaly anywhere the rule's candidate heads the ranking."""
+    group = _GROUP_ORDER[v.group]
+    if v.score >= cfg.z_threshold:
+        return (0, 0, -v.score, group, -v.latency_score, -v.resource_score, v.service)
+    return (1, group, -v.score, group, -v.latency_score, -v.resource_score, v.service)
+
+
 def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Finding:
     """Rank every service of ``data`` as the root cause, with the reasoning."""
     cfg = config or AnalysisConfig()
@@ -288,7 +300,7 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
             dependencies_healthy=not [c for c in slow_deps if c not in cycle and c not in collateral],
             cycle_with=cycle,
         ))
-    verdicts.sort(key=lambda v: (-v.score, _GROUP_ORDER[v.group], -v.latency_score, -v.resource_score, v.service))
+    verdicts.sort(key=lambda v: _rank_key(v, cfg))
     ranking = [v.model_copy(update={"rank": i}) for i, v in enumerate(verdicts, 1)]
     root_causes = [v.service for v in ranking if v.group == "root_cause"]
     steps = _reasoning(cfg, data, ranking, latency, slow_adj, roots)

@@ -14,7 +14,18 @@ all files sharing one prefix:
   overwrites those columns with ``istio_tcp_sent_bytes_total`` byte rates, so they are skipped
   (``throughput_callee``), exactly the columns MicroRCA itself leaves out.
 - ``<prefix>_<service>.csv``: ``timestamp,ctn_cpu,ctn_network,ctn_memory,node_*`` resource
-  series of one service.
+  series of one service. ``ctn_cpu`` is ``rate(container_cpu_usage_seconds_total[1m])``
+  (cores) and is scored as CPU. ``ctn_network`` is the transmitted-packet rate squared
+  (``rate(...packets_total[1m]) / 1000 * rate(...) / 1000``): its square root is scored as
+  network. ``ctn_memory`` is NOT scored: the collector writes
+  ``rate(container_memory_working_set_bytes[1m]) / 1000``, the rate of a gauge. ``rate()``
+  takes every fall of its input for a counter reset and counts the whole new value as growth,
+  so when a container frees memory the column jumps to about (working set / 60 s) for the
+  next minute: it reads a release of memory as a huge rise and cannot tell it from a leak.
+  Scored, it outranks any real signal whenever some container's working set shrinks (on
+  MicroRCA's published Sock Shop folder: user's column goes from 0.5 to 2,700 while carts,
+  the faulty service, is slowed; the last set before this rule named user). The note in the
+  report says so; ``OfflineOptions.resource_columns`` can add it back.
 
 The prefix (which in the published data names the injected fault) is never read for meaning:
 a service's latency is the element-wise maximum over the edges it receives, and the file name
@@ -25,6 +36,7 @@ already gave.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections import defaultdict
 from datetime import datetime, UTC
@@ -46,10 +58,18 @@ class OfflineOptions(BaseModel):
     latency_unit_s: float = Field(default=0.001, gt=0)
     latency_preference: list[str] = ["latency_destination", "latency_source"]
     throughput_callee: str = r"(?:^|[-_])db$|^rabbitmq$"
-    resource_columns: dict[Resource, str] = {"cpu": "ctn_cpu", "memory": "ctn_memory", "disk_io": "ctn_disk_io"}
-    # The collector's units, not base units: ctn_cpu is cores, ctn_memory is
-    # rate(container_memory_working_set_bytes)/1000 (kB/s). The floors follow them.
-    resource_scale_floor: dict[Resource, float] = {"cpu": 0.001, "memory": 1.0, "disk_io": 1.0}
+    resource_columns: dict[Resource, str] = {"cpu": "ctn_cpu", "network": "ctn_network", "disk_io": "ctn_disk_io"}
+    # Columns the collector squared: their square root is the measurement (ctn_network).
+    squared_columns: tuple[str, ...] = ("ctn_network",)
+    # Columns present but not scored, and why (the reason goes into the report's notes).
+    unscored_columns: dict[str, str] = {
+        "ctn_memory": "it is rate(container_memory_working_set_bytes[1m]) / 1000, the rate of a gauge: rate() "
+                      "reads every fall of the working set as a counter reset, so memory being freed shows as a "
+                      "jump to about (working set / 60 s); it cannot tell a release from a leak",
+    }
+    # The collector's units, not base units: ctn_cpu is cores, ctn_network (after the square
+    # root) thousands of packets a second. The floors follow them.
+    resource_scale_floor: dict[Resource, float] = {"cpu": 0.001, "memory": 1.0, "disk_io": 1.0, "network": 0.001}
 
 
 class _Notes:
@@ -187,6 +207,7 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
             incoming[b].append(_series(f, rows, col, opts.latency_unit_s, notes))
 
     data: dict[str, ServiceData] = {}
+    unscored: set[str] = set()
     for svc in sorted(services_seen):
         latency = None
         if svc in incoming:
@@ -197,8 +218,14 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
             header, rows = _read(f, ("timestamp",))
             for res, col in opts.resource_columns.items():
                 if col in header:
-                    resources[res] = _series(f, rows, col, 1.0, notes)
+                    series = _series(f, rows, col, 1.0, notes)
+                    if col in opts.squared_columns:
+                        series = TimeSeries(points=[(t, math.sqrt(v)) for t, v in series.points if v >= 0])
+                    resources[res] = series
+            unscored |= {c for c in opts.unscored_columns if c in header and c not in opts.resource_columns.values()}
         data[svc] = ServiceData(latency=latency, resources=resources)
+    for col in sorted(unscored):
+        notes.lines.append(f"{col} is not scored: {opts.unscored_columns[col]}.")
     return AnalysisInput(edges=edges, services=data, source=str(folder), notes=notes.finish())
 
 

@@ -57,6 +57,9 @@ def parse_log_flag(value: str) -> dict[str, str]:
     path, colon, fmt = rest.rpartition(":")
     if colon and fmt in _FLAG_FORMATS:
         out = {"site": site, "path": path, "format": fmt}
+    elif colon and not fmt and not os.path.exists(rest):
+        raise argparse.ArgumentTypeError(f"{value!r}: empty FORMAT after ':' (drop the ':' for the default, "
+                                         f"or name one: {known})")
     elif colon and fmt == "custom":
         raise argparse.ArgumentTypeError(f"{value!r}: format custom needs a log_format: use --config.file")
     elif colon and _FORMAT_LIKE.fullmatch(fmt) and not os.path.exists(rest):

@@ -5,13 +5,16 @@ quiet site (a trickle of night-time requests, far below the threshold) never pau
 
 The threshold is written absurdly high (1e6 req/s) so that any load counts as "suffering": what
 is tested is the loop and the demand gate, not this machine's capacity (bench/copy_guard does
-that)."""
+that). The route is the shipped default (`mode: adaptive`): such a deficit is severe, so the
+throttle's emergency pause holds the copy; once the load is gone the site is quiet, the share
+goes back to 1 and the episode ends."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -186,3 +189,9 @@ def test_overload_pauses_the_copy_and_its_end_resumes_it(guard, tmp_path):
     metrics = urllib.request.urlopen(guard.url("controller") + "/metrics", timeout=5).read().decode()  # noqa: S310
     assert 'promreflex_copy_guard_pauses_total{site="shop"} 1.0' in metrics
     assert 'promreflex_copy_guard_resumes_total{reason="resolved",site="shop"} 1.0' in metrics
+    # The throttle read its signal from the real Prometheus every time (the query is valid and
+    # the site's series were there), and let the copy go because the site went quiet.
+    assert 'promreflex_copy_guard_signal_errors_total{site="shop"} 0.0' in metrics
+    quiet = re.search(r'promreflex_copy_guard_throttle_decisions_total\{site="shop",verdict="quiet"\} (\S+)', metrics)
+    assert quiet and float(quiet.group(1)) >= 1
+    assert 'promreflex_copy_guard_share{site="shop"} 1.0' in metrics

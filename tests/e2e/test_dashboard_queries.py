@@ -21,6 +21,8 @@ OWN_STACK = {
     "copy_guard.json": "test_copy_guard_loop.py",  # a copy-guard route, a threshold, a running copy
     "mesh.json": "test_rca_mesh.py",  # the mesh exporter
     "nginx_tuner.json": "test_nginx_tuner_e2e.py",  # a retune route and the nginx memory exporter
+    "swift.json": "../integration/test_swift_lab_prometheus.py",  # the Swift lab and the capture exporter
+    "admission.json": "../integration/test_admission_loop.py",  # the admission proxy in front of an app
 }
 ALL = sorted((HERE.parents[1] / "dashboards").glob("*.json"))
 DASHBOARDS = [p for p in ALL if p.name not in OWN_STACK]

@@ -1,13 +1,16 @@
 """Foreign copies: a real ``cp`` adopted through the CLI, frozen and thawed by the copy-guard
 action with every method this host offers (cgroup v2 freezer, v1 freezer, SIGSTOP/SIGCONT);
-the watchdog resuming it when the pause lease is not renewed; and a real ``promreflex copy``
-resuming itself when the controller that paused it stops renewing."""
+the watchdog resuming it when the pause lease is not renewed; a real ``dd`` duty-cycled by the
+adaptive throttle through the real watchdog, and let go when the controller stops renewing; a
+real ``promreflex copy`` throttled to a share, paused in an emergency and let go by the adaptive
+action, and resuming itself when the controller that paused it stops renewing."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from controllers.copy_guard.registry import Registry
 from controllers.models import Alert
 from promreflex.proc import Timeout, pid_alive, terminate, wait_until
 from tests.payloads import alert
+from tests.unit.test_copy_guard_action import FakePrometheus
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +93,7 @@ async def test_an_adopted_cp_is_paused_and_resumed_by_the_action(tmp_path, cp, m
     assert cp.progresses(timeout=10)
 
     action = CopyGuardAction()
-    params = CopyGuardParams(registry_dir=reg, adopt_methods=[method], watchdog=False, lease=60)
+    params = CopyGuardParams(registry_dir=reg, mode="pause", adopt_methods=[method], watchdog=False, lease=60)
     assert await action.fire(ctx(params)) == "site shop: 1 copy paused"
     record = Registry(reg).get("cp1").pause
     assert record["method"] == method and freeze.is_frozen(record)
@@ -111,7 +115,7 @@ async def test_the_watchdog_resumes_an_adopted_copy_when_the_lease_runs_out(tmp_
     reg = tmp_path / "copies"
     adopt(reg, cp.proc.pid)
     action = CopyGuardAction()
-    params = CopyGuardParams(registry_dir=reg, lease=1, watchdog=True)
+    params = CopyGuardParams(registry_dir=reg, mode="pause", lease=1, watchdog=True)
     await action.fire(ctx(params))
     watchdog = action._watchdogs[reg]
     try:
@@ -130,19 +134,136 @@ async def test_the_watchdog_resumes_an_adopted_copy_when_the_lease_runs_out(tmp_
     assert cp.finish() == 0
 
 
-async def test_a_real_copier_resumes_itself_when_the_controller_stops_renewing(tmp_path):
-    src, dst, reg = tmp_path / "src.bin", tmp_path / "dst.bin", tmp_path / "copies"
-    src.write_bytes(os.urandom(1 << 20))
-    proc = subprocess.Popen([*CLI, "copy", str(src), str(dst), f"--registry.dir={reg}", "--rate-limit=2M",
+def start_copier(tmp: Path, size: int, rate: str) -> tuple[Path, Path, Path, subprocess.Popen]:
+    """A real ``promreflex copy`` of ``size`` random bytes at ``rate``, registered as c1."""
+    src, dst, reg = tmp / "src.bin", tmp / "dst.bin", tmp / "copies"
+    src.write_bytes(os.urandom(size))
+    proc = subprocess.Popen([*CLI, "copy", str(src), str(dst), f"--registry.dir={reg}", f"--rate-limit={rate}",
                              "--chunk-size=64K", "--id=c1"], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    return src, dst, reg, proc
+
+
+async def test_a_real_copier_resumes_itself_when_the_controller_stops_renewing(tmp_path):
+    src, dst, reg, proc = start_copier(tmp_path, 1 << 20, "2M")
     try:
         wait_until(lambda: Registry(reg).get("c1"), timeout=20, what="the copy to register")
         action = CopyGuardAction()
-        params = CopyGuardParams(registry_dir=reg, lease=1, watchdog=False)
+        params = CopyGuardParams(registry_dir=reg, mode="pause", lease=1, watchdog=False)
         assert await action.fire(ctx(params)) == "site shop: 1 copy paused"
         # No tick, no resolve: as if the controller had been SIGKILLed after pausing.
         assert proc.wait(timeout=30) == 0
         assert "paused lease expired" in proc.stderr.read()
+        assert dst.read_bytes() == src.read_bytes()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def read_bytes_of(pid: int) -> int:
+    """Bytes the process has read so far (/proc/PID/io rchar)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar")
+
+
+def frozen_share(record: dict, samples: int = 150, every: float = 0.02) -> float:
+    """The fraction of samples in which the record's processes are frozen (the kernel's view)."""
+    frozen = 0
+    for _ in range(samples):
+        frozen += freeze.is_frozen(record)
+        time.sleep(every)
+    return frozen / samples
+
+
+@pytest.mark.parametrize("method", freeze.detect())
+async def test_an_adopted_dd_is_duty_cycled_at_its_share_and_let_go_at_the_lease(tmp_path, method):
+    """The adaptive throttle on a process that cannot pace itself: `dd` reading /dev/zero as
+    fast as it can. At share 0.5 with a 0.5 s duty period the real watchdog freezes it half of
+    each period; when the controller stops renewing (as if SIGKILLed), the lease ends it."""
+    reg = tmp_path / "copies"
+    dd = subprocess.Popen(["dd", "if=/dev/zero", "of=/dev/null", "bs=4k"], start_new_session=True,
+                          stderr=subprocess.DEVNULL)
+    watchdog = None
+    try:
+        adopt(reg, dd.pid)
+        prom = FakePrometheus()
+        prom.set("shop", 80.0, time.time())  # below its threshold of 90: share 1 -> 0.5
+        action = CopyGuardAction()
+        action.services = {"prometheus": prom}
+        params = CopyGuardParams(registry_dir=reg, adopt_methods=[method], lease=4, duty_period=0.5)
+        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5"
+        watchdog = action._watchdogs[reg]
+        record = Registry(reg).get("cp1").pause
+        assert (record["method"], record["duty"], record["period"]) == (method, 0.5, 0.5)
+        before = read_bytes_of(dd.pid)
+        share = frozen_share(record)
+        assert 0.25 <= share <= 0.75, f"frozen {share:.0%} of the time at duty 0.5"
+        assert read_bytes_of(dd.pid) > before  # it runs in between
+        # The watchdog is SIGKILLed (perhaps in a frozen phase): the controller's next renewal
+        # starts a new one, which picks the cycle up where the record says it is.
+        watchdog.kill()
+        watchdog.wait(timeout=5)
+        for held in action.episodes["shop"].held.values():
+            held.renewed -= params.lease
+        prom.set("shop", 93.0, time.time())  # within the band: the share stays at 0.5
+        await action.tick(await action.signals())
+        assert action.episodes["shop"].throttle.share == 0.5
+        watchdog = action._watchdogs[reg]
+        assert watchdog.poll() is None
+        share = frozen_share(record, samples=100)
+        assert 0.25 <= share <= 0.75, f"frozen {share:.0%} of the time after the watchdog's restart"
+        # Nobody renews: within the lease (4 s) plus a sweep the watchdog lets it go for good.
+        wait_until(lambda: Registry(reg).get("cp1").pause is None, timeout=20, what="the lease to end")
+        assert frozen_share(record, samples=25) == 0.0
+        if method != "signal":
+            assert not Path(record["cgroup"]).exists()  # the cgroup is removed, dd is back where it was
+    finally:
+        if watchdog is not None:
+            terminate(watchdog.pid, grace=5)
+            watchdog.wait(timeout=5)
+        freeze.resume({"method": "signal", "pgid": dd.pid})
+        dd.kill()
+        dd.wait(timeout=10)
+
+
+async def test_the_adaptive_action_throttles_a_real_copier_and_lets_it_go(tmp_path):
+    src, dst, reg, proc = start_copier(tmp_path, 4 << 20, "512K")
+    try:
+        entry = wait_until(lambda: Registry(reg).get("c1"), timeout=20, what="the copy to register")
+
+        def status() -> dict:
+            import json
+            import urllib.request
+
+            with urllib.request.urlopen(f"{entry.control_url}/status", timeout=5) as r:  # noqa: S310 - loopback
+                return json.load(r)
+
+        prom = FakePrometheus()
+        prom.set("shop", 80.0, time.time())
+        action = CopyGuardAction()
+        action.services = {"prometheus": prom}
+        params = CopyGuardParams(registry_dir=reg, watchdog=False, lease=30)
+        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5"
+        assert (status()["state"], status()["share"]) == ("throttled", 0.5)
+        wait_until(lambda: status()["work_seconds"] >= 1.0, timeout=30, what="a second of throttled copying")
+        st = status()
+        assert st["share_wait_seconds"] / (st["share_wait_seconds"] + st["work_seconds"]) == pytest.approx(0.5, abs=0.15)
+
+        async def step(served: float) -> None:
+            prom.set("shop", served, time.time() + 1.1)
+            action.episodes["shop"].throttle.changed_at -= 1.1
+            await action.tick(await action.signals())
+
+        await step(30.0)  # a severe deficit: the emergency pause
+        assert status()["state"] == "paused"
+        await action.resolve(ctx(params, status="resolved"))
+        for _ in range(10):  # above the line: min_share, then a tenth per decision, up to free
+            await step(99.0)
+        assert "shop" not in action.episodes
+        assert status()["state"] == "running" and status()["share"] == 1.0
+        assert proc.wait(timeout=60) == 0
         assert dst.read_bytes() == src.read_bytes()
     finally:
         if proc.poll() is None:

@@ -36,10 +36,11 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
         out = data_dir.parent / "calibration.json"
         args = parser.parse_args([
             "calibrate", "--target", stack.url("nginx") + "/", "--textfile.dir", str(stack.textfile_dir),
-            "--runs", "2", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4", "--out", str(out)])
+            "--runs", "2", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4", "--method", "min",
+            "--request", "GET /product/{id} 9", "--request", "POST /checkout 1 cart=1&qty=1", "--out", str(out)])
         assert args.func(args) == 0
         printed = capsys.readouterr().out
-        assert "run 2/2" in printed and "threshold (min)" in printed
+        assert "run 2/2" in printed and "lowest second of all runs" in printed and "2 --request line(s)" in printed
 
         result = json.loads(out.read_text())
         values = [v for run in result["runs"] for v in run]
@@ -58,7 +59,10 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
             "calibrate", "--target", stack.url("nginx") + "/", "--textfile.dir", str(stack.textfile_dir),
             "--runs", "1", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4",
             "--source", "prometheus", "--prometheus.url", prom, "--dry-run", "--out", str(out2)])
-        assert args.func(args) == 0
+        # The first calibration's load is in Prometheus' last minute: the shop "was busy" at or
+        # above this run's floor, so the threshold is refused (the idle check, for real).
+        assert args.func(args) == 1
+        assert "demand in the minute before the load" in capsys.readouterr().err
         from_prom = json.loads(out2.read_text())
         assert from_prom["source"] == "prometheus" and len(from_prom["runs"][0]) >= 2
         assert max(from_prom["runs"][0]) > 0
@@ -73,7 +77,8 @@ def test_calibrate_fails_clearly_when_the_site_is_down(capsys):
         args = parser.parse_args(["calibrate", "--target", f"http://127.0.0.1:{free_port()}/", "--textfile.dir", str(tf),
                                   "--runs", "1", "--duration", "3s", "--warmup", "1s", "--rate", "5", "--users", "1"])
         assert args.func(args) == 1
-        assert "calibrate:" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "calibrate: only 0 of 1 runs can be trusted" in err and "served nothing" in err
         assert not read_thresholds(tf)  # nothing published
     finally:
         shutil.rmtree(tf, ignore_errors=True)

@@ -131,3 +131,27 @@ def test_stopped_or_killed_then_run_again_gives_an_identical_file(tmp_path, copi
     assert c.dst.read_bytes() == c.src.read_bytes()
     assert not journal_path(c.dst).exists()
     assert Registry(c.reg).entries() == []
+
+
+def test_a_share_through_the_control_endpoint_and_its_lease(tmp_path, copies):
+    c = Copy(tmp_path, "--rate-limit=1M")
+    copies.append(c)
+    for bad in ("throttle?share=0&lease=5", "throttle?share=1.5&lease=5", "throttle?share=nan&lease=5",
+                "throttle?share=0.5&bytes_per_second=10&lease=5", "throttle?lease=5"):
+        assert c.post(bad) == 400, bad
+    assert c.status()["state"] == "running"
+    assert c.post("throttle?share=0.25&lease=4") == 200
+    st = c.status()
+    assert (st["state"], st["share"]) == ("throttled", 0.25)
+    wait_until(lambda: c.status()["work_seconds"] >= 0.5, timeout=30, what="throttled copying")
+    st = c.status()
+    # The copy waited 3/4 of the time (the rate cap's own wait counts as the copy's work).
+    assert st["share_wait_seconds"] / (st["share_wait_seconds"] + st["work_seconds"]) == pytest.approx(0.75, abs=0.1)
+    body = urllib.request.urlopen(f"{c.url}/metrics", timeout=5).read()  # noqa: S310
+    assert b'promreflex_copy_throttle_share{site="shop"} 0.25' in body
+    lint = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    wait_until(lambda: c.status()["lease_expiries"] == 1, timeout=20, what="the throttle's lease to end")
+    assert c.status()["share"] == 1.0
+    assert c.wait_exit() == 0
+    assert c.dst.read_bytes() == c.src.read_bytes()

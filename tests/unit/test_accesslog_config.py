@@ -88,6 +88,14 @@ def test_log_flag_rejects_garbage() -> None:
         parse_log_flag("no-equals-sign")
 
 
+def test_an_empty_format_after_the_colon_is_named(tmp_path: Path) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="empty FORMAT after ':'"):
+        parse_log_flag(f"shop={tmp_path}/access.log:")
+    odd = tmp_path / "odd.log:"  # a file whose name really ends in ':' is taken as it is
+    odd.write_text("")
+    assert parse_log_flag(f"shop={odd}") == {"site": "shop", "path": str(odd)}
+
+
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -31,19 +31,19 @@ def test_served_between_counts_whole_bins_inside_the_window() -> None:
 
 
 def run(name: str, load_s: float, copy_end_s: float | None = None) -> RunResult:
-    r = RunResult(name, 0, True, copy_end_s is not None, "none" if "guard" not in name else "reactive")
+    r = RunResult(name, 0, True, copy_end_s is not None, "none" if name in ("load-only", "no-guard") else name)
     r.load_start, r.load_end = 1000.0, 1000.0 + load_s
     r.copy_end = None if copy_end_s is None else 1000.0 + copy_end_s
     return r
 
 
 def test_common_window_is_the_shortest_load_and_flags_copies_that_outlive_it() -> None:
-    w = analysis.common_window([run("load-only", 150), run("load+copy", 149.5, 40), run("load+copy+guard", 150, 120)])
+    w = analysis.common_window([run("load-only", 150), run("no-guard", 149.5, 40), run("min-pause-20s", 150, 120)])
     assert w.seconds == pytest.approx(149.5)
     assert w.contains_every_copy and w.latest_copy_end_s == pytest.approx(120)
-    late = analysis.common_window([run("load-only", 75), run("load+copy", 75, 40), run("load+copy+guard", 75, 110)])
-    assert not late.contains_every_copy and late.late == ["load+copy+guard"]
-    killed = run("load+copy+guard", 75, None)  # a copy that never ended (killed) is never contained
+    late = analysis.common_window([run("load-only", 75), run("no-guard", 75, 40), run("min-pause-20s", 75, 110)])
+    assert not late.contains_every_copy and late.late == ["min-pause-20s"]
+    killed = run("min-pause-20s", 75, None)  # a copy that never ended (killed) is never contained
     killed.copy = True
     assert not analysis.common_window([run("load-only", 75), killed]).contains_every_copy
 
@@ -52,13 +52,13 @@ def counted(load_only_s: float, guard_copy_end_s: float,
             guard: dict[int, list[int]]) -> tuple[Bench, RunResult, RunResult, RunResult]:
     """A round at 10 req/s, 5 while a copy runs: load-only for ``load_only_s``, the unguarded copy
     10-40 s into a 75 s load, the guarded run (75 s of load) with the timeline ``guard``; counted."""
-    lo, cp, g = run("load-only", load_only_s), run("load+copy", 75, 40), run("load+copy+guard", 75, guard_copy_end_s)
+    lo, cp, g = run("load-only", load_only_s), run("no-guard", 75, 40), run("min-pause-20s", 75, guard_copy_end_s)
     b = Bench(parse_args(["--warmup", "0"]))
     b.threshold = 8.0
     b.results = [lo, cp, g]
     b.timelines = {(0, "load-only"): (bins((1000, 1000 + load_only_s, 10)), BIN),
-                   (0, "load+copy"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
-                   (0, "load+copy+guard"): (guard, BIN)}
+                   (0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
+                   (0, "min-pause-20s"): (guard, BIN)}
     b.count_in_windows()
     return b, lo, cp, g
 
@@ -67,8 +67,8 @@ def test_a_guard_that_holds_its_copy_past_the_window_scores_nothing() -> None:
     # The guard holds its copy paused through the whole 75 s load: over the load it served as
     # much as load-only (the old count said 100 % saved), but its copy ends at 110 s, after the window.
     b, _, cp, g = counted(75, 110, bins((1000, 1075, 10)))
-    assert b.windows[0].late == ["load+copy+guard"]
-    assert g.saved_share is None and "after the window" in g.note
+    assert b.windows[0].late == ["min-pause-20s"]
+    assert g.saved_share is None and "ended after the 75s window" in g.note
     assert g.served_window == 750 and cp.served_window == 600
     assert g.saved_responses == 150  # shown, but not as a share
 
@@ -82,3 +82,74 @@ def test_the_share_is_counted_over_the_common_window() -> None:
     assert lo.served_window == 750 and cp.served_window == 600 and g.served_window == 550
     assert g.lost_responses == 150 and g.saved_responses == -50
     assert g.saved_share == pytest.approx(-1 / 3)
+
+
+def test_every_guarded_arm_is_the_shipped_route_with_its_own_params() -> None:
+    from bench.copy_guard.arms import ARMS, route_for, shipped_route
+
+    shipped = shipped_route()
+    assert route_for(ARMS["no-guard"], "/r") == [] and route_for(ARMS["load-only"], "/r") == []
+    for name, arm in ARMS.items():
+        if not arm.guarded:
+            continue
+        (route,) = route_for(arm, "/r")
+        assert route["matchers"] == shipped["matchers"] and route["action"] == "copy-guard", name
+        assert route["params"]["registry_dir"] == "/r"
+    assert route_for(ARMS["paper"], "/r")[0]["params"]["mode"] == "pause"
+    assert route_for(ARMS["paper"], "/r")[0]["params"]["min_pause"] == "0s"
+    assert route_for(ARMS["min-pause-20s"], "/r")[0]["params"]["min_pause"] == "20s"
+    # the shipped-defaults throttle and the quiet arm run the route exactly as shipped
+    quiet = route_for(ARMS["quiet"], "/r")[0]["params"]
+    assert quiet == {**shipped["params"], "registry_dir": "/r"}
+
+
+def test_rounds_alternate_direction_and_the_quiet_arm_runs_once_at_the_end() -> None:
+    from bench.copy_guard.arms import plan
+
+    assert plan(["a", "b", "c"], 2) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"), (0, "quiet")]
+    assert plan(["a", "b"], 1, reverse_first=True, quiet=False) == [(0, "b"), (0, "a")]
+
+
+def test_guard_metrics_are_read_for_the_site_only_and_summed_over_other_labels() -> None:
+    from bench.copy_guard.copies import parse_guard_metrics
+
+    text = "\n".join([
+        "# HELP promreflex_copy_guard_share x",
+        'promreflex_copy_guard_share{site="shop"} 0.25',
+        'promreflex_copy_guard_share{site="other"} 0.0',
+        'promreflex_copy_guard_emergency_pauses_total{reason="severe",site="shop"} 2.0',
+        'promreflex_copy_guard_emergency_pauses_total{reason="floor",site="shop"} 1.0',
+        'promreflex_copy_guard_pauses_created{site="shop"} 1.7e9',
+    ])
+    got = parse_guard_metrics(text, "shop")
+    assert got["promreflex_copy_guard_share"] == 0.25
+    assert got["promreflex_copy_guard_emergency_pauses_total"] == 3.0
+
+
+def test_the_slowdown_is_against_the_unguarded_copy_of_the_same_round() -> None:
+    b, lo, cp, g = counted(80, 60, bins((1000, 1020, 10), (1020, 1060, 5), (1060, 1075, 10)))
+    cp.copy_seconds, g.copy_seconds = 30.0, 42.0
+    b.count_in_windows()
+    assert g.copy_slower == pytest.approx(0.4)
+    assert cp.copy_slower is None and lo.copy_slower is None
+
+
+def test_the_pareto_front_keeps_only_points_nothing_beats() -> None:
+    from bench.copy_guard.plot import _front
+
+    assert _front([(10, 50), (5, 60), (20, 90), (30, 80)]) == [(5, 60), (20, 90)]
+
+
+def test_an_arm_whose_copy_outlived_the_window_does_not_void_the_others() -> None:
+    lo, cp = run("load-only", 75), run("no-guard", 75, 40)
+    late, fine = run("min-pause-20s", 75, 110), run("throttle", 75, 50)
+    b = Bench(parse_args(["--warmup", "0"]))
+    b.threshold = 8.0
+    b.results = [lo, cp, late, fine]
+    b.timelines = {(0, "load-only"): (bins((1000, 1075, 10)), BIN),
+                   (0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
+                   (0, "min-pause-20s"): (bins((1000, 1075, 10)), BIN),
+                   (0, "throttle"): (bins((1000, 1010, 10), (1010, 1030, 5), (1030, 1075, 10)), BIN)}
+    b.count_in_windows()
+    assert late.saved_share is None
+    assert fine.saved_share == pytest.approx((650 - 600) / 150)

@@ -40,7 +40,7 @@ def check(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_the_installed_capabilities_come_from_entry_points() -> None:
     names = [cap.name for cap in discover()]
-    assert names == ["accesslog", "controller", "copy_guard", "mesh", "nginx_tuner", "rca"]
+    assert names == ["accesslog", "admission", "controller", "copy_guard", "fleet", "mesh", "nginx_tuner", "rca", "swift"]
 
 
 def test_a_broken_entry_point_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -60,3 +60,44 @@ async def test_prometheus_query_scalar_and_errors(server):
 def test_alert_ended_survives_timestamps_at_the_edge_of_the_calendar():
     assert not alert_ended("9999-12-31T23:59:59-01:00")  # beyond year 9999 in UTC: not ended
     assert not alert_ended("0001-01-01T00:30:00+01:00")  # the zero time of another zone
+
+
+async def test_a_cluster_client_fails_over_to_a_live_peer_and_posts_to_every_peer(server):
+    """A cluster's peers: reads fail over from a dead peer and stick to the one that answered;
+    posts go to every peer (peers do not gossip alerts) and succeed when one took them."""
+    from promreflex.proc import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    posted: list[str] = []
+
+    async def take(request):
+        posted.append(request.host)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", take)
+    async with TestServer(app) as other, aiohttp.ClientSession() as s:
+        am = AlertmanagerClient([dead, server], s)
+        got = await am.active_alerts()
+        assert [a["labels"]["alertname"] for a in got] == ["Firing"]
+        assert am.base_url == server.rstrip("/")  # the live peer is asked first from now on
+        await AlertmanagerClient([dead, str(other.make_url(""))], s).post_alerts([{"labels": {"alertname": "X"}}])
+        assert len(posted) == 1
+        with pytest.raises(APIError, match="no Alertmanager peer answered"):
+            await AlertmanagerClient([dead, f"http://127.0.0.1:{free_port()}"], s).active_alerts()
+        assert await AlertmanagerClient([dead, server], s).ready() is False  # the fake has no /-/ready
+
+
+async def test_a_failed_request_is_told_in_a_few_words():
+    """Log lines say why in a few words, not aiohttp's multi-hundred-character reprs."""
+    from promreflex.clients import why
+    from promreflex.proc import free_port
+
+    async with aiohttp.ClientSession() as s:
+        try:
+            await AlertmanagerClient(f"http://127.0.0.1:{free_port()}", s).active_alerts()
+        except APIError as e:
+            message = str(e)
+    assert "cannot connect: " in message and len(message) < 160, message
+    assert why(TimeoutError()) == "timed out"
+    assert why(ValueError("bad")) == "ValueError: bad"

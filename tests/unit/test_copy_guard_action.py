@@ -30,6 +30,7 @@ class FakeCopies:
         self.state: dict[str, str] = {}
         self.calls: list[tuple[str, str]] = []
         self.fail: set[str] = set()
+        self.shares: dict[str, float] = {}
 
         async def control(client, held, command, **query):
             client.url(held.control_url, command)  # the route's host check still applies
@@ -37,6 +38,7 @@ class FakeCopies:
                 raise ConnectionRefusedError("copier gone")
             self.calls.append((held.id, command))
             self.state[held.id] = {"pause": "paused", "throttle": "throttled", "resume": "running"}[command]
+            self.shares[held.id] = {"pause": 0.0, "resume": 1.0}.get(command) or float(query.get("share", -1))
             return {}
 
         def pause(name, pid=None, pgid=None, methods=None):
@@ -52,6 +54,8 @@ class FakeCopies:
         monkeypatch.setattr(action_mod.freeze, "pause", pause)
         monkeypatch.setattr(action_mod.freeze, "resume", resume)
         monkeypatch.setattr(action_mod.freeze, "is_frozen", lambda r: self.state.get(r["name"]) == "paused")
+        monkeypatch.setattr(action_mod.freeze, "intact", lambda r: self.state.get(r["name"]) is not None)
+        monkeypatch.setattr(action_mod.freeze, "set_frozen", lambda r, frozen: None)
 
     def paused(self) -> set[str]:
         return {i for i, s in self.state.items() if s in ("paused", "throttled")}
@@ -89,6 +93,7 @@ def metric(a, name, **labels):
 
 
 def params(reg, **kw) -> CopyGuardParams:
+    kw.setdefault("mode", "pause")
     return CopyGuardParams(registry_dir=reg.dir, watchdog=False, **kw)
 
 
@@ -181,9 +186,41 @@ async def test_min_pause_defers_the_resume_and_a_new_fire_cancels_it(copies, reg
     await a.fire(ctx(p, "CopyGuardSiteOverloadPredicted"))
     assert a.episodes["shop"].resume_at is None
     await a.resolve(ctx(p, "CopyGuardSiteOverloadPredicted", status="resolved"))
-    a.episodes["shop"].resume_at = time.time() - 1
+    for h in a.episodes["shop"].held.values():
+        h.since -= 31
     await a.tick()
     assert copies.paused() == set() and "shop" not in a.episodes
+
+
+async def test_min_pause_counts_from_each_copys_own_pause(copies, reg):
+    """Issue 16: a copy that joined an open episode was held 10.8 s instead of 20 s, because
+    min_pause counted from the episode's start. Each copy now gets its full min_pause."""
+    a = await started()
+    p = params(reg, min_pause=20)
+    reg.remove("c2")
+    await a.fire(ctx(p))
+    assert copies.paused() == {"c1"}
+    ep = a.episodes["shop"]
+    ep.since -= 9.2
+    ep.held["c1"].since -= 9.2  # c1 was paused 9.2 s ago, when the episode began
+    reg.add(Entry(id="late", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                  control_url="http://127.0.0.1:1/late"))
+    await a.tick()  # the late copy joins the open episode: paused now
+    assert copies.paused() == {"c1", "late"}
+    ep.since -= 11
+    ep.held["c1"].since -= 11  # 20.2 s after c1's pause, 11 s after the late copy's
+    ep.held["late"].since -= 11
+    assert "min_pause" in await a.resolve(ctx(p, status="resolved"))
+    await a.tick()
+    assert copies.paused() == {"late"}  # c1 served its 20 s; the late copy has 9 s to go
+    assert copies.calls[-1] == ("c1", "resume")
+    ep.held["late"].since -= 8.5
+    await a.tick()
+    assert copies.paused() == {"late"}  # 19.5 s: still held
+    ep.held["late"].since -= 0.6
+    await a.tick()
+    assert copies.paused() == set() and "shop" not in a.episodes
+    assert metric(a, "promreflex_copy_guard_resumes_total", site="shop", reason="resolved") == 2
 
 
 async def test_leases_are_renewed_while_waiting_out_min_pause(copies, reg):
@@ -428,3 +465,184 @@ async def test_the_action_uses_the_controllers_session(tmp_path):
         assert await a.fire(ctx(p)) == "site shop: 1 copy paused"
         assert await a.resolve(ctx(p, status="resolved")) == "site shop: 1 copy resumed"
     assert seen == [("/pause", {"lease": "7.0"}, "Bearer tok"), ("/resume", {}, "Bearer tok")]
+
+
+# ---------------------------------------------------------------------- adaptive mode
+class FakePrometheus:
+    """Answers the action's signal query with the series the rules record, per site."""
+
+    def __init__(self) -> None:
+        self.sites: dict[str, dict[str, float]] = {}
+        self.queries: list[str] = []
+        self.fail = False
+
+    def set(self, site: str, served: float, at: float, threshold: float = 90.0, demand: float = 100.0,
+            floor: float = 20.0, window: float = 1.0) -> None:
+        self.sites[site] = {"served": served, "at": at, "threshold": threshold, "demand": demand, "floor": floor,
+                            "window": window}
+
+    async def query(self, expr: str) -> list[dict]:
+        self.queries.append(expr)
+        if self.fail:
+            raise ConnectionError("prometheus unreachable")
+        return [{"metric": {"site": site, "promreflex_q": q}, "value": [0, str(v)]}
+                for site, values in self.sites.items() for q, v in values.items()]
+
+
+def adaptive(reg, **kw) -> CopyGuardParams:
+    return CopyGuardParams(registry_dir=reg.dir, watchdog=False, **kw)
+
+
+async def step(a, prom, site="shop", served=80.0, dt=1.1, **kw):
+    """A new served sample `dt` seconds after the last change, then one supervisor pass."""
+    at = time.time() + dt
+    prom.set(site, served, at, **kw)
+    ep = a.episodes.get(site)
+    if ep is not None and ep.throttle is not None:
+        ep.throttle.changed_at -= dt  # as if dt seconds had passed since the last change
+    await a.tick(await a.signals())
+
+
+async def test_adaptive_halves_the_share_below_the_line_and_climbs_back_before_letting_go(copies, reg):
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    p = adaptive(reg)
+    assert await a.fire(ctx(p)) == "site shop: 2 copies at share 0.5"
+    assert copies.shares == {"c1": 0.5, "c2": 0.5} and copies.state["c1"] == "throttled"
+    await step(a, prom, served=80.0)
+    assert copies.shares == {"c1": 0.25, "c2": 0.25}
+    assert metric(a, "promreflex_copy_guard_share", site="shop") == 0.25
+    assert metric(a, "promreflex_copy_guard_copy_share", site="shop", id="c1") == 0.25
+    assert metric(a, "promreflex_copy_guard_throttled_copies", site="shop") == 2
+    assert metric(a, "promreflex_copy_guard_paused_copies", site="shop") == 0  # throttled is not paused
+    assert metric(a, "promreflex_copy_guard_throttle_decreases_total", site="shop") == 2
+    # The alert resolves: the copies are not let go at once (that is what made them flap).
+    assert "climbing back" in await a.resolve(ctx(p, status="resolved"))
+    assert copies.shares["c1"] == 0.25
+    await step(a, prom, served=93.0)  # within the band: hold
+    assert copies.shares["c1"] == 0.25
+    for want in (0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95):
+        await step(a, prom, served=99.0)
+        assert copies.shares["c1"] == pytest.approx(want)
+    assert "shop" in a.episodes
+    await step(a, prom, served=99.0)
+    assert "shop" not in a.episodes and copies.state == {"c1": "running", "c2": "running"}
+    assert metric(a, "promreflex_copy_guard_throttle_increases_total", site="shop") == 8
+    assert metric(a, "promreflex_copy_guard_copy_share", site="shop", id="c1") is None  # removed with the hold
+    assert metric(a, "promreflex_copy_guard_share", site="shop") == 1
+    assert metric(a, "promreflex_copy_guard_throttle_decisions_total", site="shop", verdict="hold") == 1
+
+
+async def test_adaptive_waits_for_a_sample_taken_after_the_change(copies, reg):
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    await a.fire(ctx(adaptive(reg)))
+    prom.set("shop", 60.0, time.time() + 0.3)  # the rate still spans 0.7 s from before the change
+    await a.tick(await a.signals())
+    assert copies.shares["c1"] == 0.5
+    await step(a, prom, served=60.0)
+    assert copies.shares["c1"] == 0.25
+
+
+async def test_adaptive_emergency_pause_and_adopted_copies_get_a_duty_cycle(copies, reg):
+    reg.add(Entry(id="rsync", kind="adopted", pid=ME, pid_start=process_start(ME), pgid=None, site="shop"))
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    p = adaptive(reg, duty_period=2)
+    await a.fire(ctx(p))
+    record = reg.get("rsync").pause
+    assert (record["duty"], record["period"]) == (0.5, 2.0) and record["until"] > time.time()
+    await step(a, prom, served=30.0)  # a severe deficit: the pause is kept for that
+    assert copies.state["c1"] == "paused" and reg.get("rsync").pause["duty"] == 0.0
+    assert metric(a, "promreflex_copy_guard_emergency_pauses_total", site="shop", reason="severe") == 1
+    await step(a, prom, served=99.0)
+    assert copies.shares["c1"] == p.min_share and reg.get("rsync").pause["duty"] == p.min_share
+
+
+async def test_adaptive_falls_back_to_the_alert_without_prometheus(copies, reg):
+    prom = FakePrometheus()
+    prom.fail = True
+    a = await started(prometheus=prom)
+    p = adaptive(reg)
+    await a.fire(ctx(p))
+    assert copies.shares["c1"] == 0.5
+    assert metric(a, "promreflex_copy_guard_signal_errors_total", site="shop") == 1
+    a.episodes["shop"].throttle.changed_at -= 2.1
+    await a.tick(await a.signals(sites=("shop",)))
+    assert copies.shares["c1"] == 0.25  # the alert still fires: below
+    assert metric(a, "promreflex_copy_guard_signal_errors_total", site="shop") == 2
+    prom.fail = False  # Prometheus answers, but has no served rate for the site: still blind
+    await a.signals(sites=("shop",))
+    assert metric(a, "promreflex_copy_guard_signal_errors_total", site="shop") == 3
+    prom.set("shop", 99.0, time.time())
+    await a.signals(sites=("shop",))
+    assert metric(a, "promreflex_copy_guard_signal_errors_total", site="shop") == 3
+
+
+async def test_the_site_label_is_never_put_into_the_query(copies, reg):
+    prom = FakePrometheus()
+    a = await started(prometheus=prom)
+    evil = 'shop"} or vector(1) #'
+    await a.fire(ctx(adaptive(reg), site=evil))
+    assert prom.queries and all(q == action_mod.SIGNAL_QUERY for q in prom.queries)
+    assert evil not in prom.queries[0]
+
+
+async def test_adaptive_state_survives_a_crash_at_its_share(copies, reg):
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    p = adaptive(reg)
+    crashed = await started(prometheus=prom)
+    await crashed.fire(ctx(p))
+    await step(crashed, prom, served=80.0)
+    assert copies.shares["c1"] == 0.25  # ... SIGKILL here
+    saved = json.loads((reg.dir / STATE_NAME).read_text())["episodes"][0]
+    assert saved["throttle"]["share"] == 0.25 and saved["held"]["c1"]["since"] > 0
+    am = FakeAlertmanager()
+    am.active = [alert("CopyGuardSiteOverloaded", site="shop")]
+    fresh = await started(alertmanager=am, prometheus=prom)
+    await fresh.recover([p])
+    assert copies.state["c1"] == "running"  # resumed first
+    await fresh.tick()
+    assert copies.shares["c1"] == 0.25  # held again, at the saved share, once Alertmanager confirms
+
+
+def test_adaptive_is_the_default_and_its_params_are_checked():
+    p = CopyGuardParams(period="auto")
+    assert (p.mode, p.period, p.decrease, p.increase, p.min_share) == ("adaptive", None, 0.5, 0.1, 0.1)
+    assert p.registry_dir.is_absolute()
+    for bad in ({"decrease": 1}, {"decrease": 0}, {"increase": 0}, {"min_share": 1}, {"severe": 1},
+                {"duty_period": "10ms"}, {"period": "0s"}, {"emergency_after": "-1s"}):
+        with pytest.raises(ValueError):
+            CopyGuardParams(**bad)
+
+
+def test_a_relative_registry_dir_is_resolved_against_the_config_file(tmp_path, monkeypatch):
+    conf = tmp_path / "etc"
+    p = CopyGuardParams.model_validate({"registry_dir": "copies"}, context={"config_dir": str(conf)})
+    assert p.registry_dir == conf / "copies"
+    monkeypatch.chdir(tmp_path)
+    assert CopyGuardParams(registry_dir="rel").registry_dir == tmp_path / "rel"  # no config file: resolved once, now
+
+
+async def test_the_guards_metrics_pass_promtools_lint(copies, reg):
+    import shutil
+    import subprocess
+
+    from prometheus_client import generate_latest
+
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    await a.fire(ctx(adaptive(reg)))
+    await a.tick(await a.signals())
+    body = generate_latest(a.services["registry"])
+    assert b'promreflex_copy_guard_share{site="shop"} 0.5' in body
+    assert b'promreflex_copy_guard_emergency_pauses_total{reason="floor",site="shop"} 0.0' in body
+    assert b'promreflex_copy_guard_signal_errors_total{site="shop"} 0.0' in body
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
+    assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -75,7 +76,10 @@ def test_locust_argv_validates():
     assert argv[argv.index("-t") + 1] == "13s"
     assert argv[argv.index("--shop-rate") + 1] == "100"
     assert argv[argv.index("--host") + 1] == "http://127.0.0.1:8080"
-    for bad in (("ftp://x/", 100, 1, 1), ("http://127.0.0.1:1/", 0, 1, 1), ("http://127.0.0.1:1/", 10, 0, 1)):
+    assert argv[argv.index("--parent-pid") + 1] == str(os.getpid())  # the child quits if we vanish
+    closed = cal.locust_argv("http://127.0.0.1:8080/shop/", 0, 4, 5, Path("/tmp/t.json"), profile_file=Path("/tmp/p.json"))
+    assert closed[closed.index("--shop-rate") + 1] == "0" and closed[closed.index("--profile-file") + 1] == "/tmp/p.json"
+    for bad in (("ftp://x/", 100, 1, 1), ("http://127.0.0.1:1/", -1, 1, 1), ("http://127.0.0.1:1/", 10, 0, 1)):
         with pytest.raises(ValueError):
             cal.locust_argv(*bad, Path("/tmp/t.json"))
 
@@ -94,11 +98,150 @@ def test_calibration_table_and_json():
 def test_publish_writes_the_threshold_file_the_rules_read(tmp_path):
     c = cal.Calibration("shop", "min", 0.05, "locust", 100, 100, 60, 5, runs=[[20.2]], totals=[{"ok": 1, "failed": 0}],
                         threshold=20.2)
-    path = cal.publish(c, tmp_path)
+    path = cal.publish(c, tmp_path)  # no floor decided: the threshold file's default (half)
     assert path.name == "promreflex_copy_guard_threshold.prom"
     assert 'promreflex_copy_guard_rps_threshold{site="shop"} 20.2' in path.read_text()
     t = read_thresholds(tmp_path)["shop"]
     assert t.rps == 20.2 and t.demand_floor_rps == pytest.approx(10.1)
+
+
+def test_robust_threshold_is_the_median_of_the_runs_low_quantiles_and_ignores_a_bad_run():
+    good = [[45.0 + (i % 5) for i in range(40)], [44.0 + (i % 6) for i in range(40)]]
+    shared_host = [[4.0] + [46.0] * 39]  # the "4.0 on a shared host": one slow second
+    stalled = [[0.0] * 5 + [45.0] * 35]
+    runs = good + shared_host
+    assert cal.derive_threshold(runs, "min") == 4.0  # the paper's rule is dragged down
+    robust = cal.derive_threshold(runs, "robust")
+    assert robust == pytest.approx(cal.quantile([cal.quantile(r, 0.05) for r in runs], 0.5))
+    assert 44.0 <= robust <= 46.0
+    assert 44.0 <= cal.derive_threshold(good + stalled, "robust") <= 46.0
+    spread = cal.spread_of(runs, "robust")
+    assert spread.over == "runs" and spread.low <= robust <= spread.high and spread.mad >= 0
+    assert cal.spread_of(runs, "min").over == "seconds"
+
+
+def test_floor_has_a_lower_bound_and_low_thresholds_are_refused():
+    assert cal.floor_for(40.0) == 20.0
+    assert cal.floor_for(4.0) == cal.MIN_FLOOR_RPS  # not half the threshold without a lower bound
+    assert cal.floor_for(1.8) == cal.MIN_FLOOR_RPS
+    with pytest.raises(ValueError, match="below the lowest sane floor"):
+        cal.floor_for(40.0, explicit=0.5)
+    assert cal.refusal(0.0, 2.0) and "served nothing" in cal.refusal(0.0, 2.0)
+    assert "below twice" in cal.refusal(1.8, cal.floor_for(1.8))  # the idle-shop case
+    assert cal.refusal(3.9, 2.0) is not None
+    assert cal.refusal(45.0, 22.5) is None
+    assert "minute before the load" in cal.refusal(45.0, 3.0, idle_demand=3.5)
+    assert "own stub_status" in cal.refusal(45.0, 2.0, own_rps=2.0)
+    assert cal.refusal(45.0, 22.5, idle_demand=0.2, own_rps=2.0) is None
+
+
+def test_runs_with_timeouts_stalls_or_nothing_served_are_discarded_with_a_reason():
+    ok = cal.LoadRun(ok=900, failed=0, bins={}, bin_s=0.1, started=0, ended=1)
+    assert cal.check_run(ok, [30.0, 31.0], 0.01) is None
+    timeouts = cal.LoadRun(ok=500, failed=60, bins={}, bin_s=0.1, started=0, ended=1,
+                           errors={"ConnectionTimeout: timed out": 60})
+    why = cal.check_run(timeouts, [20.0, 21.0], 0.01)
+    assert why and "60 of 560 requests failed" in why and "ConnectionTimeout" in why
+    assert "stalled" in cal.check_run(ok, [30.0, 0.0, 31.0], 0.01)
+    assert "served nothing" in cal.check_run(cal.LoadRun(0, 5, {}, 0.1, 0, 1), [], 0.01)
+
+
+def test_calibrate_discards_bad_runs_and_refuses_when_too_few_remain(monkeypatch):
+    def run(failed: int, served: list[int]) -> cal.LoadRun:
+        bins = {int(s / 0.1): [n, 0] for s, n in zip(range(1000, 1000 + len(served)), served)}
+        return cal.LoadRun(ok=sum(served), failed=failed, bins=bins, bin_s=0.1, started=0, ended=1)
+
+    loads = iter([run(0, [40, 41, 42, 40, 41, 40]), run(300, [10, 10, 10, 10, 10, 10]), run(0, [42, 40, 41, 43, 40, 1])])
+    monkeypatch.setattr(cal, "run_shop_load", lambda *a, **k: next(loads))
+    lines: list[str] = []
+    c = cal.calibrate("http://127.0.0.1:1/", users=4, runs=3, duration_s=6, warmup_s=0, progress=lines.append)
+    assert len(c.runs) == 2 and len(c.discarded) == 1 and "run 2" in c.discarded[0]
+    assert any("DISCARDED" in ln for ln in lines)
+    assert c.threshold is not None and c.threshold > 30 and c.spread is not None
+    loads = iter([run(300, [10] * 6), run(0, [0, 0, 0, 0, 0, 0]), run(0, [40] * 6)])
+    with pytest.raises(cal.CalibrationError, match="only 1 of 3 runs"):
+        cal.calibrate("http://127.0.0.1:1/", users=4, runs=3, duration_s=6, warmup_s=0, progress=lines.append)
+
+
+def test_ramp_starts_light_and_stops_at_the_knee_or_at_failures(monkeypatch):
+    def fake(served_per_users: dict[int, int], failing_from: int = 99):
+        def run(target, rate, users, duration_s, **kw):
+            n = served_per_users[users]
+            bins = {int(s / 0.1): [n, 0] for s in range(1000, 1010)}
+            return cal.LoadRun(ok=10 * n, failed=5 if users >= failing_from else 0, bins=bins, bin_s=0.1, started=0,
+                               ended=1, latency_ms={"p95": 50.0})
+        return run
+
+    monkeypatch.setattr(cal, "run_shop_load", fake({1: 10, 2: 19, 4: 30, 8: 32, 16: 33}))
+    users, steps = cal.ramp_users("http://x:1/", None, max_users=32, step_s=10, progress=lambda s: None)
+    assert users == 8 and [s["users"] for s in steps] == [1, 2, 4, 8]  # 8 added < 10% over 4: saturated
+    monkeypatch.setattr(cal, "run_shop_load", fake({1: 10, 2: 19, 4: 30, 8: 50}, failing_from=4))
+    users, _ = cal.ramp_users("http://x:1/", None, max_users=32, step_s=10, progress=lambda s: None)
+    assert users == 2  # failures at 4: the step before
+    monkeypatch.setattr(cal, "run_shop_load", fake({1: 10}, failing_from=1))
+    with pytest.raises(cal.CalibrationError, match="failed already under 1 user"):
+        cal.ramp_users("http://x:1/", None, progress=lambda s: None)
+
+
+def test_requests_profiles_and_replay():
+    assert cal.parse_request("GET /product/{id} 9") == cal.Request("GET", "/product/{id}", 9.0)
+    assert cal.parse_request("post /checkout 1 cart=1&qty=1") == cal.Request("POST", "/checkout", 1.0, "cart=1&qty=1")
+    assert cal.parse_request("/about") == cal.Request("GET", "/about")
+    for bad in ("FETCH /x", "GET nopath", "GET /x many", "GET /x 0", ""):
+        with pytest.raises(ValueError):
+            cal.parse_request(bad)
+    log = [
+        '1.2.3.4 - - [23/Nov/2026:10:00:00 +0000] "GET /product/7 HTTP/1.1" 200 5 "-" "Mozilla/5.0" rt=0.1 urt="0.1"',
+        '1.2.3.4 - - [23/Nov/2026:10:00:00 +0000] "GET /product/7 HTTP/1.1" 200 5 "-" "Mozilla/5.0"',
+        '1.2.3.4 - - [23/Nov/2026:10:00:00 +0000] "GET /?s=shoe HTTP/1.1" 302 5 "-" "Mozilla/5.0"',
+        '127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET /stub_status HTTP/1.1" 200 97 "-" "NGINX-Prometheus-Exporter/v0.11.0"',
+        '127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET /product/1 HTTP/1.1" 200 5 "-" "promreflex-calibrate"',
+        '1.2.3.4 - - [23/Nov/2026:10:00:00 +0000] "POST /checkout HTTP/1.1" 200 5 "-" "Mozilla/5.0"',
+        '1.2.3.4 - - [23/Nov/2026:10:00:00 +0000] "GET /gone HTTP/1.1" 404 5 "-" "Mozilla/5.0"',
+        "garbage",
+    ]
+    reqs, skipped = cal.replay_profile(log)
+    assert reqs == [cal.Request("GET", "/product/7", 2.0), cal.Request("GET", "/?s=shoe", 1.0)]
+    assert skipped == {"our own traffic": 2, "POST (no body in the log)": 1, "status 4xx": 1, "not a request line": 1}
+    doc = cal.profile_json(reqs, "/store/", {"post": [1, 2]})
+    assert doc["base_path"] == "/store" and doc["vars"] == {"post": ["1", "2"]} and doc["requests"][0]["weight"] == 2.0
+    assert cal.split_target("http://h:8080/store/?x=1") == ("http://h:8080", "/store/?x=1")
+    assert cal.split_target("http://h:8080") == ("http://h:8080", "/")
+
+
+def test_profile_file_and_the_target_path_is_honoured(tmp_path):
+    f = tmp_path / "profile.yml"
+    f.write_text('requests:\n  - {method: GET, path: "/?p={post}", weight: 60}\n'
+                 '  - {method: POST, path: /wp-comments-post.php, weight: 10, body: "comment_post_ID={post}&c={uniq}"}\n'
+                 "vars: {post: [12, 15]}\n")
+    reqs, variables = cal.read_profile(f)
+    assert reqs[1] == cal.Request("POST", "/wp-comments-post.php", 10.0, "comment_post_ID={post}&c={uniq}")
+    assert variables == {"post": ["12", "15"]}
+    (tmp_path / "bad.yml").write_text("requests: []\n")
+    with pytest.raises(ValueError, match="non-empty"):
+        cal.read_profile(tmp_path / "bad.yml")
+    load = cal.ShopLoad("http://127.0.0.1:9/store/", 0, 1, 5, profile=reqs, variables=variables)
+    written = json.loads(Path(load.argv[load.argv.index("--profile-file") + 1]).read_text())
+    assert written["base_path"] == "/store" and written["vars"] == {"post": ["12", "15"]}  # not silently dropped
+    load.kill()
+    assert not Path(load.argv[load.argv.index("--profile-file") + 1]).exists()
+
+
+def test_locustfile_fills_placeholders():
+    # importing the locustfile would patch the stdlib: read the function's source and run it alone
+    import ast
+    import itertools
+    import random
+    import re
+
+    src = (cal.LOCUSTFILE).read_text()
+    tree = ast.parse(src)
+    fill_src = ast.get_source_segment(src, next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fill"))
+    ns = {"re": re, "random": random, "os": os, "_uniq": itertools.count(), "_PLACEHOLDER": re.compile(r"\{(\w+)\}")}
+    exec(fill_src, ns)  # noqa: S102 - our own file
+    out = ns["fill"]("/p/{post}/{id}?q={word}&u={uniq}&k={keep}", {"post": ["12"], "word": ["shoe"]}, 5)
+    m = re.fullmatch(r"/p/12/(\d)\?q=shoe&u=\d+-\d+-\d+&k=\{keep\}", out)
+    assert m and int(m.group(1)) < 5
 
 
 def test_cli_registers_and_rejects_bad_numbers(capsys):
@@ -110,7 +253,9 @@ def test_cli_registers_and_rejects_bad_numbers(capsys):
     assert "--runs >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["calibrate", "--duration", "soon"])
-    assert "lowest" in cal.__doc__ and "--method quantile" in cal.__doc__  # the help explains the derivation
+    assert "MEDIAN OVER THE RUNS" in cal.__doc__ and "``quantile --quantile Q``" in cal.__doc__  # the help explains it
+    args = parser.parse_args(["calibrate", "--min-floor", "-1"])
+    assert args.func(args) == 2
 
 
 # ------------------------------------------------------------------ the benchmark's arithmetic
@@ -153,12 +298,3 @@ def test_seconds_below_and_reaction_times():
     assert analysis.reaction_times(rate, 64.0, [3.0], step) == [0.0]
     # before the first sample
     assert analysis.reaction_times(rate, 64.0, [0.5], step) == [0.0]
-
-
-def test_run_order_alternates_rounds_and_ends_quiet():
-    from bench.copy_guard.run import LOADED, run_order
-
-    names = [n for _, n in run_order(2)]
-    assert names[:5] == LOADED and names[5:10] == list(reversed(LOADED))
-    assert names[-1] == "quiet+copy+guard" and len(names) == 11
-    assert [n for _, n in run_order(1, reverse_first=True)][:5] == list(reversed(LOADED))

@@ -73,3 +73,39 @@ def test_copy_refuses_a_token_file_others_can_read(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "chmod 600" in err and err.count("\n") == 1
     assert not (tmp_path / "dst").exists()
+
+
+def test_commands_run_from_different_directories_share_one_registry(tmp_path, monkeypatch, capsys):
+    from controllers.copy_guard import registry as registry_mod
+
+    monkeypatch.setenv(registry_mod.ENV_DIR, str(tmp_path / "copies"))
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        monkeypatch.chdir(tmp_path / "a")
+        assert main(["copy-guard", "adopt", f"--pid={sleeper.pid}", "--id=s2"]) == 0
+        monkeypatch.chdir(tmp_path / "b")
+        capsys.readouterr()
+        assert main(["copy-guard", "list"]) == 0
+        assert "s2" in capsys.readouterr().out
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not (tmp_path / "a" / ".promreflex").exists()
+
+
+def test_list_shows_an_adopted_copys_duty(tmp_path, capsys):
+    reg = tmp_path / "copies"
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert main(["copy-guard", "adopt", f"--pid={sleeper.pid}", f"--registry.dir={reg}", "--id=s3"]) == 0
+        entry = Registry(reg).get("s3")
+        entry.pause = {"method": "signal", "pids": [sleeper.pid], "duty": 0.25, "until": 0}
+        Registry(reg).update(entry)
+        capsys.readouterr()
+        assert main(["copy-guard", "list", f"--registry.dir={reg}"]) == 0
+        assert "signal 25%" in capsys.readouterr().out
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -242,6 +242,64 @@ def test_a_throttle_lease_expires_back_to_the_base_rate():
     assert snap["throttled_seconds"] == pytest.approx(2, abs=1) and snap["pauses"] == 0
 
 
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.25, 0.1])
+def test_a_share_runs_the_copy_that_share_of_the_time(share):
+    """Each chunk's I/O takes 40 ms here (the clock moves between calls); a share s waits
+    40 ms * (1 - s) / s before the next one, whatever the chunk's size or the disk's speed."""
+    control, clock = fake_control()
+    control.throttle(share=share, lease=600)
+    start = clock.now
+    for _ in range(50):
+        control.wait_turn(CHUNK)
+        clock.now += 0.04  # the chunk's read and write
+    elapsed = clock.now - start
+    assert 50 * 0.04 / elapsed == pytest.approx(share, rel=0.03)
+    snap = control.snapshot()
+    assert snap["share"] == share
+    if share < 1:
+        assert snap["share_wait_seconds"] / (snap["share_wait_seconds"] + snap["work_seconds"]) == \
+            pytest.approx(1 - share, rel=0.03)
+
+
+def test_a_share_counts_a_rate_caps_wait_as_the_copys_own_time():
+    """Under its own --rate-limit the copy's speed is the capped one: a share of 0.5 halves it."""
+    control, clock = fake_control(rate_limit=CHUNK / 0.1)  # 100 ms per chunk
+    control.throttle(share=0.5, lease=600)
+    start = clock.now
+    for _ in range(40):
+        control.wait_turn(CHUNK)
+    assert (clock.now - start) / 39 == pytest.approx(0.2, rel=0.05)
+
+
+def test_a_new_share_or_a_resume_applies_during_the_wait():
+    control, clock = fake_control()
+    control.throttle(share=0.01, lease=600)
+    control.wait_turn(CHUNK)
+    clock.now += 1.0  # a 1 s chunk: at 0.01 the next would wait 99 s
+    waits = []
+    original = control.cond.wait
+
+    def wait(timeout=None):
+        waits.append(timeout)
+        if len(waits) == 3:
+            control.resume()
+        return original(timeout)
+
+    control.cond.wait = wait  # type: ignore[method-assign]
+    before = clock.now
+    control.wait_turn(CHUNK)
+    assert clock.now - before < 1.0 and control.snapshot()["share"] == 1.0
+
+
+@pytest.mark.parametrize("kw", [{}, {"share": 0.5, "bytes_per_second": 10}, {"share": 0}, {"share": 1.5},
+                                {"share": float("nan")}, {"bytes_per_second": float("inf")}])
+def test_a_throttle_takes_exactly_one_valid_limit(kw):
+    control, _ = fake_control()
+    with pytest.raises(ValueError):
+        control.throttle(lease=10, **kw)
+    assert control.snapshot()["mode"] == "running"
+
+
 def test_stop_interrupts_a_pause():
     control, _ = fake_control()
     control.pause(lease=60)
@@ -270,4 +328,8 @@ def test_metrics_report_progress_state_and_pauses(tmp_path):
     assert v("promreflex_copy_state", state="done") == 1
     assert v("promreflex_copy_done_bytes") == 3 * CHUNK == v("promreflex_copy_copied_bytes_total")
     assert v("promreflex_copy_pauses_total") == 1
+    control.throttle(share=0.3, lease=10)
+    assert v("promreflex_copy_throttle_share") == 0.3
+    control.pause(lease=10)
+    assert v("promreflex_copy_throttle_share") == 0
     assert reg.get_sample_value("promreflex_copy_info", {"site": "shop", "id": "copy-1", "io": copier.io_effective}) == 1

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,48 @@ def test_entries_with_wrongly_typed_fields_are_skipped(tmp_path, bad):
     good = {"id": "k", "kind": "copier", "pid": os.getpid(), "site": "s"}
     (tmp_path / "k.json").write_text(json.dumps({**good, **bad}))
     assert Registry(tmp_path).entries() == []
+
+
+def test_the_default_registry_is_absolute_and_the_same_from_any_directory(tmp_path, monkeypatch):
+    """Issue 16: the default was `.promreflex/copies`, relative to each command's working
+    directory, so a copy started elsewhere registered where the controller never looked."""
+    from controllers.copy_guard import registry as registry_mod
+
+    monkeypatch.delenv(registry_mod.ENV_DIR, raising=False)
+    monkeypatch.setattr(registry_mod.os, "geteuid", lambda: 0)
+    assert registry_mod.default_dir() == Path("/var/lib/promreflex/copies")
+    monkeypatch.setattr(registry_mod.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    seen = set()
+    for cwd in (tmp_path, tmp_path / "elsewhere"):
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        seen.add(Registry().dir)
+    assert seen == {tmp_path / "state" / "promreflex" / "copies"}
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/state")  # not absolute: ignored, as the XDG spec says
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert registry_mod.default_dir() == tmp_path / "home" / ".local" / "state" / "promreflex" / "copies"
+    monkeypatch.setenv(registry_mod.ENV_DIR, "rel/copies")
+    assert registry_mod.default_dir() == tmp_path / "elsewhere" / "rel" / "copies"
+
+
+def test_the_entry_lock_serialises_its_holders(tmp_path):
+    import threading
+
+    reg = Registry(tmp_path / "copies")
+    order: list[str] = []
+    inside = threading.Event()
+
+    def other() -> None:
+        with reg.locked("c1"):
+            order.append("other")
+
+    with reg.locked("c1"):
+        t = threading.Thread(target=other)
+        t.start()
+        inside.wait(0.2)  # give the other thread every chance to enter (it must not)
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "other"]
+    reg.remove("c1")
+    assert not reg.lock_path("c1").exists()

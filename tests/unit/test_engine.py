@@ -541,3 +541,37 @@ async def test_a_burst_of_fires_shares_its_rechecks_with_alertmanager(tmp_path):
     await engine.drain()
     assert len(CALLS) == 200
     assert am.calls < 20  # each re-check still starts after its fire was decided
+
+
+async def test_a_host_agent_acts_only_on_its_own_targets(tmp_path, monkeypatch):
+    """``controller.owner``: one configuration for every host of a fleet, each agent's routes see
+    only alerts whose owner label is its own host (read from the environment at start)."""
+    from promreflex.config import Owner
+
+    monkeypatch.setenv("PROMREFLEX_TEST_NODE", "shop-2")
+    owner = Owner(label="instance", value_from_env="PROMREFLEX_TEST_NODE")
+    cfg = ControllerConfig(
+        audit_log=tmp_path / "audit.jsonl", state_file=tmp_path / "state.db", alertmanager_url=None, owner=owner,
+        routes=[Route(name="r", matchers=['alertname="Overload"'], action="test-recorder")],
+    )
+    engine = Engine(cfg, ControllerMetrics(CollectorRegistry(), ["test-recorder"]), AuditLog(cfg.audit_log), services={})
+    for host in ("shop-1", "shop-2", "shop-3"):
+        await deliver(engine, alert("Overload", starts=STARTS, instance=host))
+    await deliver(engine, alert("Overload", starts=STARTS))  # no instance label: not a host's alert
+    await engine.drain()
+    assert [(c[0], c[2]) for c in CALLS] == [("fire", "shop-2")]
+
+
+def test_an_owner_needs_one_value_that_is_set(monkeypatch):
+    from pydantic import ValidationError
+
+    from promreflex.config import Owner
+
+    monkeypatch.delenv("PROMREFLEX_TEST_NODE", raising=False)
+    with pytest.raises(ValidationError, match="PROMREFLEX_TEST_NODE is not set"):
+        Owner(label="instance", value_from_env="PROMREFLEX_TEST_NODE")
+    with pytest.raises(ValidationError, match="exactly one"):
+        Owner(label="instance")
+    with pytest.raises(ValidationError, match="exactly one"):
+        Owner(label="instance", value="a", value_from_env="HOME")
+    assert Owner(label="node", value="n1").resolved() == "n1"

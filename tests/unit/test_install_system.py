@@ -18,8 +18,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "install-system.sh"
-# The script's own map of checked binary -> package, so the fake installs what the script checks.
-BIN_TO_PKG = dict(re.findall(r"^\s*\[(/usr/\S+)\]=(\S+)$", SCRIPT.read_text(), re.M))
+# The script's own maps (one per profile) of checked file -> package, so the fake installs what the
+# script checks. Without arguments the script installs the base profile.
+PROFILES = {
+    name: dict(re.findall(r"^\s*\[(/usr/\S+)\]=(\S+)$", body, re.M))
+    for name, body in re.findall(r"^declare -A PROFILE_(\w+)=\((.*?)^\)", SCRIPT.read_text(), re.M | re.S)
+}
+BIN_TO_PKG = PROFILES["base"]
+ALL_BIN_TO_PKG = {b: p for m in PROFILES.values() for b, p in m.items()}
 PACKAGES = sorted(set(BIN_TO_PKG.values()))
 OLD_TRAP = 'cleanup() { [ "$created_guard" -eq 1 ] && $SUDO rm -f "$guard"; }'
 GUARD = "#!/bin/sh\n# the machine's own guard\nexit 101\n"
@@ -62,7 +68,7 @@ class Sandbox:
             path.write_text("")
             path.chmod(0o755)
 
-    def run(self, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
+    def run(self, script: Path = SCRIPT, *profiles: str) -> subprocess.CompletedProcess[str]:
         env = {
             "PATH": f"{self.stubs}:/usr/bin:/bin",
             "HOME": str(self.tmp),
@@ -71,7 +77,7 @@ class Sandbox:
             "FAKE_LOG": str(self.log),
             "FAKE_MAP": str(self.tmp / "map"),
         }
-        return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(["bash", str(script), *profiles], env=env, capture_output=True, text=True, timeout=60, check=False)
 
     def calls(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
@@ -82,7 +88,7 @@ def box(tmp_path: Path) -> Sandbox:
     sb = Sandbox(tmp_path, tmp_path / "root", tmp_path / "policy-rc.d", tmp_path / "stubs", tmp_path / "calls.log")
     sb.root.mkdir()
     sb.stubs.mkdir()
-    (tmp_path / "map").write_text("".join(f"{pkg} {binary}\n" for binary, pkg in BIN_TO_PKG.items()))
+    (tmp_path / "map").write_text("".join(f"{pkg} {binary}\n" for binary, pkg in ALL_BIN_TO_PKG.items()))
     sb.stub("apt-get", FAKE_APT)
     sb.stub("service", FAKE_SERVICE)
     sb.stub("sudo", FAKE_SUDO)
@@ -92,6 +98,29 @@ def box(tmp_path: Path) -> Sandbox:
 
 def test_the_script_checks_every_package_promreflex_runs():
     assert PACKAGES == ["nginx", "prometheus", "prometheus-alertmanager", "prometheus-nginx-exporter", "prometheus-node-exporter"]
+    assert sorted(PROFILES) == ["base", "shop", "swift", "tshark"]
+    assert {"swift-proxy", "swift-object", "memcached", "tcpdump"} <= set(PROFILES["swift"].values())
+    assert {"php8.2-fpm", "mariadb-server", "wordpress"} <= set(PROFILES["shop"].values())
+
+
+def test_profiles_install_only_their_missing_packages(box: Sandbox):
+    box.install_all()
+    box.guard.write_text(GUARD)
+    box.guard.chmod(0o755)
+    r = box.run(SCRIPT, "base", "swift")
+    assert r.returncode == 0, r.stderr
+    swift = " ".join(sorted(set(PROFILES["swift"].values())))
+    assert f"install -y -q --no-install-recommends {swift}" in box.calls()
+    box.log.unlink()
+    assert box.run(SCRIPT, "base", "swift").returncode == 0
+    assert box.calls() == []
+
+
+def test_an_unknown_profile_is_refused(box: Sandbox):
+    r = box.run(SCRIPT, "base", "grafana")
+    assert r.returncode == 2
+    assert "unknown profile 'grafana'" in r.stderr
+    assert box.calls() == []
 
 
 @pytest.mark.parametrize("guard_present", [True, False], ids=["guard-present", "guard-absent"])

@@ -462,3 +462,63 @@ async def test_pending_wait_is_bounded_and_can_be_off(env):
     am.hold("a")
     await action.fire(ctx(params(tmp, pending_wait="0s"), services, "a"))
     assert prom.queries.count(PENDING) == n  # not even asked
+
+
+class LeafWithoutLatency(FakePrometheus):
+    """a -> b -> c with latency measured only for a and b (c is a database nobody times) and
+    c's CPU far out of its baseline: the dependency rule stops at b (its only dependency is
+    not slow), the ranking is headed by c."""
+
+    async def query(self, expr: str, time: float | None = None) -> list[dict[str, Any]]:
+        rows = await super().query(expr, time)
+        return [r for r in rows if r["metric"].get("service") != self.root or "max_over_time" not in expr]
+
+    async def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        rows = await super().query_range(expr, start, end, step)
+        if expr == MESH_QUERIES["latency"]:
+            return [r for r in rows if r["metric"]["service"] != self.root]
+        if f'service="{self.root}"' in expr:
+            n = len(rows[0]["values"])
+            return [{"metric": {}, "values": [[t, "0.1" if i < n - 6 else "5"] for i, (t, _) in enumerate(rows[0]["values"])]}]
+        return rows
+
+
+async def test_the_action_names_the_ranking_head_where_the_dependency_rule_names_another(env):
+    action, _, am, registry, services, tmp = env
+    prom = LeafWithoutLatency()
+    services["prometheus"] = prom
+    am.hold("a", "b")
+    p = params(tmp)
+    detail = await action.fire(ctx(p, services, "a"))
+
+    report = Finding.load(tmp / "rca" / "latest.json")
+    assert report.root_causes == ["b"]  # the rule's candidate: slow, its dependency c is not
+    assert report.ranking[0].service == "c" and report.ranking[0].top_signal == "cpu:cpu"
+    assert detail.startswith("root cause c (score ")  # the head, as `rca offline` would say
+    assert value(registry, "promreflex_root_cause", service="c") == pytest.approx(report.ranking[0].score)
+    assert value(registry, "promreflex_root_cause", service="b") is None
+    posted = am.latest()
+    assert set(posted) == {("MeshRootCause", "c"), ("MeshRootCauseSymptom", "a"), ("MeshRootCauseSymptom", "b")}
+    assert posted[("MeshRootCauseSymptom", "b")]["labels"]["root_cause"] == "c"
+    assert "the dependency rule alone would name b" in report.explain()
+
+
+def test_attribute_adds_a_second_root_only_for_an_unexplained_candidate_with_a_significant_anomaly():
+    quiet, hot = [0.05] * 20, [0.05] * 15 + [0.5] * 5
+    tiny = [0.05] * 15 + [0.0505] * 5  # rises, but within the noise floor: z < 3.5
+    data = AnalysisInput(
+        edges=[("a", "b"), ("x", "y")],
+        services={"a": ServiceData(latency=LatencyStats(series=_series(hot))),
+                  "b": ServiceData(resources={"cpu": _series([0.1] * 15 + [9.0] * 5)}),
+                  "x": ServiceData(latency=LatencyStats(series=_series(hot))),
+                  "y": ServiceData(latency=LatencyStats(series=_series(quiet))),
+                  "q": ServiceData(latency=LatencyStats(series=_series(tiny)))},
+        alerting=["a", "x", "q"],
+    )
+    finding = analyse(data)
+    assert finding.ranking[0].service == "b"  # a and x tie behind it (the same latency rise)
+    roots, symptoms = attribute(finding, {"a", "x", "q"})
+    assert list(roots) == ["b", "x"]  # b: the head; x waits on nothing flagged and is anomalous itself
+    assert symptoms == {"a": "b"}  # q's own anomaly is noise: not flagged, not anyone's symptom
+    roots, _ = attribute(finding, {"a"})
+    assert list(roots) == ["b"]

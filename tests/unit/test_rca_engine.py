@@ -318,3 +318,20 @@ def test_a_callee_whose_own_resources_peaked_explains_its_caller():
 def test_explain_share_zero_is_the_plain_graph_rule():
     f = analyse(collateral_input(0.1), AnalysisConfig(explain_share=0))
     assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
+
+
+def test_below_the_significance_cut_off_the_dependency_rule_orders_the_ranking():
+    flat = TimeSeries.of([0.05] * 20)
+    wobble = TimeSeries.of([0.10, 0.11] * 8 + [0.12] * 4)  # a rise of about 2 robust sigma: noise
+    data = AnalysisInput(
+        services={"a": ServiceData(latency=LatencyStats(series=flat)),  # alerting, nothing measured moved
+                  "b": ServiceData(latency=LatencyStats(series=flat), resources={"cpu": wobble})},
+        alerting=["a"], baseline_end=15.0,
+    )
+    f = analyse(data, AnalysisConfig(relative=False))
+    b = f.verdict("b")
+    assert 0 < b.score < f.config.z_threshold and f.verdict("a").score < b.score
+    assert f.top(2) == ["a", "b"]  # the rule's candidate first: b's higher score is noise
+    spiked = data.model_copy(update={"services": {
+        **data.services, "b": ServiceData(latency=LatencyStats(series=flat), resources={"cpu": TimeSeries.of([0.1] * 16 + [0.9] * 4)})}})
+    assert analyse(spiked, AnalysisConfig(relative=False)).top(1) == ["b"]  # a significant anomaly leads

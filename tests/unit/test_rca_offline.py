@@ -28,11 +28,12 @@ def neutral_copy(src: Path, dst: Path, prefix: str) -> Path:
 @needs_corpus
 def test_sock_shop_names_carts_first():
     f = analyse_dir(SOCK_SHOP)
-    # The dependency rule names carts; the anomaly ranking puts user's memory first (its
-    # collector's memory rate jumps 3,000-fold 40 s after carts slowed), carts second.
-    assert f.root_causes[0] == "carts"
-    assert f.top(2) == ["user", "carts"] and f.verdict("user").top_signal == "memory:memory"
-    assert "earliest significant change point" in f.explain()
+    # The ranking and the dependency rule agree. user's ctn_memory (a rate() of the working-set
+    # gauge, which jumps 3,000-fold when memory is freed) is not scored: scored, it put user first.
+    assert f.top(1) == ["carts"] and f.root_causes[0] == "carts"
+    assert f.verdict("carts").score > 10 * f.ranking[1].score
+    assert {sig.kind for sig in f.verdict("user").signals} == {"latency", "cpu", "network"}
+    assert "ctn_memory is not scored: it is rate(container_memory_working_set_bytes[1m])" in f.explain()
     carts = f.verdict("carts")
     assert carts.latency_z > 20 and carts.latency_s == pytest.approx(0.06034, rel=1e-3)
     assert carts.dependencies == ["carts-db"]
@@ -59,7 +60,9 @@ def test_sock_shop_reading_hosts_and_throughput_columns():
     # Milliseconds became seconds; the service's latency is the max over its callers.
     carts = data.services["carts"].latency.series
     assert len(carts.points) == 31 and max(carts.values) == pytest.approx(0.06034, rel=1e-3)
-    assert set(data.services["user"].resources) == {"cpu", "memory"}
+    assert set(data.services["user"].resources) == {"cpu", "network"}
+    # ctn_network is the packet rate squared: the square root is what is scored.
+    assert data.services["user"].resources["network"].values[0] == pytest.approx(0.9350443991855177 ** 0.5)
     assert any("hosts" in n for n in data.notes) and any("byte rates" in n for n in data.notes)
 
 
@@ -77,7 +80,7 @@ def test_fixture_chain_blames_the_hot_bottom():
     assert f.top(1) == ["stock"]
     assert f.verdict("orders").group == "symptom" and f.verdict("pay").group == "not_slow"
     stock = f.verdict("stock")
-    assert stock.resources["cpu"].anomalous and not stock.resources["memory"].anomalous
+    assert stock.resources["cpu"].anomalous and stock.resources["memory"] is None  # ctn_memory: not scored
     assert stock.dependencies == ["stock-db"]
     text = f.explain()
     assert "exp1_orders.csv: skipped 1 cell(s) that were not numbers." in text

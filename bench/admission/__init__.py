@@ -1,0 +1,1 @@
+"""The session admission bench (seed 002): :mod:`bench.admission.run`."""

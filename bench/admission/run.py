@@ -1,0 +1,699 @@
+"""Reproduce session-level queue scheduling (seed 002) on this machine, and check its targets.
+
+Arms (:mod:`bench.admission.arms`): no control, nginx ``limit_conn``/``limit_req``, the
+admission proxy with its page scheduler only, and the full scheme (page + session scheduler),
+each in front of the same 7-page app (:mod:`bench.admission.app`: real CPU work in a bounded
+pool of worker processes), loaded by the paper's session clients (:mod:`bench.admission.locustfile`:
+think time, client timeout, retry from the first page).
+
+Steps (each under the machine's heavy lock, ``--lock``, one client count at a time so every arm
+of a count runs back to back, the arm order alternating between counts):
+1. calibration: the app's capacity in sessions/s (clients with no think time, arm ``none``);
+   saturation = the client count whose light-load offered rate equals it:
+   ``N_sat = capacity x (7 x think + session CPU)``; nginx's limits are set from it too;
+2. the sweep, condition ``base`` (think 3 s, timeout 60 s): ``--multiples`` x N_sat clients,
+   every arm; then the paper's variations ``timeout30`` and ``think1`` at ``--var-multiples``
+   (the same client counts, as the paper's figures keep their x axis);
+3. the proxy's overhead (:mod:`bench.admission.overhead`): added latency at 1,000 req/s beside
+   the app alone, and its ceiling per core;
+4. the report: ``summary.json``, ``summary.md``, ``sessions.png`` (completed sessions/s vs
+   clients, per arm, per condition), ``failures.png`` (failed sessions by page at 1x and 4x).
+
+Every duration is scaled by ``--scale`` (see :mod:`bench.admission.pages`). A point is counted
+over the same window in every arm (:mod:`bench.admission.counting`). Points already measured
+(same scale and clients, in ``raw/``) are kept, so the sweep can be run in chunks
+(``--conditions``, ``--multiples``); ``--fresh`` starts over, ``--report-only`` just rebuilds
+the report.
+
+    flock /tmp/promreflex-heavy.lock uv run --frozen python -m bench.admission      # ~30 min
+    uv run --frozen python -m bench.admission --lock /tmp/promreflex-heavy.lock     # same, lets others in between counts
+    uv run --frozen python -m bench.admission --demo                                # the flash crowd, ~3 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.admission import plot
+from bench.admission.app import calibrate_iters_per_ms
+from bench.admission.arms import ARM_LABELS, ARMS, ArmStack, NginxLimits, proxy_config
+from bench.admission.counting import count, per_second, read_events, window_after_start
+from bench.admission.load import ClientModel, Clients, locust_argv
+from bench.admission.overhead import added, closed_loop, cpu_seconds, open_loop
+from bench.admission.pages import PAGES, PAPER_THINK_S, PAPER_TIMEOUT_S, SESSION_PAPER_MS, STATIC_PATH
+from bench.conditions import HostSampler, describe, heavy_lock
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "admission"
+CONDITIONS: dict[str, tuple[float, float]] = {  # name: (think, timeout) in the paper's seconds
+    "base": (PAPER_THINK_S, PAPER_TIMEOUT_S),
+    "timeout30": (PAPER_THINK_S, 30.0),
+    "think1": (1.0, PAPER_TIMEOUT_S),
+}
+PER_HTTP_REQUEST_S = 0.001  # fixed cost of one request on this machine (nginx, HTTP, pool), not scaled
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Settings:
+    scale: float = 0.1
+    workers: int = 16
+    warmup_paper_s: float = 80.0  # before the window: more than one client timeout
+    window_paper_s: float = 250.0
+    tail_paper_s: float = 20.0  # clients run on after the window, so its end is not cut
+    conditions: tuple[str, ...] = ("base", "timeout30", "think1")
+    arms: tuple[str, ...] = ARMS
+    multiples: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 4.0)
+    var_multiples: tuple[float, ...] = (1.0, 4.0)
+    conn_per_core: int = 4
+    proxy_overrides: dict[str, Any] = field(default_factory=dict)
+    out: Path = RESULTS
+    lock: Path | None = None
+
+    def s(self, paper_seconds: float) -> float:
+        return paper_seconds * self.scale
+
+    def model(self, condition: str) -> ClientModel:
+        think, timeout = CONDITIONS[condition]
+        return ClientModel(think_s=self.s(think), timeout_s=self.s(timeout))
+
+    @property
+    def session_cpu_s(self) -> float:
+        return self.s(SESSION_PAPER_MS / 1000.0)
+
+
+# ---------------------------------------------------------------- running one point
+
+def _get_json(url: str, timeout: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback we started
+        return json.load(resp)
+
+
+def _proxy_counters(control_url: str) -> dict[str, float]:
+    """A few of the proxy's own counters, summed over labels (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {"sessions_admitted", "sessions_completed", "sessions_abandoned", "sessions_rejected", "requests"}
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"{control_url}/metrics", timeout=2) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+    except OSError:
+        return out
+    for fam in text_string_to_metric_families(text):
+        short = fam.name.removeprefix("promreflex_admission_")
+        if short not in wanted:
+            continue
+        for sample in fam.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            key = short
+            if short == "requests":
+                key = f"requests_{sample.labels.get('outcome', '')}"
+            elif short in ("sessions_abandoned", "sessions_rejected"):
+                key = f"{short}_{sample.labels.get('page') or sample.labels.get('reason', '')}"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+class StateSampler:
+    """The full scheme's scheduler state over time (the paper's last figure), every ``every`` s."""
+
+    def __init__(self, control_url: str, every: float):
+        import threading
+
+        self.url, self.every, self.rows = control_url, every, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                st = _get_json(f"{self.url}/api/v1/state", timeout=1)
+            except (OSError, ValueError):
+                continue
+            self.rows.append({"t": time.time(), "state": st})
+
+    def __enter__(self) -> StateSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+
+
+def run_clients(stack: ArmStack, stages: str, run_for: float, model: ClientModel, workdir: Path,
+                name: str, stagger: bool, arrival_rate: float) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """Clients against ``stack`` for ``run_for`` s; (event file, host conditions, proxy state samples)."""
+    events = workdir / f"{name}.jsonl"
+    events.unlink(missing_ok=True)
+    clients = Clients(locust_argv(stack.url, stages, run_for, model, events, arrival_rate, stagger),
+                      workdir / f"{name}.locust.log", run_for)
+    groups = stack.pid_sources()
+    groups["clients"] = lambda: [clients.pid]
+    states: list[dict[str, Any]] = []
+    with HostSampler(groups=groups) as host:
+        clients.start()
+        try:
+            if stack.arm == "full":
+                with StateSampler(stack.control_url, max(0.1, model.think_s)) as sampler:
+                    clients.wait()
+                states = sampler.rows
+            else:
+                clients.wait()
+        finally:
+            clients.kill()
+    return events, host.summary(), states
+
+
+def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clients: int, multiple: float) -> dict[str, Any]:
+    model = st.model(condition)
+    warmup, window = st.s(st.warmup_paper_s), st.s(st.window_paper_s)
+    stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], limits=nginx_limits(cal, st),
+                     proxy_overrides=st.proxy_overrides).start()
+    raw = st.out / "raw" / "events"
+    raw.mkdir(parents=True, exist_ok=True)
+    name = f"{condition}-{arm}-{clients}"
+    try:
+        events, host, states = run_clients(stack, f"0:{clients}", warmup + window + st.s(st.tail_paper_s), model,
+                                           raw, name, stagger=True, arrival_rate=max(20.0, clients / 2.0))
+        app_stats = _get_json(f"{stack.app_url}/stats")
+        proxy = _proxy_counters(stack.control_url) if stack.has_proxy else {}
+    finally:
+        stack.stop()
+        stack.cleanup()
+    ev = read_events(events)
+    counted = count(ev, window_after_start(ev, warmup, window))
+    wasted_ms = sum(p["wasted_ms"] for p in app_stats["pages"].values())
+    row = {"condition": condition, "arm": arm, "clients": clients, "multiple": multiple, **counted,
+           "app_wasted_cpu_share": wasted_ms / max(1e-9, sum(p["served"] * app_stats["cost_ms"][k]
+                                                             for k, p in app_stats["pages"].items())),
+           "proxy": proxy, "host": host, "bad_lines": ev.bad_lines}
+    if states:
+        (st.out / "raw" / f"state-{name}.json").write_text(json.dumps(states))
+    return row
+
+
+def progress(row: dict[str, Any]) -> str:
+    fp = row["failed_by_page"]
+    start, mid = fp.get("1", 0), row["abandoned"]
+    p99 = row["rt_ok_p99_s"]
+    h = row["host"]
+    return (f"{row['condition']:<9} {row['clients']:>4} clients ({row['multiple']:g}x) {row['arm']:<11} "
+            f"completed {row['completed_per_s']:6.2f}/s  failed start {start:>4} mid {mid:>4}  "
+            f"p50 {fmt_s(row['rt_ok_p50_s'])} p99 {fmt_s(p99)}  wasted {row['wasted_share']:.0%}  "
+            f"CPU busy {h.get('cpu_busy_pct') or 0:.0f}% steal {h.get('cpu_steal_pct') or 0:.0f}%")
+
+
+def fmt_s(v: float | None) -> str:
+    if v is None:
+        return "   -  "
+    return f"{v * 1000:5.0f}ms" if v < 1 else f"{v:5.1f}s "
+
+
+class LockChunks:
+    """The machine's heavy-job lock (flock), held for chunks of at most ``budget_s``: before a
+    group of points, :meth:`need` keeps the lock if the group fits in the current chunk, else
+    releases it (others may go) and takes it again. Every arm of a client count runs in one chunk."""
+
+    def __init__(self, path: Path | None, budget_s: float = 570.0):
+        self.path, self.budget_s = path, budget_s
+        self._f: Any = None
+        self._since = 0.0
+
+    def need(self, seconds: float) -> None:
+        if self.path is None:
+            return
+        if self._f is not None and time.monotonic() - self._since + seconds > self.budget_s:
+            self.release()
+        if self._f is None:
+            self._f = open(self.path, "a")  # noqa: SIM115 - closed in release()
+            t = time.monotonic()
+            fcntl.flock(self._f, fcntl.LOCK_EX)
+            if time.monotonic() - t > 1:
+                log(f"waited {time.monotonic() - t:.0f}s for {self.path}")
+            self._since = time.monotonic()
+
+    def release(self) -> None:
+        if self._f is not None:
+            held = time.monotonic() - self._since
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+            self._f = None
+            log(f"released {self.path} after {held:.0f}s")
+
+    def __enter__(self) -> LockChunks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---------------------------------------------------------------- calibration
+
+def nginx_limits(cal: dict[str, Any], st: Settings) -> NginxLimits:
+    rate = max(1, round(cal["capacity_sessions_per_s"] * len(PAGES)))
+    return NginxLimits(rate_per_s=rate, burst=rate, conn=st.conn_per_core * cal["cores"])
+
+
+def calibrate(st: Settings) -> dict[str, Any]:
+    """The app's capacity (sessions/s with no think time) and the saturating client count."""
+    import psutil
+
+    ipm = calibrate_iters_per_ms()
+    stack = ArmStack("none", st.scale, st.workers, ipm).start()
+    work = st.out / "raw" / "events"
+    work.mkdir(parents=True, exist_ok=True)
+    model = ClientModel(think_s=0.0, timeout_s=60.0)
+    clients = 2 * st.workers
+    try:
+        events, host, _ = run_clients(stack, f"0:{clients}", 10.0, model, work, "calibration", stagger=False,
+                                      arrival_rate=100.0)
+    finally:
+        stack.stop()
+        stack.cleanup()
+    ev = read_events(events)
+    c = count(ev, window_after_start(ev, 3.0, 6.0))
+    capacity = c["completed_per_s"]
+    base = st.model("base")
+    cycle = base.cycle_s(st.session_cpu_s + len(PAGES) * PER_HTTP_REQUEST_S)
+    return {"iters_per_ms": round(ipm, 2), "capacity_sessions_per_s": round(capacity, 2),
+            "capacity_requests_per_s": round(capacity * len(PAGES), 1), "cycle_s": round(cycle, 3),
+            "n_sat": max(1, round(capacity * cycle)), "cores": psutil.cpu_count() or 2, "host": host,
+            "scale": st.scale, "workers": st.workers, "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+# ---------------------------------------------------------------- the sweep
+
+def _raw_path(st: Settings, name: str) -> Path:
+    return st.out / "raw" / f"{name}.json"
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def client_counts(cal: dict[str, Any], multiples: tuple[float, ...]) -> list[tuple[float, int]]:
+    return [(m, max(1, round(m * cal["n_sat"]))) for m in multiples]
+
+
+def point_seconds(st: Settings) -> float:
+    """Wall time of one point: the clients' run plus about 4 s to start and stop the processes."""
+    return st.s(st.warmup_paper_s + st.window_paper_s + st.tail_paper_s) + 4.0
+
+
+def plan(st: Settings, with_overhead: bool) -> list[tuple[str, float]]:
+    """The order of the steps, most telling first (the lock may not come back soon): the base
+    condition's first three counts (1x, 4x, 2x by default), each variation's first count, the
+    overhead, then the rest."""
+    base = [("base", m) for m in st.multiples] if "base" in st.conditions else []
+    var = [[(c, m) for m in st.var_multiples] for c in st.conditions if c != "base"]
+    first = base[:3] + [v[0] for v in var if v]
+    rest = base[3:] + [x for v in var for x in v[1:]]
+    return first + ([("overhead", 0.0)] if with_overhead else []) + rest
+
+
+def sweep(st: Settings, cal: dict[str, Any] | None, lock: LockChunks, steps: list[tuple[str, float]]) -> None:
+    announced: set[str] = set()
+    for i, (condition, m) in enumerate(steps):
+        if condition == "overhead":
+            lock.need(120.0)
+            log("overhead: 1,000 req/s direct vs through the proxy, then the proxy's ceiling")
+            ov = overhead(st)
+            _raw_path(st, "overhead").write_text(json.dumps(ov, indent=1))
+            continue
+        assert cal is not None
+        path = _raw_path(st, condition)
+        rows: list[dict[str, Any]] = [r for r in (load_json(path) or []) if r.get("scale") == st.scale]
+        n = client_counts(cal, (m,))[0][1]
+        model = st.model(condition)
+        if condition not in announced:
+            announced.add(condition)
+            log(f"condition {condition}: think {model.think_s:g}s, timeout {model.timeout_s:g}s (paper "
+                f"{CONDITIONS[condition][0]:g}s/{CONDITIONS[condition][1]:g}s x scale {st.scale:g})")
+        done = {(r["arm"], r["clients"]) for r in rows}
+        arms = [a for a in (st.arms if i % 2 == 0 else tuple(reversed(st.arms))) if (a, n) not in done]
+        if not arms:
+            continue
+        lock.need(point_seconds(st) * len(arms))
+        for arm in arms:
+            row = run_point(st, cal, condition, arm, n, m)
+            row["scale"] = st.scale
+            rows = [r for r in rows if (r["arm"], r["clients"]) != (arm, n)] + [row]
+            path.write_text(json.dumps(rows, indent=1))
+            log(progress(row))
+
+
+# ---------------------------------------------------------------- overhead
+
+def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: int = 3) -> dict[str, Any]:
+    """Added latency at ``rate`` req/s (proxy vs app alone, alternating blocks) and the ceiling."""
+    stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0,
+                     proxy_overrides={"page_scheduler.timeout": 10.0, **st.proxy_overrides}).start()
+    paths = {"static": (STATIC_PATH, None), "page": (PAGES[1].path, PAGES[0].path)}
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        with HostSampler(groups=stack.pid_sources()) as host:
+            for path, login in paths.values():  # warm both
+                for port in (stack.app_port, stack.proxy_port):
+                    asyncio.run(open_loop("127.0.0.1", port, path, rate, 1.0, login=login if port == stack.proxy_port else None))
+            pooled: dict[tuple[str, str], list[float]] = {}
+            for r in range(rounds):
+                order = [("direct", stack.app_port), ("proxy", stack.proxy_port)]
+                for name, (path, login) in paths.items():
+                    for via, port in (order if r % 2 == 0 else order[::-1]):
+                        res = asyncio.run(open_loop("127.0.0.1", port, path, rate, block_s,
+                                                    login=login if via == "proxy" else None))
+                        pooled.setdefault((name, via), []).extend(res.latencies)
+                        key = f"{name}/{via}"
+                        acc = results.setdefault(key, {"sent": 0, "errors": 0, "seconds": 0.0})
+                        acc["sent"] += res.sent
+                        acc["errors"] += res.errors
+                        acc["seconds"] += res.seconds
+                        log(f"overhead round {r + 1}/{rounds} {key}: {res.summary()}")
+            from bench.admission.counting import percentile
+
+            for (name, via), lat in pooled.items():
+                acc = results[f"{name}/{via}"]
+                acc["ok"] = len(lat)
+                acc["rate"] = round(len(lat) / acc["seconds"], 1) if acc["seconds"] else 0.0
+                acc["p50_ms"] = _ms(percentile(lat, 50))
+                acc["p99_ms"] = _ms(percentile(lat, 99))
+            ceiling = {}
+            proxy_pid = stack.pids()["proxy"][0]
+            for name, (path, login) in paths.items():
+                before = cpu_seconds(proxy_pid)
+                res = asyncio.run(closed_loop("127.0.0.1", stack.proxy_port, path, 5.0, conns=64, login=login))
+                used = cpu_seconds(proxy_pid) - before
+                s = res.summary()
+                ceiling[name] = {**s, "proxy_cpu_s": round(used, 2), "proxy_cores": round(used / res.seconds, 2),
+                                 "per_core": round(len(res.latencies) / used) if used > 0 else None}
+                log(f"ceiling {name}: {s['rate']:.0f} req/s with the proxy using {used / res.seconds:.2f} cores "
+                    f"-> {ceiling[name]['per_core']} req/s per core")
+    finally:
+        stack.stop()
+        stack.cleanup()
+    return {"rate": rate, "block_s": block_s, "rounds": rounds, "paths": {k: v[0] for k, v in paths.items()},
+            "runs": results,
+            "added": {name: added(results[f"{name}/direct"], results[f"{name}/proxy"]) for name in paths},
+            "ceiling": ceiling, "host": host.summary()}
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000.0, 3)
+
+
+# ---------------------------------------------------------------- the report
+
+def targets(base_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, from the base condition: at the largest count (4x), the full scheme
+    keeps >= 90 % of its peak completed sessions/s (and of the best arm's peak), and fails
+    sessions only at their first page."""
+    out: dict[str, Any] = {}
+    if not base_rows:
+        return out
+    top = max(r["multiple"] for r in base_rows)
+    best_peak = max(r["completed_per_s"] for r in base_rows)
+    for arm in ARMS:
+        rows = [r for r in base_rows if r["arm"] == arm]
+        at_top = [r for r in rows if r["multiple"] == top]
+        if not rows or not at_top:
+            continue
+        peak = max(r["completed_per_s"] for r in rows)
+        t = at_top[0]
+        out[arm] = {"multiple": top, "clients": t["clients"], "completed_per_s": round(t["completed_per_s"], 2),
+                    "peak_per_s": round(peak, 2), "of_own_peak": round(t["completed_per_s"] / peak, 3) if peak else None,
+                    "of_best_peak": round(t["completed_per_s"] / best_peak, 3) if best_peak else None,
+                    "failed_start": t["failed_by_page"].get("1", 0), "failed_mid": t["abandoned"]}
+    full = out.get("full")
+    if full:
+        out["verdict"] = {"keeps_90pct_of_own_peak": bool(full["of_own_peak"] and full["of_own_peak"] >= 0.9),
+                          "keeps_90pct_of_best_peak": bool(full["of_best_peak"] and full["of_best_peak"] >= 0.9),
+                          "failures_only_at_start": full["failed_mid"] == 0}
+    return out
+
+
+def compact(row: dict[str, Any]) -> dict[str, Any]:
+    keep = ("condition", "arm", "clients", "multiple", "window_s", "completed", "completed_per_s", "failed",
+            "failed_by_page", "failed_by_group", "failed_by_reason", "abandoned", "ok_per_s", "wasted_share",
+            "app_wasted_cpu_share", "rt_ok_p50_s", "rt_ok_p90_s", "rt_ok_p99_s", "session_p50_s", "proxy")
+    out = {k: row.get(k) for k in keep}
+    for k, v in list(out.items()):
+        if isinstance(v, float):
+            out[k] = round(v, 4)
+    h = row.get("host") or {}
+    out["cpu_busy_pct"], out["cpu_steal_pct"] = h.get("cpu_busy_pct"), h.get("cpu_steal_pct")
+    out["cores_used"] = {g: v["cores"] for g, v in (h.get("groups") or {}).items()}
+    return out
+
+
+def report(st: Settings, command: str) -> dict[str, Any]:
+    cal = load_json(_raw_path(st, "calibration"))
+    rows = {c: sorted(load_json(_raw_path(st, c)) or [], key=lambda r: (r["clients"], ARMS.index(r["arm"])))
+            for c in CONDITIONS}
+    ov = load_json(_raw_path(st, "overhead"))
+    summary: dict[str, Any] = {
+        "command": command,
+        "scale": st.scale,
+        "conditions": {c: {"paper_think_s": t, "paper_timeout_s": to, "think_s": round(t * st.scale, 3),
+                           "timeout_s": round(to * st.scale, 3)} for c, (t, to) in CONDITIONS.items()},
+        "window": {"warmup_s": st.s(st.warmup_paper_s), "seconds": st.s(st.window_paper_s),
+                   "paper_warmup_s": st.warmup_paper_s, "paper_seconds": st.window_paper_s},
+        "app": {"workers": st.workers, "pages_cpu_ms": {p.name: p.paper_ms * st.scale for p in PAGES}},
+        "calibration": {k: v for k, v in (cal or {}).items() if k != "host"},
+        "nginx_limits": asdict(nginx_limits(cal, st)) if cal else None,
+        "proxy_config": proxy_config(0, 0, 0, st.scale, True, st.proxy_overrides)["admission"],
+        "points": {c: [compact(r) for r in rs] for c, rs in rows.items() if rs},
+        "targets": targets(rows["base"]),
+        "overhead": ov,
+        "hosts": {c: _hosts([r.get("host") or {} for r in rs]) for c, rs in rows.items() if rs},
+    }
+    st.out.mkdir(parents=True, exist_ok=True)
+    (st.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    pngs = plot.write(st.out, summary)
+    md = markdown(summary, pngs)
+    (st.out / "summary.md").write_text(md)
+    print(md)
+    return summary
+
+
+def _hosts(hs: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean(k: str) -> float | None:
+        vals = [h[k] for h in hs if h.get(k) is not None]
+        return round(sum(vals) / len(vals), 1) if vals else None
+
+    return {"points": len(hs), "cpu_busy_pct": mean("cpu_busy_pct"), "cpu_steal_pct": mean("cpu_steal_pct"),
+            "load1_max": max((h.get("load1_max") or 0 for h in hs), default=None)}
+
+
+def markdown(s: dict[str, Any], pngs: list[str]) -> str:
+    lines = ["# Session admission bench (seed 002)", "", f"Command: `{s['command']}`", ""]
+    cal = s.get("calibration") or {}
+    lines += [f"Time scale {s['scale']:g}: every duration is the paper's x {s['scale']:g} (page CPU, think time, "
+              f"client timeout, warm-up {s['window']['warmup_s']:g} s and window {s['window']['seconds']:g} s = "
+              f"paper {s['window']['paper_warmup_s']:g} s / {s['window']['paper_seconds']:g} s); sessions/s are "
+              f"1/{s['scale']:g} of the unscaled figure.", ""]
+    if cal:
+        lines += [f"App: {s['app']['workers']} worker processes, page CPU ms {s['app']['pages_cpu_ms']}; capacity "
+                  f"{cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s); saturation "
+                  f"N_sat = {cal['n_sat']} clients (capacity x light-load cycle {cal['cycle_s']} s). "
+                  f"nginx limits: {s['nginx_limits']}.", ""]
+    for cond, rows in s["points"].items():
+        c = s["conditions"][cond]
+        arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
+        lines += [f"## {cond}: think {c['paper_think_s']:g} s, timeout {c['paper_timeout_s']:g} s "
+                  f"(scaled: {c['think_s']:g} s / {c['timeout_s']:g} s)", "",
+                  "Completed sessions/s (failed at page 1 / failed at pages 2-7, in the window; p99 response time of "
+                  "answered requests):", "",
+                  "| clients | " + " | ".join(ARM_LABELS[a] for a in arms) + " |",
+                  "|---|" + "---|" * len(arms)]
+        for n in sorted({r["clients"] for r in rows}):
+            cells = []
+            mult = next(r["multiple"] for r in rows if r["clients"] == n)
+            for a in arms:
+                r = next((r for r in rows if r["clients"] == n and r["arm"] == a), None)
+                cells.append("-" if r is None else
+                             f"**{r['completed_per_s']:.2f}** ({r['failed_by_page']['1']}/{r['abandoned']}; "
+                             f"{fmt_s(r['rt_ok_p99_s']).strip()})")
+            lines.append(f"| {n} ({mult:g}x) | " + " | ".join(cells) + " |")
+        host = s["hosts"].get(cond) or {}
+        lines += ["", f"Conditions: CPU busy {host.get('cpu_busy_pct')}% (steal {host.get('cpu_steal_pct')}%) "
+                  f"on average over {host.get('points')} points, load average max {host.get('load1_max')}.", ""]
+    t = s.get("targets") or {}
+    if t:
+        lines += ["## Targets (base condition, largest client count)", "",
+                  "| arm | clients | completed/s | its peak | of own peak | of best arm's peak | failed at start | failed mid-session |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for a in ARMS:
+            if a in t:
+                r = t[a]
+                lines.append(f"| {ARM_LABELS[a]} | {r['clients']} ({r['multiple']:g}x) | {r['completed_per_s']} | "
+                             f"{r['peak_per_s']} | {r['of_own_peak']:.0%} | {r['of_best_peak']:.0%} | "
+                             f"{r['failed_start']} | {r['failed_mid']} |")
+        v = t.get("verdict")
+        if v:
+            lines += ["", f"Full scheme keeps >= 90 % of its own peak: **{'yes' if v['keeps_90pct_of_own_peak'] else 'no'}**; "
+                      f"of the best arm's peak: **{'yes' if v['keeps_90pct_of_best_peak'] else 'no'}**; failures only "
+                      f"at session start: **{'yes' if v['failures_only_at_start'] else 'no'}**.", ""]
+    ov = s.get("overhead")
+    if ov:
+        lines += [f"## Proxy overhead at {ov['rate']:g} req/s (open loop, {ov['rounds']} alternating rounds of "
+                  f"{ov['block_s']:g} s per path and side)", "",
+                  "| path | direct p50 | direct p99 | proxy p50 | proxy p99 | added p50 | added p99 | ceiling req/s per proxy core |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name in ov["paths"]:
+            d, p, a = ov["runs"][f"{name}/direct"], ov["runs"][f"{name}/proxy"], ov["added"][name]
+            ceil = ov["ceiling"].get(name, {})
+            lines.append(f"| {name} (`{ov['paths'][name]}`) | {d['p50_ms']} ms | {d['p99_ms']} ms | {p['p50_ms']} ms | "
+                         f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | {ceil.get('per_core')} "
+                         f"({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |")
+        lines += ["", f"Conditions: {describe(ov['host'])}.", ""]
+    if pngs:
+        lines += ["Plots: " + ", ".join(f"`{p}`" for p in pngs), ""]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the demo
+
+def demo(st: Settings, before_paper_s: float = 150.0, crowd_paper_s: float = 450.0) -> dict[str, Any]:
+    """A flash crowd with and without the scheme: 0.5x saturation, then 4x, on arms none and full."""
+    out = st.out / "quick"
+    out.mkdir(parents=True, exist_ok=True)
+    with heavy_lock(st.lock):
+        log("calibrating the app's capacity (10 s)")
+        cal = calibrate(st)
+        log(f"capacity {cal['capacity_sessions_per_s']} sessions/s -> saturation at {cal['n_sat']} clients")
+        light, crowd = max(1, round(0.5 * cal["n_sat"])), max(2, round(4 * cal["n_sat"]))
+        before, during = st.s(before_paper_s), st.s(crowd_paper_s)
+        model = st.model("base")
+        results: dict[str, Any] = {}
+        for arm in ("none", "full"):
+            log(f"arm {arm}: {light} clients for {before:g} s, then a flash crowd of {crowd} for {during:g} s")
+            stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], proxy_overrides=st.proxy_overrides).start()
+            try:
+                events, host, _ = run_clients(stack, f"0:{light},{before:g}:{crowd}", before + during, model, out,
+                                              f"demo-{arm}", stagger=False, arrival_rate=float(crowd))
+            finally:
+                stack.stop()
+                stack.cleanup()
+            ev = read_events(events)
+            t0 = ev.started or 0.0
+            crowd_w = window_after_start(ev, before + model.timeout_s, during - model.timeout_s)
+            results[arm] = {"before": count(ev, window_after_start(ev, 1.0, before - 1.0)),
+                            "crowd": count(ev, crowd_w), "timeline": per_second(ev, t0, t0 + before + during, 1.0),
+                            "host": host}
+            r = results[arm]["crowd"]
+            log(f"  {arm}: before {results[arm]['before']['completed_per_s']:.2f}/s, during the crowd "
+                f"{r['completed_per_s']:.2f}/s, failed at start {r['failed_by_page']['1']}, mid-session {r['abandoned']}")
+    summary = {"calibration": cal, "light": light, "crowd": crowd, "before_s": before, "crowd_s": during,
+               "scale": st.scale, "results": results}
+    (out / "demo.json").write_text(json.dumps(summary, indent=1))
+    png = plot.demo(out, summary)
+    table = ["", f"Flash crowd: {light} clients (0.5x saturation), then {crowd} (4x) at t={before:g} s; think "
+             f"{model.think_s:g} s, timeout {model.timeout_s:g} s (the paper's 3 s / 60 s x scale {st.scale:g}); "
+             f"crowd counted from one timeout after it starts.", "",
+             "| arm | completed/s before | completed/s in the crowd | failed at page 1 | failed at pages 2-7 | wasted requests | p99 response |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, r in results.items():
+        c = r["crowd"]
+        table.append(f"| {ARM_LABELS[arm]} | {r['before']['completed_per_s']:.2f} | {c['completed_per_s']:.2f} | "
+                     f"{c['failed_by_page']['1']} | {c['abandoned']} | {c['wasted_share']:.0%} | {fmt_s(c['rt_ok_p99_s']).strip()} |")
+    table += ["", "Conditions: " + "; ".join(f"{arm}: {describe(r['host'])}" for arm, r in results.items()),
+              f"Timeline plot: {png}", ""]
+    print("\n".join(table), flush=True)
+    return summary
+
+
+# ---------------------------------------------------------------- CLI
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.admission", description=__doc__.split("\n")[0])
+    ap.add_argument("--demo", action="store_true", help="the flash crowd with and without the scheme (~3 min)")
+    ap.add_argument("--scale", type=float, default=0.1, help="time scale of every duration (default 0.1)")
+    ap.add_argument("--workers", type=int, default=16, help="the app's worker processes")
+    ap.add_argument("--conditions", default="base,timeout30,think1")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--multiples", default="0.5,1,2,3,4", help="client counts for base, x saturation")
+    ap.add_argument("--var-multiples", default="1,4", help="client counts for the variations, x saturation")
+    ap.add_argument("--window", type=float, default=250.0, help="counting window, paper seconds (x scale)")
+    ap.add_argument("--warmup", type=float, default=80.0, help="warm-up before the window, paper seconds (x scale)")
+    ap.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the proxy's admission: section (dotted, YAML value)")
+    ap.add_argument("--overhead", choices=["yes", "no", "only"], default="yes")
+    ap.add_argument("--recalibrate", action="store_true", help="measure the capacity again (else reuse raw/calibration.json)")
+    ap.add_argument("--fresh", action="store_true", help="forget the points already measured")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--lock", type=Path, default=None, help="heavy-job lock taken per client count (flock)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    import yaml
+
+    # a SIGTERM (timeout, flock's caller) unwinds like Ctrl-C, so every started process is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    overrides = {}
+    for item in args.proxy_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--proxy-set {item!r}: need KEY=VALUE")
+        overrides[key] = yaml.safe_load(value)
+    conditions = tuple(c for c in args.conditions.split(",") if c)
+    arms = tuple(a for a in args.arms.split(",") if a)
+    bad = [c for c in conditions if c not in CONDITIONS] + [a for a in arms if a not in ARMS]
+    if bad:
+        ap.error(f"unknown condition or arm: {', '.join(bad)} (conditions {', '.join(CONDITIONS)}; arms {', '.join(ARMS)})")
+    if not 0.01 <= args.scale <= 1.0:
+        ap.error("--scale must be in [0.01, 1]")
+    st = Settings(scale=args.scale, workers=args.workers, warmup_paper_s=args.warmup, window_paper_s=args.window,
+                  conditions=conditions, arms=arms, multiples=_floats(args.multiples),
+                  var_multiples=_floats(args.var_multiples), proxy_overrides=overrides, out=args.out, lock=args.lock)
+    command = "uv run --frozen python -m bench.admission" + (" " + " ".join(argv) if argv else "")
+    if args.demo:
+        demo(st)
+        return 0
+    (st.out / "raw").mkdir(parents=True, exist_ok=True)
+    if args.fresh:
+        for c in CONDITIONS:
+            _raw_path(st, c).unlink(missing_ok=True)
+    if args.report_only:  # the command that measured the points, when known
+        command = (load_json(_raw_path(st, "command")) or {}).get("command", command)
+    else:
+        _raw_path(st, "command").write_text(json.dumps({"command": command}))
+        with LockChunks(st.lock) as lock:
+            cal = None
+            if args.overhead != "only":
+                cal = load_json(_raw_path(st, "calibration"))
+                if args.recalibrate or args.fresh or not cal or cal.get("scale") != st.scale or cal.get("workers") != st.workers:
+                    lock.need(20.0 + point_seconds(st) * len(st.arms))  # and the first client count after it
+                    log("calibrating the app's capacity (10 s, clients with no think time)")
+                    cal = calibrate(st)
+                    _raw_path(st, "calibration").write_text(json.dumps(cal, indent=1))
+                log(f"capacity {cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s), "
+                    f"saturation N_sat = {cal['n_sat']} clients; {describe(cal['host'])}")
+                steps = plan(st, args.overhead == "yes")
+            else:
+                steps = [("overhead", 0.0)]
+            log("plan: " + ", ".join(c if c == "overhead" else f"{c} {m:g}x" for c, m in steps))
+            sweep(st, cal, lock, steps)
+    report(st, command)
+    return 0

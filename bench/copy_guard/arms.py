@@ -1,0 +1,84 @@
+"""The arms of the copy-guard bench: what each run does, and the route it gives the controller.
+
+Every guarded arm uses the shipped route's matchers (``controllers/copy_guard/manifest.py``:
+both CopyGuardSiteOverloaded and CopyGuardSiteOverloadPredicted) and differs only in the
+route's params (THROTTLE's interface, /work/notes/throttle-interface.md at the time of writing):
+
+- ``paper``: ``mode: pause``, resume as soon as the alert resolves (the paper's rule);
+- ``min-pause-20s``: ``mode: pause``, each pause held at least 20 s (the old README's advice);
+- ``throttle``: the shipped defaults (``mode: adaptive``, AIMD on the copy's share of its speed);
+- ``throttle-*``: the same throttle at other settings, for the Pareto of saved vs copy delay;
+- ``quiet``: no visitors at all, only our exporters, the shipped route: the copy must never be
+  paused or slowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    label: str
+    load: bool
+    copy: bool
+    params: dict[str, Any] | None = None  # None: no copy-guard route (no guard)
+    shipped: bool = False  # the shipped route's params as they are (plus registry_dir)
+    throttle: bool = field(default=False)  # a point of the Pareto
+
+    @property
+    def guarded(self) -> bool:
+        return self.params is not None or self.shipped
+
+
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("load-only", "load only (no copy)", True, False),
+    Arm("no-guard", "copy, no guard", True, True),
+    Arm("paper", "paper's rule: pause, resume at once", True, True, {"mode": "pause", "min_pause": "0s"}),
+    Arm("min-pause-20s", "pause, min_pause 20 s", True, True, {"mode": "pause", "min_pause": "20s"}),
+    Arm("throttle", "throttle, shipped defaults", True, True, {}, shipped=True, throttle=True),
+    Arm("throttle-gentle", "throttle: increase 0.05, min_share 0.05", True, True,
+        {"mode": "adaptive", "increase": 0.05, "decrease": 0.5, "min_share": 0.05}, throttle=True),
+    Arm("throttle-fast", "throttle: increase 0.2, decrease 0.7, min_share 0.2", True, True,
+        {"mode": "adaptive", "increase": 0.2, "decrease": 0.7, "min_share": 0.2}, throttle=True),
+    Arm("throttle-nopause", "throttle, never pause (severe 0, emergency_after 0)", True, True,
+        {"mode": "adaptive", "severe": 0, "emergency_after": "0s"}, throttle=True),
+    Arm("throttle-hard", "throttle: decrease 0.3", True, True,
+        {"mode": "adaptive", "decrease": 0.3, "increase": 0.1}, throttle=True),
+    Arm("quiet", "quiet shop (no visitors), shipped route", False, True, {}, shipped=True),
+)}
+#: The loaded arms a full run measures, in order (a round alternates the direction).
+DEFAULT_LOADED = ["load-only", "no-guard", "paper", "min-pause-20s", "throttle", "throttle-gentle",
+                  "throttle-nopause"]
+BASELINE, UNGUARDED = "load-only", "no-guard"
+
+
+def shipped_route() -> dict[str, Any]:
+    """The copy guard's route as the manifest ships it."""
+    from controllers.copy_guard.manifest import CAPABILITY
+
+    route = next(r for r in CAPABILITY.routes if r.get("action") == "copy-guard")
+    return {**route, "params": dict(route.get("params", {}))}
+
+
+def route_for(arm: Arm, registry_dir: str) -> list[dict[str, Any]]:
+    """The controller's routes for an arm: none, or the shipped route with the arm's params."""
+    if not arm.guarded:
+        return []
+    base = shipped_route()
+    params = dict(base["params"]) if arm.shipped else {k: v for k, v in base["params"].items() if k == "max_pause"}
+    params.update(arm.params or {})
+    params["registry_dir"] = registry_dir
+    return [{**base, "name": f"copy-guard-{arm.name}", "params": params}]
+
+
+def plan(arms: list[str], rounds: int, reverse_first: bool = False, quiet: bool = True) -> list[tuple[int, str]]:
+    """The loaded arms, alternating direction by round (baselines drift on this machine), then the
+    quiet arm once."""
+    out: list[tuple[int, str]] = []
+    for r in range(rounds):
+        order = arms if (r + reverse_first) % 2 == 0 else list(reversed(arms))
+        out += [(r, a) for a in order]
+    return out + ([(0, "quiet")] if quiet else [])

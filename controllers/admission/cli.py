@@ -1,0 +1,141 @@
+"""``promreflex admission proxy`` (the admission proxy in front of an app) and
+``promreflex admission keygen`` (create or rotate the cookie signing keys).
+
+:func:`register` adds them to a CLI's subcommands; ``python -m controllers.admission`` runs the
+same commands without the capability being installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+from controllers.admission.config import AdmissionSection, load_section
+from controllers.admission.cookies import append_key
+from promreflex.errors import UserError
+from promreflex.httpd import Limits, read_token_file, serving, stop_on_signals
+
+log = logging.getLogger("promreflex.admission")
+
+
+def _raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    want = min(want, 65536)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 65536
+
+
+async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
+    from controllers.admission.proxy import AdmissionProxy, load_ring
+
+    ring = load_ring(cfg.session.key_file)
+    token = read_token_file(cfg.control.token_file, "admission control.token_file")
+    proxy = AdmissionProxy(cfg, ring, token=token)
+    nofile = _raise_nofile()
+    # Requests wait in queues holding their connection: leave room for every queue to fill.
+    limits = Limits(max_connections=max(1024, min(nofile - 256, 16384)))
+    stop = stop_on_signals(stop)
+    loop = asyncio.get_running_loop()
+    if cfg.session.key_file is not None:
+        def reload() -> None:
+            try:
+                proxy.reload_keys(load_ring(cfg.session.key_file))
+                log.info("session keys reloaded from %s", cfg.session.key_file)
+            except UserError as e:
+                log.error("keeping the old keys: %s", e)
+        try:
+            loop.add_signal_handler(signal.SIGHUP, reload)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await proxy.start()
+    # Fewer, later collections: the proxy allocates per request and keeps little; a full
+    # collection of a big heap in the middle of a request is the p99's worst enemy.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 100)
+    try:
+        async with serving(cfg.listen_address, proxy.app(), limits, handler_cancellation=True), \
+                serving(cfg.control.listen_address, proxy.control_app()):
+            log.info("admission proxy on http://%s -> %s; control and /metrics on http://%s", cfg.listen_address,
+                     cfg.upstream, cfg.control.listen_address)
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+    except OSError as e:
+        raise UserError(f"admission proxy: cannot listen: {e.strerror or e}") from None
+    finally:
+        await proxy.close()
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for flag, key in (("upstream", "upstream"), ("listen_address", "listen_address"),
+                      ("control_listen_address", "control.listen_address"), ("key_file", "session.key_file"),
+                      ("control_token_file", "control.token_file")):
+        value = getattr(args, flag)
+        if value is not None:
+            out[key] = str(value)
+    if args.no_session_scheduler:
+        out["session_scheduler.enabled"] = False
+    if args.no_page_scheduler:
+        out["page_scheduler.enabled"] = False
+    return out
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    cfg = load_section(args.config_file, _overrides(args))
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(cfg))
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    try:
+        kid = append_key(args.key_file)
+    except OSError as e:
+        raise UserError(f"cannot write key file {args.key_file}: {e.strerror or e}") from None
+    print(f"appended key {kid} to {args.key_file} (it signs from the next start or SIGHUP; the older keys "
+          "still verify: remove them after session.max_age)")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("admission", help="session admission proxy (page and session schedulers)",
+                              description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="admission_command", required=True)
+    px = sub.add_parser("proxy", help="run the admission proxy in front of an app (nginx -> proxy -> app)")
+    px.add_argument("--config.file", dest="config_file", type=Path, default=None,
+                    help="YAML file; its admission: section is read (defaults without it)")
+    px.add_argument("--upstream", default=None, help="the app, http://HOST:PORT (admission.upstream)")
+    px.add_argument("--web.listen-address", dest="listen_address", default=None,
+                    help="where nginx sends the traffic (admission.listen_address, default 127.0.0.1:8088)")
+    px.add_argument("--control.listen-address", dest="control_listen_address", default=None,
+                    help="/metrics and the control API (admission.control.listen_address, default 127.0.0.1:9188)")
+    px.add_argument("--control.token-file", dest="control_token_file", type=Path, default=None,
+                    help="bearer token for the control API (required beyond loopback)")
+    px.add_argument("--key-file", dest="key_file", type=Path, default=None,
+                    help="cookie signing keys, one per line, mode 0600 (admission.session.key_file)")
+    px.add_argument("--no-session-scheduler", action="store_true", help="admit every new session at once")
+    px.add_argument("--no-page-scheduler", action="store_true", help="no concurrency limit per page class")
+    px.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
+    px.set_defaults(func=cmd_proxy)
+    kg = sub.add_parser("keygen", help="append a new signing key to the key file (created 0600)")
+    kg.add_argument("--key-file", dest="key_file", type=Path, required=True)
+    kg.set_defaults(func=cmd_keygen)
+    return p

@@ -1,0 +1,171 @@
+"""The ``admission:`` configuration section (one YAML file, validated once, every problem by key).
+
+The proxy reads only this section of the file (``promreflex check-config`` validates the whole
+file once the capability is installed); flags override single keys.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from promreflex.config import (
+    ConfigError,
+    Duration,
+    ListenAddress,
+    Strict,
+    find_duplicates,
+    is_loopback,
+    read_yaml_mapping,
+    split_host_port,
+    validation_problems,
+)
+
+NAME = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValueError(f"{value!r} is not a regular expression: {e}") from None
+    return value
+
+
+def _ordered(model: Any, low: str, mid: str, high: str) -> Any:
+    if not getattr(model, low) <= getattr(model, mid) <= getattr(model, high):
+        raise ValueError(f"need {low} <= {mid} <= {high}")
+    return model
+
+
+class Page(Strict):
+    """A page class: the paths it covers and how long the app may take for one of them."""
+
+    name: str = Field(pattern=NAME, description="the `page` label (bounded: one per class)")
+    pattern: str = Field(description="regular expression searched in the request path (no query string)")
+    timeout: Duration | None = Field(default=None, gt=0, description="upstream timeout (default page_scheduler.timeout)")
+    logout: bool = Field(default=False, description="a served request of this class ends the session (completed)")
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return _regex(value)
+
+
+class PageScheduler(Strict):
+    enabled: bool = True
+    initial_limit: int = Field(default=4, ge=1)
+    min_limit: int = Field(default=1, ge=1)
+    max_limit: int = Field(default=256, ge=1)
+    window: Duration = Field(default=1.0, gt=0)
+    min_completions: int = Field(default=10, ge=1)
+    improvement: float = Field(default=0.05, ge=0, le=1)
+    hold_windows: int = Field(default=5, ge=0)
+    queue_capacity: int = Field(default=1000, ge=0)
+    max_queue_wait: Duration = Field(default=30.0, gt=0)
+    timeout: Duration = Field(default=30.0, gt=0)
+
+    _order = model_validator(mode="after")(lambda self: _ordered(self, "min_limit", "initial_limit", "max_limit"))
+
+
+class Session(Strict):
+    cookie_name: str = Field(default="promreflex_session", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    key_file: Path | None = None
+    cookie_secure: bool = False
+    idle_timeout: Duration = Field(default=120.0, gt=0)
+    max_age: Duration = Field(default=4 * 3600.0, gt=0)
+    max_in_flight: int = Field(default=8, ge=1)
+    queue_capacity: int = Field(default=500, ge=0)
+    max_queue_wait: Duration = Field(default=60.0, gt=0)
+    readmit_after_restart: bool = True
+    max_sessions: int = Field(default=100_000, ge=1, description="tracked sessions at most (memory bound)")
+
+
+class SessionScheduler(Strict):
+    enabled: bool = True
+    queue_threshold: float = Field(default=10.0, ge=0)
+    initial_interval: Duration = Field(default=0.01, ge=0)
+    min_interval: Duration = Field(default=0.001, ge=0)
+    max_interval: Duration = Field(default=10.0, gt=0)
+    increase: float = Field(default=1.5, gt=1)
+    decrease: float = Field(default=0.8, gt=0, lt=1)
+
+    _order = model_validator(mode="after")(
+        lambda self: _ordered(self, "min_interval", "initial_interval", "max_interval"))
+
+
+class Control(Strict):
+    listen_address: ListenAddress = "127.0.0.1:9188"
+    token_file: Path | None = None
+    max_lease: Duration = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _token(self) -> Control:
+        host, _ = split_host_port(self.listen_address)
+        if not is_loopback(host) and self.token_file is None:
+            raise ValueError(f"listen_address {self.listen_address} is beyond loopback: set token_file")
+        return self
+
+
+class Alerts(Strict):
+    """Thresholds the rules read as named series (promreflex_admission_*_threshold)."""
+
+    abandon_ratio: float = Field(default=0.1, gt=0, le=1)
+
+
+class AdmissionSection(Strict):
+    listen_address: ListenAddress = "127.0.0.1:8088"
+    upstream: str = Field(default="http://127.0.0.1:8000", pattern=r"^http://[^/?#@]+/?$",
+                          description="the app: http://HOST:PORT")
+    exempt: list[str] = Field(default_factory=list)
+    pages: list[Page] = Field(default_factory=list)
+    default_page: str = Field(default="other", pattern=NAME)
+    page_scheduler: PageScheduler = PageScheduler()
+    session: Session = Session()
+    session_scheduler: SessionScheduler = SessionScheduler()
+    control: Control = Control()
+    alerts: Alerts = Alerts()
+
+    @field_validator("exempt")
+    @classmethod
+    def _exempt(cls, value: list[str]) -> list[str]:
+        return [_regex(v) for v in value]
+
+    @model_validator(mode="after")
+    def _names(self) -> AdmissionSection:
+        names = [p.name for p in self.pages] + [self.default_page]
+        dupes = find_duplicates(names)
+        if dupes:
+            raise ValueError(f"page names must be unique (default_page included): {', '.join(dupes)}")
+        return self
+
+    def page_names(self) -> list[str]:
+        return [p.name for p in self.pages] + [self.default_page]
+
+
+def load_section(path: Path | None, overrides: dict[str, Any] | None = None) -> AdmissionSection:
+    """The ``admission:`` section of ``path`` (other sections are left to ``check-config``),
+    with dotted ``overrides`` applied; ConfigError names every problem."""
+    data: dict[str, Any] = {}
+    source = "(defaults)"
+    if path is not None:
+        raw = read_yaml_mapping(path, "admission: and the other sections")
+        section = raw.get("admission") or {}
+        if not isinstance(section, dict):
+            raise ConfigError(str(path), ["admission: must be a mapping"])
+        data, source = section, str(path)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return AdmissionSection.model_validate(data)
+    except ValidationError as e:
+        problems = [p.replace("(top level)", "admission", 1) if p.startswith("(top level)") else f"admission.{p}"
+                    for p in validation_problems(e)]
+        raise ConfigError(source, problems) from e

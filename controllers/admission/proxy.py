@@ -1,0 +1,531 @@
+"""The admission proxy: nginx -> this proxy -> the app.
+
+Per request: exempt paths (static assets) go straight through. Otherwise the path gives the page
+class; the session cookie (signed, tracked: ``cookies.py``) gives the session, or the request is a
+new session and waits in the session queue (``sched.SessionScheduler``) - or gets the
+waiting-room page at once (503, ``Retry-After``, its position and an estimate) when that queue is
+full or a hold set waiting-room mode. An admitted session's requests wait only in their page
+class' queue (``sched.PageClass``), then go to the app with the page's timeout.
+
+Bounded everywhere: a page queue and the session queue have a capacity and a maximum wait, the
+app a per-page timeout (504) and a connect failure answer (502); a client that leaves while its
+request waits is dropped (the handler is cancelled on disconnect: ``handler_cancellation``) and
+counted; a session is limited to ``max_in_flight`` requests at once (429).
+
+Forwarding: the method, raw path and query, body and headers pass through, minus the hop-by-hop
+headers (RFC 9110 7.6.1: Connection and every header it names, Keep-Alive, TE, Trailer,
+Transfer-Encoding, Upgrade, Proxy-*) and this proxy's own cookie; ``X-Forwarded-For`` gets the
+peer appended, ``X-Forwarded-Proto``/``-Host`` are set when absent. Bodies are not decoded
+(``auto_decompress=False``). A request body with a Content-Length up to 1 MiB is read before the
+request queues (a slow uploader holds no page slot); larger or chunked bodies stream. Responses
+up to 64 KiB are read whole (the slot is free before the client reads); larger ones stream
+(keep nginx's ``proxy_buffering on`` so a slow reader does not hold a slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from yarl import URL
+
+from controllers.admission.config import AdmissionSection
+from controllers.admission.cookies import CookieCodec, CookieError, KeyRing
+from controllers.admission.metrics import AdmissionMetrics
+from controllers.admission.sched import (
+    Clock,
+    Hold,
+    Holds,
+    PageClass,
+    QueueFull,
+    QueueIntegral,
+    Sessions,
+    SessionScheduler,
+    SessionState,
+    Waiting,
+)
+from promreflex.httpd import BodyError, add_standard_routes, read_body
+
+log = logging.getLogger("promreflex.admission")
+
+HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+                        "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
+MAX_BUFFERED_REQUEST = 1 << 20
+MAX_BUFFERED_RESPONSE = 64 << 10
+HOLDER = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+
+
+class HoldRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["waiting_room", "session_cap"]
+    session_cap: int | None = Field(default=None, ge=0)
+    lease: float = Field(gt=0)
+    reason: str = Field(default="", max_length=200)
+
+
+def _connection_tokens(headers: Any) -> frozenset[str]:
+    return frozenset(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
+
+
+def _plain(status: int, text: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Cache-Control": "no-store"}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return web.Response(status=status, text=text + "\n", headers=headers)
+
+
+class AdmissionProxy:
+    def __init__(self, cfg: AdmissionSection, ring: KeyRing | None = None,
+                 registry: CollectorRegistry | None = None, clock: Clock = time.monotonic,
+                 wall: Clock = time.time, token: str = ""):
+        self.cfg = cfg
+        self.clock, self.wall = clock, wall
+        self.token = token
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AdmissionMetrics(self.registry, cfg.page_names())
+        self.codec = CookieCodec(ring or KeyRing.ephemeral())
+        self.integral = QueueIntegral(clock())
+        ps = cfg.page_scheduler
+        self.pages = {p.name: PageClass(p.name, ps, self.integral, clock, p.timeout, p.logout) for p in cfg.pages}
+        self.pages[cfg.default_page] = PageClass(cfg.default_page, ps, self.integral, clock)
+        self.patterns = [(re.compile(p.pattern), self.pages[p.name]) for p in cfg.pages]
+        self.exempt = [re.compile(e) for e in cfg.exempt]
+        self.holds = Holds(clock, self._expired)
+        self.scheduler = SessionScheduler(cfg.session_scheduler, cfg.session.queue_capacity, self.integral,
+                                          self.holds, clock)
+        self.sessions = Sessions(cfg.session.idle_timeout, clock, wall(), cfg.session.max_sessions)
+        self.upstream = cfg.upstream.rstrip("/")
+        self.client: aiohttp.ClientSession | None = None
+        self._timeouts = {name: aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=page.timeout)
+                          for name, page in self.pages.items()}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._gauges()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._dispatch()), loop.create_task(self._sweep())]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+
+    def reload_keys(self, ring: KeyRing) -> None:
+        self.codec = CookieCodec(ring)
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        for name, page in self.pages.items():
+            m.page_queue.labels(name).set_function(partial(lambda p: len(p.queue), page))
+            m.page_limit.labels(name).set_function(partial(lambda p: p.limit, page))
+            m.page_in_flight.labels(name).set_function(partial(lambda p: p.in_flight, page))
+            m.page_throughput.labels(name).set_function(partial(lambda p: p.regulator.throughput, page))
+        m.session_queue.set_function(lambda: len(self.scheduler.queue))
+        m.interval.set_function(lambda: self.scheduler.interval)
+        m.active.set_function(lambda: len(self.sessions.active))
+        # Read-only views (the exposition runs in a thread): expired holds are pruned by the sweeper.
+        m.waiting_room.set_function(lambda: int(any(h.mode == "waiting_room" for h in list(self.holds.holds.values()))))
+        m.session_cap.set_function(lambda: min([h.session_cap for h in list(self.holds.holds.values())
+                                                 if h.mode == "session_cap" and h.session_cap is not None] or [-1]))
+        m.holds.set_function(lambda: len(self.holds.holds))
+        m.threshold.set(self.cfg.session_scheduler.queue_threshold)
+        m.abandon_threshold.set(self.cfg.alerts.abandon_ratio)
+
+    async def _dispatch(self) -> None:
+        sched = self.scheduler
+        while True:
+            sched.wake.clear()
+            try:
+                delay = sched.poll(len(self.sessions.active))
+            except Exception:  # noqa: BLE001 - the dispatcher must survive anything
+                log.exception("session dispatcher")
+                delay = 0.1
+            if delay is None:
+                await sched.wake.wait()
+            elif delay > 0:
+                try:
+                    async with asyncio.timeout(delay):  # not wait_for: see action.py
+                        await sched.wake.wait()
+                except TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(0)
+
+    async def _sweep(self, every: float = 0.25) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(every)
+            try:
+                self.sweep()
+                n += 1
+                if n % 240 == 0:
+                    self.sessions.prune_ended(self.wall())
+            except Exception:  # noqa: BLE001
+                log.exception("admission sweep")
+
+    def sweep(self) -> None:
+        """Idle sessions -> abandoned; expired holds; regulation windows with no completion."""
+        for s in self.sessions.idle():
+            self.metrics.abandoned.labels(s.last_page or self.cfg.default_page).inc()
+        self.holds.prune()
+        for page in self.pages.values():
+            page.regulate()
+        self._apply_waiting_room()
+
+    def _expired(self, hold: Hold) -> None:
+        self.metrics.holds_expired.inc()
+        log.warning("hold %s (%s) expired: its lease was not renewed", hold.holder, hold.mode)
+        self.scheduler.wake.set()
+
+    def _apply_waiting_room(self) -> None:
+        if self.scheduler.queue and self.holds.waiting_room():
+            for w in self.scheduler.flush():
+                if not w.fut.done():
+                    w.fut.set_result(False)
+
+    # ------------------------------------------------------------------ the proxy
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BUFFERED_REQUEST)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    def classify(self, path: str) -> PageClass:
+        for rx, page in self.patterns:
+            if rx.search(path):
+                return page
+        return self.pages[self.cfg.default_page]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not request.raw_path.startswith("/"):
+            return _plain(400, "bad request target: origin-form (/path) only")
+        body: bytes | None = None
+        if request.body_exists and request.content_length is not None and request.content_length <= MAX_BUFFERED_REQUEST:
+            try:
+                body = await read_body(request, MAX_BUFFERED_REQUEST)
+            except BodyError as e:
+                return _plain(e.status, str(e))
+        path = request.path
+        for rx in self.exempt:
+            if rx.search(path):
+                return await self.forward(request, None, body, None)
+        page = self.classify(path)
+        session = self.session_of(request)
+        cookie: str | None = None
+        if session is None:
+            admitted = await self.admit(request, page)
+            if isinstance(admitted, web.StreamResponse):
+                return admitted
+            session = admitted
+            cookie = self.codec.issue(session.sid, session.issued, self.cfg.session.max_age)
+        if session.in_flight >= self.cfg.session.max_in_flight:
+            self.metrics.requests.labels(page.name, "session_busy").inc()
+            return _plain(429, "too many requests of this session at once", retry_after=1)
+        session.in_flight += 1
+        session.last_page = page.name
+        try:
+            return await self.through_page(request, page, session, cookie, body)
+        finally:
+            session.in_flight -= 1
+            session.last_seen = self.clock()
+
+    def session_of(self, request: web.Request) -> SessionState | None:
+        value = request.cookies.get(self.cfg.session.cookie_name)
+        if not value:
+            return None
+        try:
+            ticket = self.codec.verify(value, self.wall())
+        except CookieError as e:
+            self.metrics.cookies.labels(e.reason).inc()
+            return None
+        s = self.sessions.active.get(ticket.sid)
+        if s is not None:
+            return s
+        if (ticket.sid not in self.sessions.ended and self.cfg.session.readmit_after_restart
+                and ticket.issued < int(self.sessions.started)
+                and len(self.sessions.active) < self.cfg.session.max_sessions):
+            self.metrics.readmitted.inc()
+            return self.sessions.add(ticket.sid, ticket.issued, ticket.expires, "")
+        self.metrics.cookies.labels("ended").inc()
+        return None
+
+    async def admit(self, request: web.Request, page: PageClass) -> SessionState | web.Response:
+        sched, m = self.scheduler, self.metrics
+        if self.holds.waiting_room():
+            m.rejected.labels("waiting_room_mode").inc()
+            return self.waiting_room(len(sched.queue) + 1)
+        if len(self.sessions.active) >= self.cfg.session.max_sessions:  # the memory bound
+            m.rejected.labels("queue_full").inc()
+            return self.waiting_room(len(sched.queue) + 1)
+        direct = not self.cfg.session_scheduler.enabled and self.holds.session_cap() is None
+        if not direct:
+            try:
+                w = sched.enqueue()
+            except QueueFull:
+                m.rejected.labels("queue_full").inc()
+                return self.waiting_room(len(sched.queue) + 1)
+            if not await self._wait_session(w, request):
+                return self.waiting_room(len(sched.queue) + 1)
+        m.admitted.inc()
+        now = self.wall()
+        return self.sessions.add(self.codec.new_sid(), now, now + self.cfg.session.max_age, page.name)
+
+    async def _wait_session(self, w: Waiting, request: web.Request) -> bool:
+        sched, m = self.scheduler, self.metrics
+        try:
+            async with asyncio.timeout(self.cfg.session.max_queue_wait):
+                admitted = await w.fut
+        except TimeoutError:
+            sched.withdraw(w)
+            m.rejected.labels("queue_timeout").inc()
+            return False
+        except asyncio.CancelledError:
+            sched.withdraw(w)
+            m.rejected.labels("client_gone").inc()
+            raise
+        m.session_wait.observe(self.clock() - w.since)
+        if not admitted:
+            m.rejected.labels("waiting_room_mode").inc()
+        return bool(admitted)
+
+    def waiting_room(self, position: int) -> web.Response:
+        est = self.scheduler.position_estimate(position)
+        retry = max(1, min(300, math.ceil(est)))
+        html = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Waiting room</title>"
+                f"<meta http-equiv=\"refresh\" content=\"{retry}\"></head><body><h1>The shop is busy</h1>"
+                f"<p>You are number {position} in line, about {est:.0f} s from being let in. This page "
+                f"retries by itself in {retry} s.</p></body></html>\n")
+        return web.Response(status=503, text=html, content_type="text/html",
+                            headers={"Retry-After": str(retry), "Cache-Control": "no-store",
+                                     "X-Queue-Position": str(position), "X-Queue-Estimate-Seconds": f"{est:.1f}"})
+
+    async def through_page(self, request: web.Request, page: PageClass, session: SessionState, cookie: str | None,
+                           body: bytes | None) -> web.StreamResponse:
+        m = self.metrics
+        try:
+            fut = page.acquire()
+        except QueueFull:
+            m.requests.labels(page.name, "queue_full").inc()
+            return _plain(503, f"page {page.name} is saturated: try again", retry_after=1)
+        t0 = self.clock()
+        if fut is not None:
+            try:
+                async with asyncio.timeout(self.cfg.page_scheduler.max_queue_wait):
+                    await fut
+            except TimeoutError:
+                page.withdraw(fut)
+                m.requests.labels(page.name, "queue_timeout").inc()
+                m.page_wait.labels(page.name).observe(self.clock() - t0)
+                return _plain(503, f"page {page.name}: waited too long for a slot", retry_after=1)
+            except asyncio.CancelledError:
+                page.withdraw(fut)
+                m.requests.labels(page.name, "client_gone").inc()
+                raise
+        m.page_wait.labels(page.name).observe(self.clock() - t0)
+
+        def extra(status: int) -> list[tuple[str, str]]:
+            out = []
+            if cookie is not None:
+                out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
+            if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
+                m.completed.inc()
+                out = [("Set-Cookie", self._cookie_header("", 0))]
+            return out
+
+        served = False
+        try:
+            resp, outcome = await self.forward(request, page, body, extra)
+            served = outcome == "served"
+            m.requests.labels(page.name, outcome).inc()
+            return resp
+        except asyncio.CancelledError:
+            m.requests.labels(page.name, "client_gone").inc()
+            raise
+        finally:
+            page.release(served)
+
+    def _cookie_header(self, value: str, max_age: float) -> str:
+        s = self.cfg.session
+        return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite=Lax"
+                + ("; Secure" if s.cookie_secure else ""))
+
+    def upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
+        named = _connection_tokens(request.headers)
+        out: CIMultiDict[str] = CIMultiDict()
+        own = self.cfg.session.cookie_name + "="
+        for k, v in request.headers.items():
+            lk = k.lower()
+            if lk in HOP_BY_HOP or lk in named or lk == "x-forwarded-for":
+                continue
+            if lk == "cookie" and own in v:
+                v = "; ".join(c for c in (p.strip() for p in v.split(";")) if c and not c.startswith(own))
+                if not v:
+                    continue
+            out.add(k, v)
+        prior = ", ".join(request.headers.getall("X-Forwarded-For", ()))
+        peer = request.remote or ""
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+        if "X-Forwarded-Proto" not in out:
+            out["X-Forwarded-Proto"] = request.scheme
+        if "X-Forwarded-Host" not in out and request.host:
+            out["X-Forwarded-Host"] = request.host
+        return out
+
+    async def forward(self, request: web.Request, page: PageClass | None, body: bytes | None,
+                      extra: Callable[[int], list[tuple[str, str]]] | None) -> Any:
+        """Send the request to the app. Returns the response (exempt requests: ``page`` None) or
+        (response, outcome)."""
+        assert self.client is not None
+        name = page.name if page is not None else self.cfg.default_page
+        timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
+        data: Any = body
+        if body is None and request.body_exists:
+            data = request.content
+        t0 = self.clock()
+
+        def done(resp: web.StreamResponse, outcome: str) -> Any:
+            if page is not None:
+                self.metrics.upstream.labels(name).observe(self.clock() - t0)
+                return resp, outcome
+            return resp
+
+        try:
+            async with asyncio.timeout(timeout):
+                up = await self.client.request(
+                    request.method, URL(self.upstream + request.raw_path, encoded=True),
+                    headers=self.upstream_headers(request), data=data, allow_redirects=False,
+                    timeout=self._timeouts[name], compress=None, chunked=None)
+        except TimeoutError:
+            return done(_plain(504, f"the app did not answer within {timeout:g}s"), "upstream_timeout")
+        except (aiohttp.ClientError, OSError) as e:
+            log.warning("upstream %s: %r", self.upstream, e)
+            return done(_plain(502, "the app cannot be reached"), "upstream_error")
+        try:
+            named = _connection_tokens(up.headers)
+            headers: CIMultiDict[str] = CIMultiDict(
+                (k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named)
+            outcome = "upstream_5xx" if up.status >= 500 else "served"
+            for k, v in extra(up.status) if extra else ():
+                headers.add(k, v)
+            length = up.content_length
+            empty = request.method == "HEAD" or up.status in (204, 304) or 100 <= up.status < 200
+            if not empty and length is not None and length <= MAX_BUFFERED_RESPONSE:
+                try:
+                    async with asyncio.timeout(timeout):
+                        payload = await up.read()
+                except (TimeoutError, aiohttp.ClientError, OSError):
+                    return done(_plain(504, "the app's response did not complete"), "upstream_timeout")
+                headers.popall("Content-Length", None)
+                return done(web.Response(status=up.status, reason=up.reason, body=payload, headers=headers), outcome)
+            resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+            await resp.prepare(request)
+            if not empty:
+                try:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                    # Headers are gone: the only honest signal left is to cut the connection.
+                    log.warning("upstream %s broke off a streamed response: %r", self.upstream, e)
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return done(resp, "upstream_error")
+            await resp.write_eof()
+            return done(resp, outcome)
+        finally:
+            up.release()
+
+    # ------------------------------------------------------------------ control
+    def control_app(self) -> web.Application:
+        app = add_standard_routes(web.Application(client_max_size=4096), self.registry, "promreflex admission proxy")
+        app.router.add_get("/api/v1/state", self.get_state)
+        app.router.add_put("/api/v1/holds/{holder}", self.put_hold)
+        app.router.add_delete("/api/v1/holds/{holder}", self.delete_hold)
+        return app
+
+    def _authorized(self, request: web.Request) -> bool:
+        if not self.token:
+            return True
+        got = request.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+
+    def _control(self, result: str, status: int, payload: dict[str, Any]) -> web.Response:
+        self.metrics.control.labels(result).inc()
+        return web.json_response(payload, status=status)
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._control("unauthorized", 401, {"error": "bearer token required"})
+        return self._control("ok", 200, self.state())
+
+    def state(self) -> dict[str, Any]:
+        now = self.clock()
+        self.holds.prune()
+        return {
+            "pages": {n: {"limit": p.limit, "in_flight": p.in_flight, "queue": len(p.queue),
+                          "throughput": round(p.regulator.throughput, 3)} for n, p in self.pages.items()},
+            "sessions": {"active": len(self.sessions.active), "queue": len(self.scheduler.queue),
+                         "interval_seconds": self.scheduler.interval},
+            "waiting_room": self.holds.waiting_room(), "session_cap": self.holds.session_cap(),
+            "holds": {h.holder: {"mode": h.mode, "session_cap": h.session_cap, "reason": h.reason,
+                                 "expires_in": round(h.expires - now, 3)} for h in self.holds.holds.values()},
+        }
+
+    async def put_hold(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._control("unauthorized", 401, {"error": "bearer token required"})
+        holder = request.match_info["holder"]
+        if not HOLDER.match(holder):
+            return self._control("bad_request", 400, {"error": "holder: 1-200 of letters, digits, '_.:-'"})
+        try:
+            raw = json.loads(await read_body(request, 4096))
+            req = HoldRequest.model_validate(raw)
+        except BodyError as e:
+            return self._control("bad_request", e.status, {"error": str(e)})
+        except (ValueError, ValidationError) as e:
+            return self._control("bad_request", 400, {"error": f"not a hold: {e}"})
+        if req.mode == "session_cap" and req.session_cap is None:
+            return self._control("bad_request", 400, {"error": "mode session_cap needs session_cap"})
+        lease = min(req.lease, self.cfg.control.max_lease)
+        self.holds.put(Hold(holder, req.mode, req.session_cap if req.mode == "session_cap" else None,
+                            self.clock() + lease, req.reason))
+        self._apply_waiting_room()
+        self.scheduler.wake.set()
+        return self._control("ok", 200, {"holder": holder, "mode": req.mode, "session_cap": req.session_cap,
+                                         "lease": lease})
+
+    async def delete_hold(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return self._control("unauthorized", 401, {"error": "bearer token required"})
+        holder = request.match_info["holder"]
+        removed = self.holds.remove(holder)
+        self.scheduler.wake.set()
+        return self._control("ok", 200, {"holder": holder, "removed": removed})
+
+
+def load_ring(key_file: Path | None) -> KeyRing:
+    if key_file is None:
+        log.warning("no session.key_file: signing with an ephemeral key (cookies do not survive a restart)")
+        return KeyRing.ephemeral()
+    return KeyRing.from_file(key_file)

@@ -1,0 +1,497 @@
+"""``promreflex copy-guard doctor``: check every link of the copy guard's chain on a live system
+and say what is missing, one line per link; exit 1 when a link is broken.
+
+The chain, in the order a signal travels::
+
+    nginx (site, stub_status) -> access log (growing, promreflex format) -> exporters up and
+    scraped by Prometheus -> copy-guard rules loaded -> threshold published and sane -> demand
+    (quiet now?) -> Alertmanager routes the copy-guard alerts to the controller's receiver with
+    its token -> controller reachable (token accepted, copy-guard route) -> registry usable ->
+    copies registered
+
+Each line is ``OK``, ``WARN`` (works, but something will bite) or ``FAIL`` (broken: the guard
+cannot pause a copy), then the link and what was found or what to do. Links that depend on a
+broken one are still checked where they can be (a dead Prometheus does not stop the nginx
+checks). The defaults come from the configuration (``--config.file``: the local stack's, or
+``stack.nginx`` for an nginx that already runs); every address can be given by a flag, so it
+checks a hand-built installation too (README "Guard a shop you already run").
+
+The doctor sends one request to the site (to see the access log grow) and one to stub_status;
+both are our own traffic, not demand (the rules subtract the exporter's scrapes; one request is
+below any demand floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+ALERTS = ("CopyGuardSiteOverloaded", "CopyGuardSiteOverloadPredicted")
+RULE_GROUPS = ("copy-guard.rules", "copy-guard.alerts")
+OWN_AGENTS = ("NGINX-Prometheus-Exporter", "nginx-prometheus-exporter")
+HTTP_TIMEOUT = 5.0
+
+
+@dataclass
+class Check:
+    status: str
+    link: str
+    detail: str
+
+
+@dataclass
+class Target:
+    """Where each link is, from the configuration and the flags."""
+
+    site: str
+    site_url: str
+    stub_status_url: str
+    access_log: Path
+    prometheus_url: str
+    alertmanager_url: str
+    controller_url: str
+    token_file: Path | None
+    registry_dir: Path | None
+    min_floor: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- HTTP
+def http_get(url: str, token: str | None = None, timeout: float = HTTP_TIMEOUT) -> tuple[int, bytes, float]:
+    """(status, body, seconds); an HTTP error status is returned, not raised."""
+    req = urllib.request.Request(url, headers={"User-Agent": "promreflex-doctor",  # noqa: S310 - the user's URLs
+                                               **({"Authorization": f"Bearer {token}"} if token else {})})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            return resp.status, resp.read(1 << 20), time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(1 << 16), time.monotonic() - t0
+
+
+def _why(e: BaseException) -> str:
+    reason = getattr(e, "reason", None)
+    return str(reason if reason is not None else e)
+
+
+def prom_query(prom: str, expr: str) -> list[tuple[dict[str, str], float]]:
+    from controllers.copy_guard.calibrate import prometheus_instant
+
+    return prometheus_instant(prom, expr, timeout=HTTP_TIMEOUT)
+
+
+# ---------------------------------------------------------------------------- the links
+def check_site(t: Target) -> Check:
+    try:
+        status, _, s = http_get(t.site_url)
+    except (OSError, ValueError) as e:
+        return Check(FAIL, "nginx", f"{t.site_url} does not answer ({_why(e)}): is nginx running, is the URL right "
+                     "(stack.nginx.url / --nginx.url)?")
+    if status >= 500:
+        return Check(WARN, "nginx", f"{t.site_url} answers {status} ({s * 1000:.0f} ms): the shop behind nginx fails")
+    return Check(OK, "nginx", f"{t.site_url} answers {status} ({s * 1000:.0f} ms)")
+
+
+def parse_stub_status(text: str) -> dict[str, int]:
+    """nginx's stub_status page -> active, accepts, handled, requests, reading, writing, waiting."""
+    lines = [ln.split() for ln in text.strip().splitlines()]
+    try:
+        active = int(lines[0][2])
+        accepts, handled, requests = (int(x) for x in lines[2][:3])
+        rest = lines[3]
+        return {"active": active, "accepts": accepts, "handled": handled, "requests": requests,
+                "reading": int(rest[1]), "writing": int(rest[3]), "waiting": int(rest[5])}
+    except (IndexError, ValueError):
+        raise ValueError("not an nginx stub_status page") from None
+
+
+def check_stub_status(t: Target) -> Check:
+    try:
+        status, body, _ = http_get(t.stub_status_url)
+    except (OSError, ValueError) as e:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} does not answer ({_why(e)}): add a `location = "
+                     "/stub_status { stub_status; access_log off; allow 127.0.0.1; deny all; }` (README)")
+    if status != 200:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} answers {status}, not the stub_status page "
+                     "(allow the exporter's address in that location)")
+    try:
+        s = parse_stub_status(body.decode("utf-8", "replace"))
+    except ValueError as e:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url}: {e} (the location needs `stub_status;`)")
+    return Check(OK, "stub_status", f"{t.stub_status_url}: {s['requests']} requests so far, {s['writing']} writing")
+
+
+def _timed_parser() -> Callable[[str], bool]:
+    from exporters.accesslog.parse import build_parser
+
+    regex = build_parser("nginx_timed").regex
+    return lambda line: regex.match(line.rstrip("\n")) is not None
+
+
+def _tail(path: Path, limit: int = 64 << 10) -> list[str]:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        data = f.read().decode("utf-8", "replace")
+    lines = data.splitlines()
+    return lines[1:] if len(data) >= limit else lines
+
+
+def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
+    p = t.access_log
+    if not p.exists():
+        return [Check(FAIL, "access log", f"{p} does not exist: nginx must write it (an `access_log {p} promreflex;` line "
+                      "in the shop's server block, README)")]
+    if not os.access(p, os.R_OK):
+        return [Check(FAIL, "access log", f"{p} is not readable by uid {os.geteuid()}: the access-log exporter runs as this "
+                      "user (e.g. add it to group adm, or run the stack as root)")]
+    size = p.stat().st_size
+    try:
+        http_get(t.site_url)
+    except (OSError, ValueError):
+        pass  # the nginx line says so
+    deadline = time.monotonic() + wait_s
+    while p.stat().st_size == size and time.monotonic() < deadline:
+        time.sleep(0.1)
+    out = []
+    if p.stat().st_size == size:
+        out.append(Check(FAIL, "access log", f"{p} did not grow after a request to {t.site_url}: that server block logs "
+                         "elsewhere (or buffers: drop `buffer=` from its access_log)"))
+    lines = _tail(p)[-200:]
+    if not lines:
+        return out or [Check(FAIL, "access log", f"{p} is empty")]
+    matches = _timed_parser()
+    bad = [ln for ln in lines if not matches(ln)]
+    if len(bad) == len(lines):
+        out.append(Check(FAIL, "log format", f"none of the last {len(lines)} lines of {p} is in the promreflex format "
+                         f"(`log_format promreflex ...`, README); last line: {lines[-1][:120]!r}"))
+    elif bad:
+        out.append(Check(WARN, "log format", f"{len(bad)} of the last {len(lines)} lines of {p} do not parse (other "
+                         f"formats in the same file?): {bad[-1][:120]!r}"))
+    else:
+        out.append(Check(OK, "log format", f"the last {len(lines)} lines of {p} are in the promreflex format"))
+    own = [ln for ln in lines if "/stub_status" in ln or any(a in ln for a in OWN_AGENTS)]
+    if own:
+        out.append(Check(WARN, "own traffic", f"{len(own)} of the last {len(lines)} lines of {p} are stub_status scrapes: "
+                         "they count as served requests; add `access_log off;` to the stub_status location"))
+    if not any(c.link == "access log" for c in out):
+        out.insert(0, Check(OK, "access log", f"{p} is readable and grows"))
+    return out
+
+
+def check_prometheus(t: Target) -> list[Check]:
+    prom = t.prometheus_url
+    try:
+        prom_query(prom, "vector(1)")
+    except Exception as e:  # noqa: BLE001 - any failure: one line
+        return [Check(FAIL, "prometheus", f"{prom} does not answer queries ({_why(e)}): --prometheus.url")]
+    out = [Check(OK, "prometheus", f"{prom} answers")]
+    site = t.site
+    for link, metric, how in (
+        ("nginx exporter", "nginx_http_requests_total", "run prometheus-nginx-exporter -nginx.scrape-uri="
+         f"{t.stub_status_url} and add it to scrape_configs (README)"),
+        ("accesslog exporter", f'promreflex_http_requests_total{{site="{site}"}}',
+         f"run `promreflex exporter-accesslog --log {site}={t.access_log}:nginx_timed` and add it to scrape_configs as job accesslog"),
+    ):
+        try:
+            up = prom_query(prom, f"max by (job, instance) (up) and on (job, instance) group by (job, instance) ({metric})")
+            present = prom_query(prom, f"group by (job, instance) ({metric})")
+        except Exception as e:  # noqa: BLE001
+            out.append(Check(FAIL, link, f"query failed: {_why(e)}"))
+            continue
+        if not present:
+            out.append(Check(FAIL, link, f"Prometheus has no {metric}: {how}"))
+            continue
+        down = [lb for lb, v in up if v != 1]
+        targets = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb in (x for x, _ in present))
+        if down:
+            out.append(Check(FAIL, link, f"target(s) down: {', '.join(lb.get('instance', '?') for lb in down)}"))
+        else:
+            out.append(Check(OK, link, f"scraped: {targets}"))
+    return out
+
+
+def check_rules(t: Target) -> Check:
+    try:
+        _, body, _ = http_get(f"{t.prometheus_url.rstrip('/')}/api/v1/rules")
+        groups = json.loads(body)["data"]["groups"]
+    except Exception as e:  # noqa: BLE001
+        return Check(FAIL, "rules", f"cannot read {t.prometheus_url}/api/v1/rules ({_why(e)})")
+    names = {g["name"]: g for g in groups}
+    missing = [g for g in RULE_GROUPS if g not in names]
+    if missing:
+        return Check(FAIL, "rules", f"groups {', '.join(missing)} not loaded: add rules/copy-guard.rules.yml to "
+                     "rule_files and reload Prometheus")
+    broken = [r.get("name") or r.get("record") for g in RULE_GROUPS for r in names[g]["rules"]
+              if r.get("health") not in (None, "ok", "unknown")]
+    if broken:
+        return Check(FAIL, "rules", f"rules failing to evaluate: {', '.join(map(str, broken))}")
+    alerts = {r.get("name") for r in names["copy-guard.alerts"]["rules"]}
+    if not set(ALERTS) <= alerts:
+        return Check(FAIL, "rules", f"alerts {', '.join(sorted(set(ALERTS) - alerts))} missing from copy-guard.alerts")
+    interval = names["copy-guard.rules"].get("interval")
+    return Check(OK, "rules", f"copy-guard rules loaded (evaluated every {interval:g}s)" if interval else "copy-guard rules loaded")
+
+
+def _one(prom: str, expr: str) -> float | None:
+    values = [v for _, v in prom_query(prom, expr) if math.isfinite(v)]
+    return max(values) if values else None
+
+
+def check_threshold(t: Target) -> list[Check]:
+    from controllers.copy_guard.calibrate import OWN_RPS_QUERY
+
+    prom, site = t.prometheus_url, t.site
+    try:
+        thr = _one(prom, f'site:promreflex_copy_guard_threshold:rps{{site="{site}"}}')
+        floor = _one(prom, f'site:promreflex_copy_guard_demand_floor:rps{{site="{site}"}}')
+        when = _one(prom, f'max(promreflex_copy_guard_calibration_timestamp_seconds{{site="{site}"}})')
+        own = _one(prom, OWN_RPS_QUERY)
+        served = _one(prom, f'site:promreflex_http_requests_served:rate1s{{site="{site}"}}')
+        demand = _one(prom, f'site:promreflex_copy_guard_demand:rps{{site="{site}"}}')
+        firing = prom_query(prom, f'ALERTS{{alertname=~"{"|".join(ALERTS)}", site="{site}"}}')
+    except Exception as e:  # noqa: BLE001
+        return [Check(FAIL, "threshold", f"query failed: {_why(e)}")]
+    if thr is None:
+        return [Check(FAIL, "threshold", f"no threshold for site {site}: run `promreflex calibrate --site {site}` "
+                      "(node_exporter must serve its textfile directory and be scraped)")]
+    out = []
+    problems = []
+    if floor is None or floor < t.min_floor:
+        problems.append(f"demand floor {floor if floor is None else round(floor, 2)} is below the sane lowest "
+                        f"{t.min_floor:g} req/s: our own traffic could open the gate")
+    if thr < 2 * t.min_floor:
+        problems.append(f"threshold {thr:.2f} req/s is below {2 * t.min_floor:g}: indistinguishable from an idle shop")
+    if own is not None and floor is not None and floor <= own:
+        problems.append(f"floor {floor:.2f} is at or below the exporters' own {own:.2f} req/s")
+    age = time.time() - when if when else None
+    detail = (f"{thr:.2f} req/s, floor {floor if floor is None else round(floor, 2)}"
+              + (f", calibrated {age / 86400:.1f} days ago" if age is not None else ""))
+    if problems:
+        out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
+    elif age is not None and age > 30 * 86400:
+        out.append(Check(WARN, "threshold", f"{detail}: older than 30 days, the shop has changed since; calibrate again"))
+    else:
+        out.append(Check(OK, "threshold", detail))
+    states = sorted({f"{lb.get('alertname')} {lb.get('alertstate')}" for lb, _ in firing})
+    now = (f"served {served if served is None else round(served, 2)} req/s, demand "
+           f"{demand if demand is None else round(demand, 2)} req/s"
+           + (f" (nginx exporters' own requests {own:.2f} req/s, not counted)" if own is not None else ""))
+    if served is None:
+        out.append(Check(FAIL, "signal", f"no served rate for site {site}: CopyGuardSignalMissing; check the exporters"))
+    else:
+        quiet = demand is not None and floor is not None and demand < floor
+        out.append(Check(OK, "demand", f"{now}: " + ("quiet, copies run" if quiet else "busy")
+                         + (f"; {', '.join(states)}" if states else "")))
+    return out
+
+
+def _amtool_receivers(am: str, labels: dict[str, str]) -> list[str] | None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        return None
+    cmd = [amtool, f"--alertmanager.url={am}", "config", "routes", "test", *(f"{k}={v}" for k, v in labels.items())]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=False)  # noqa: S603
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    return [r.strip() for r in res.stdout.replace(",", " ").split() if r.strip()]
+
+
+def check_alertmanager(t: Target) -> list[Check]:
+    import yaml
+
+    am = t.alertmanager_url
+    try:
+        _, body, _ = http_get(f"{am.rstrip('/')}/api/v2/status")
+        config = yaml.safe_load(json.loads(body)["config"]["original"])
+    except Exception as e:  # noqa: BLE001
+        return [Check(FAIL, "alertmanager", f"{am} does not answer /api/v2/status ({_why(e)}): --alertmanager.url")]
+    webhook = f"{t.controller_url.rstrip('/')}/webhook"
+    receivers = {r["name"]: r for r in config.get("receivers") or []}
+    ours = [name for name, r in receivers.items()
+            if any(w.get("url", "").rstrip("/") == webhook for w in r.get("webhook_configs") or [])]
+    if not ours:
+        return [Check(FAIL, "alertmanager", f"no receiver posts to {webhook}: add the promreflex receiver (README step 3)")]
+    out = []
+    for alert in ALERTS:
+        got = _amtool_receivers(am, {"alertname": alert, "site": t.site, "severity": "warning"})
+        if got is None:
+            out.append(Check(WARN, "route", f"amtool missing or failed: cannot test where {alert} goes"))
+        elif not set(got) & set(ours):
+            out.append(Check(FAIL, "route", f"{alert} goes to {', '.join(got) or 'nothing'}, not {', '.join(ours)}: add a "
+                             "sub-route with `continue: true` (README step 3)"))
+        else:
+            out.append(Check(OK, "route", f"{alert}{{site={t.site}}} -> {', '.join(got)}"))
+    token_issue = _receiver_token(receivers, ours, webhook, t.token_file)
+    out.append(token_issue)
+    return out
+
+
+def _receiver_token(receivers: dict[str, Any], ours: list[str], webhook: str, token_file: Path | None) -> Check:
+    from promreflex.httpd import read_token_file
+
+    for name in ours:
+        for w in receivers[name].get("webhook_configs") or []:
+            if w.get("url", "").rstrip("/") != webhook:
+                continue
+            auth = (w.get("http_config") or {}).get("authorization") or {}
+            if not auth:
+                return Check(FAIL, "token", f"receiver {name} sends no `http_config.authorization`: the controller "
+                             "answers 401 when it requires a token")
+            path = auth.get("credentials_file")
+            if path is None:
+                return Check(WARN, "token", f"receiver {name} has an inline credential (not checkable here; a "
+                             "credentials_file is safer)")
+            if token_file is None:
+                return Check(WARN, "token", f"receiver {name} reads {path}; --token-file not given, not compared")
+            try:
+                mine = read_token_file(token_file)
+                theirs = Path(path).read_text().strip()
+            except Exception as e:  # noqa: BLE001 - another user's file, a path inside a container
+                return Check(WARN, "token", f"receiver {name} reads {path}; cannot compare it here ({_why(e)})")
+            if theirs != mine:
+                return Check(FAIL, "token", f"receiver {name}'s {path} does not hold the controller's token ({token_file})")
+            return Check(OK, "token", f"receiver {name} sends the controller's token ({path})")
+    return Check(FAIL, "token", "no receiver found")
+
+
+def check_controller(t: Target) -> list[Check]:
+    from promreflex.httpd import read_token_file
+
+    base = t.controller_url.rstrip("/")
+    try:
+        status, _, _ = http_get(f"{base}/-/ready")
+    except (OSError, ValueError) as e:
+        return [Check(FAIL, "controller", f"{base} does not answer ({_why(e)}): is `promreflex controller` running?")]
+    if status != 200:
+        return [Check(FAIL, "controller", f"{base}/-/ready answers {status}")]
+    out = [Check(OK, "controller", f"{base} ready")]
+    try:
+        token = read_token_file(t.token_file) if t.token_file else None
+    except Exception as e:  # noqa: BLE001 - UserError from the token checks
+        out.append(Check(FAIL, "controller token", str(e)))
+        token = None
+    try:
+        status, _, _ = http_get(f"{base}/api/v1/state", token)
+        _, metrics, _ = http_get(f"{base}/metrics")
+    except (OSError, ValueError) as e:
+        return [*out, Check(FAIL, "controller", f"{base}: {_why(e)}")]
+    if status == 401:
+        out.append(Check(FAIL, "controller token", f"{base} refuses the token of {t.token_file} (401)"))
+    elif status == 200:
+        out.append(Check(OK, "controller token", "accepted" if token else "none required (loopback)"))
+    has_route = 'action="copy-guard"' in metrics.decode("utf-8", "replace")
+    out.append(Check(OK if has_route else FAIL, "controller route",
+                     "a route runs the copy-guard action" if has_route else
+                     "no route runs the copy-guard action: add it to controller.routes (README step 4), then reload"))
+    return out
+
+
+def check_registry(t: Target) -> list[Check]:
+    from controllers.copy_guard.registry import Registry, check_dir, default_dir
+    from promreflex.errors import UserError
+
+    d = t.registry_dir or default_dir()
+    try:
+        check_dir(d)
+    except UserError as e:
+        return [Check(FAIL, "registry", str(e))]
+    if not d.exists():
+        return [Check(WARN, "registry", f"{d} does not exist yet (the first `promreflex copy` or adopt creates it); "
+                      "nothing is registered")]
+    if not os.access(d, os.W_OK | os.X_OK):
+        return [Check(FAIL, "registry", f"{d} is not writable by uid {os.geteuid()}")]
+    entries = [e for e in Registry(d).entries() if e.site == t.site]
+    if not entries:
+        return [Check(OK, "registry", f"{d} usable"),
+                Check(WARN, "copies", f"no copy registered for site {t.site}: start one with `promreflex copy` or "
+                      "`promreflex copy-guard adopt --pid N`")]
+    return [Check(OK, "registry", f"{d} usable"),
+            Check(OK, "copies", f"{len(entries)} registered for {t.site}: " + ", ".join(e.id for e in entries[:5]))]
+
+
+def run_checks(t: Target, wait_s: float = 3.0) -> list[Check]:
+    """Every link, in the order of the chain."""
+    return [check_site(t), check_stub_status(t), *check_access_log(t, wait_s), *check_prometheus(t), check_rules(t),
+            *check_threshold(t), *check_alertmanager(t), *check_controller(t), *check_registry(t)]
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.link) for c in checks)
+    return "\n".join(f"{c.status:<5}{c.link:<{width + 2}}{c.detail}" for c in checks)
+
+
+# ---------------------------------------------------------------------------- CLI
+def target_from(args: argparse.Namespace) -> Target:
+    """Flags first, then the configuration (the local stack's, or its ``stack.nginx`` external)."""
+    from promreflex.config import DEFAULT_CONFIG, load_config
+    from promreflex.stack import Stack
+
+    overrides = {"stack.state_dir": str(args.state_dir)} if args.state_dir else {}
+    cfg = load_config(args.config_file or DEFAULT_CONFIG, overrides)
+    stack = Stack(cfg)
+    ext = cfg.stack.nginx
+    stub = str(ext.stub_status_url) if ext.external else stack.url("nginx_stub_status") + "/stub_status"
+    c = cfg.controller
+    routes = [r for r in c.routes if r.action == "copy-guard"]
+    registry = routes[0].params.get("registry_dir") if routes else None
+    running = bool(stack.running())
+    site = args.site or getattr(getattr(cfg, "accesslog", None), "site", "shop")
+    return Target(
+        site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
+        access_log=args.access_log or stack.nginx_access_log,
+        prometheus_url=args.prometheus_url or (stack.url("prometheus") if running else str(c.prometheus_url)),
+        alertmanager_url=args.alertmanager_url or (stack.url("alertmanager") if running else str(c.alertmanager_url)),
+        controller_url=args.controller_url or f"http://{stack.host if running else c.listen_address.rsplit(':', 1)[0]}:"
+                                              f"{stack.ports['controller'] if running else c.listen_address.rsplit(':', 1)[1]}",
+        token_file=args.token_file or (stack.token_file if running else c.token_file),
+        registry_dir=args.registry_dir or (Path(registry) if registry else None), min_floor=args.min_floor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    t = target_from(args)
+    print(f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log {t.access_log}, "
+          f"Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller {t.controller_url}")
+    checks = run_checks(t)
+    print(render(checks))
+    failed = [c for c in checks if c.status == FAIL]
+    print(f"\n{len(failed)} broken link(s)" if failed else "\nevery link works")
+    return 1 if failed else 0
+
+
+def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``doctor`` to the ``copy-guard`` subcommands (``promreflex copy-guard doctor``)."""
+    from controllers.copy_guard.calibrate import MIN_FLOOR_RPS
+
+    p = subparsers.add_parser("doctor", help="check every link of the copy guard's chain on this system",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config.file", dest="config_file", type=Path, default=None,
+                   help="the configuration the stack (or your controller) runs with; default the embedded one")
+    p.add_argument("--state.dir", dest="state_dir", type=Path, default=None, help="the local stack's state directory")
+    p.add_argument("--site", default=None, help="the site label (default: accesslog.site, shop)")
+    p.add_argument("--nginx.url", dest="nginx_url", default=None, help="the shop as visitors reach it")
+    p.add_argument("--nginx.stub-status-url", dest="stub_status_url", default=None, help="nginx's stub_status URL")
+    p.add_argument("--nginx.access-log", dest="access_log", type=Path, default=None, help="the access log the exporter follows")
+    p.add_argument("--prometheus.url", dest="prometheus_url", default=None)
+    p.add_argument("--alertmanager.url", dest="alertmanager_url", default=None)
+    p.add_argument("--controller.url", dest="controller_url", default=None, help="e.g. http://127.0.0.1:9095")
+    p.add_argument("--token-file", dest="token_file", type=Path, default=None, help="the controller's bearer token file")
+    p.add_argument("--registry.dir", dest="registry_dir", type=Path, default=None, help="the copy-guard route's registry_dir")
+    p.add_argument("--min-floor", type=float, default=MIN_FLOOR_RPS, help="the lowest sane demand floor (as calibrate)")
+    p.set_defaults(func=cmd_doctor)
+    return p

@@ -1,0 +1,231 @@
+"""The adaptive throttle: how fast a site's copies may run while the site is near its line.
+
+One :class:`Throttle` per site episode holds a *share* ``s`` of the copies' full speed
+(1 = free, 0 = paused). The copy-guard action feeds it the site's signal from Prometheus
+(:class:`Signal`: the served rate, the calibrated threshold, demand and the demand floor, and
+the time and window of the served sample) and applies the share it returns to every copy of the
+site (``promreflex copy`` paces itself at ``s`` of its speed; adopted processes are frozen
+``1 - s`` of every duty period, see ``freeze.py`` and ``watchdog.py``).
+
+The rule is AIMD (additive increase, multiplicative decrease), as TCP's congestion control:
+- below the line (served < threshold while demand >= floor: the alert's own condition):
+  ``s *= decrease`` (0.5), down to ``min_share``;
+- comfortably above it (served >= threshold * (1 + band)): ``s += increase`` (0.1), up to 1;
+- quiet (demand < floor: nobody to protect, e.g. the load ended): ``s = 1``;
+- in the band between: hold.
+Why AIMD: the guard does not know how much of the copy the shop can afford (it depends on the
+copy's I/O mode, the disk, the shop's cache, the load), the signal is noisy and lagged, and the
+only feedback is one bit (below or not) plus a magnitude. AIMD needs no model of the plant:
+it backs off fast when the shop suffers (each decision halves the copy's share, so a copy that
+hurts is down to 1/8 within three decisions) and probes slowly upward (a tenth per decision),
+so it settles near the largest share the shop affords instead of flipping between paused and
+free. Decisions are paced by the signal: one per served sample that FULLY reflects the last
+change (sample time >= last change + the rate's window: 1 s at the local stack's 200 ms
+scrapes, 1 min at 15 s), so a change is never judged on data from before it, and the loop is
+as fast as the signal allows and no faster. A plain proportional controller was rejected: its
+gain depends on the unknown copy-to-shop coupling and it oscillates when that gain is wrong.
+
+The pause is kept for emergencies: a severe deficit (served < ``severe`` * threshold: the shop
+lost half its throughput) or still below the line at ``min_share`` for ``emergency_after``.
+After an emergency pause, the copies restart at ``min_share`` once the site is above its line
+(and the pause lasted ``min_pause``); a pause that reaches ``max_pause`` ends (counted as
+forced) and no emergency pause follows in that episode.
+
+Without a usable signal (Prometheus unreachable, no served series for the site, or a served
+sample older than 4 windows and 10 s: the rules stopped) the throttle falls back to the alert bit: an alert holding the episode means below, none means above, one
+decision per ``fallback_period``.
+
+Sample times are Prometheus's clock, decisions the controller's: both on one host here; a
+remote Prometheus whose clock is off by more than a window makes decisions early or late.
+
+Pure logic, no I/O and no clock of its own: tests drive it with a model of the shop and of
+Prometheus (scrapes, rate windows) at 200 ms and 15 s scrapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["below", "severe", "hold", "above", "quiet"]
+FALLBACK_PERIOD = 2.0
+STALE_AFTER = 10.0  # a served sample older than this (and 4 windows) is no signal: rules stopped
+EMERGENCY_REASONS = ("severe", "floor")
+
+
+@dataclass(frozen=True)
+class Settings:
+    decrease: float = 0.5  # multiplicative decrease factor, in (0, 1)
+    increase: float = 0.1  # additive increase per decision, in (0, 1]
+    min_share: float = 0.1  # lowest share before an emergency pause
+    band: float = 0.05  # hold while threshold <= served < threshold * (1 + band)
+    severe: float = 0.5  # served < severe * threshold: emergency pause (0: never)
+    emergency_after: float = 10.0  # below at min_share this long: emergency pause (0: never)
+    period: float | None = None  # least seconds between decisions; None: the signal's window
+    min_pause: float = 0.0  # an emergency pause lasts at least this long
+    max_pause: float = 120.0  # and at most this long
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reading of a site's signal. ``at`` is the served sample's timestamp (Prometheus's
+    clock, Unix seconds), ``window`` the seconds its rate spans (the rules' ladder)."""
+
+    served: float | None
+    threshold: float | None
+    demand: float | None = None
+    floor: float | None = None
+    at: float = 0.0
+    window: float = 1.0
+
+    def usable(self) -> bool:
+        return (self.served is not None and self.threshold is not None and math.isfinite(self.served)
+                and math.isfinite(self.threshold) and self.threshold > 0)
+
+
+def judge(sig: Signal, s: Settings) -> Verdict:
+    """Where the site stands against its line (call only for a usable signal)."""
+    assert sig.served is not None and sig.threshold is not None
+    if sig.demand is not None and sig.floor is not None and sig.demand < sig.floor:
+        return "quiet"  # a quiet site is slow because nobody shops: the copy may run
+    if sig.served < s.severe * sig.threshold:
+        return "severe"
+    if sig.served < sig.threshold:
+        return "below"
+    if sig.served < sig.threshold * (1 + s.band):
+        return "hold"
+    return "above"
+
+
+@dataclass
+class Throttle:
+    """The share of one site's copies, and why it is what it is."""
+
+    settings: Settings
+    share: float = 1.0
+    changed_at: float = 0.0  # controller clock (Unix s) of the last change
+    paused_since: float | None = None
+    below_min_since: float | None = None
+    last_sample: float = 0.0  # timestamp of the last served sample a decision used
+    last_decision: float = 0.0
+    no_emergency: bool = False  # a pause reached max_pause: no emergency pause again this episode
+    decreases: int = 0
+    increases: int = 0
+    emergencies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMERGENCY_REASONS, 0))
+    forced: int = 0
+    last_verdict: str = ""
+    verdicts: dict[str, int] = field(default_factory=dict)  # decisions, by what the signal said
+
+    @property
+    def paused(self) -> bool:
+        return self.share <= 0.0
+
+    @property
+    def free(self) -> bool:
+        return self.share >= 1.0
+
+    # ------------------------------------------------------------------ decisions
+    def open(self, now: float, sig: Signal | None) -> None:
+        """The episode begins (an alert says the site has been below its line for a while): the
+        first decision is taken at once, without waiting for a fresh sample."""
+        if sig is not None and sig.usable():
+            verdict = judge(sig, self.settings)
+            self.last_sample = sig.at
+        else:
+            verdict = "below"
+        self._apply(now, "below" if verdict in ("hold", "above", "quiet") else verdict)
+
+    def step(self, now: float, sig: Signal | None, alert_below: bool) -> bool:
+        """One look at the signal; returns True when the share changed."""
+        s = self.settings
+        if self.paused and now - self._paused_at(now) >= s.max_pause:
+            self.forced += 1
+            self.no_emergency = True
+            self._set(now, s.min_share)
+            self.last_verdict = "max_pause"
+            self.verdicts["max_pause"] = self.verdicts.get("max_pause", 0) + 1
+            return True
+        if sig is not None and sig.usable() and now - sig.at <= max(4 * sig.window, STALE_AFTER):
+            settle = s.period if s.period is not None else sig.window
+            if sig.at <= self.last_sample or sig.at < self.changed_at + settle:
+                return False  # no new sample, or one that still holds data from before the change
+            self.last_sample = sig.at
+            verdict = judge(sig, s)
+        else:
+            settle = max(s.period or 0.0, FALLBACK_PERIOD)
+            if now < max(self.changed_at, self.last_decision) + settle:
+                return False
+            verdict = "below" if alert_below else "above"
+        self.last_decision = now
+        before = self.share
+        self._apply(now, verdict)
+        return self.share != before
+
+    def counts(self) -> dict[str, int]:
+        """Every count, flat (``decreases``, ``increases``, ``emergency:<reason>``, ``verdict:<v>``)."""
+        return {"decreases": self.decreases, "increases": self.increases,
+                **{f"emergency:{k}": v for k, v in self.emergencies.items()},
+                **{f"verdict:{k}": v for k, v in self.verdicts.items()}}
+
+    def _apply(self, now: float, verdict: str) -> None:
+        s = self.settings
+        self.last_verdict = verdict
+        self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
+        if self.paused:
+            if verdict in ("hold", "above", "quiet") and now - self._paused_at(now) >= s.min_pause:
+                self._set(now, 1.0 if verdict == "quiet" else s.min_share)
+            return
+        if verdict == "severe" and s.severe > 0 and not self.no_emergency:
+            self._pause(now, "severe")
+            return
+        if verdict in ("below", "severe"):
+            if self.share > s.min_share + 1e-9:
+                self.decreases += 1
+                self._set(now, max(s.min_share, self.share * s.decrease))
+                if self.share <= s.min_share + 1e-9:
+                    self.below_min_since = now
+            elif self.below_min_since is None:
+                self.below_min_since = now
+            elif (s.emergency_after > 0 and not self.no_emergency
+                  and now - self.below_min_since >= s.emergency_after):
+                self._pause(now, "floor")
+            return
+        self.below_min_since = None
+        if verdict in ("above", "quiet") and not self.free:
+            self.increases += 1
+            # A quiet site (demand under its floor) has nobody to protect: the copy runs free.
+            self._set(now, 1.0 if verdict == "quiet" else min(1.0, self.share + s.increase))
+
+    def _paused_at(self, now: float) -> float:
+        return now if self.paused_since is None else self.paused_since
+
+    def _pause(self, now: float, reason: str) -> None:
+        self.emergencies[reason] += 1
+        self.paused_since = now
+        self.below_min_since = None
+        self._set(now, 0.0)
+
+    def _set(self, now: float, share: float) -> None:
+        self.share = round(share, 6)
+        self.changed_at = now
+        if share > 0:
+            self.paused_since = None
+
+    # ------------------------------------------------------------------ persistence
+    def to_json(self) -> dict[str, Any]:
+        return {"share": self.share, "changed_at": self.changed_at, "paused_since": self.paused_since,
+                "no_emergency": self.no_emergency}
+
+    @classmethod
+    def from_json(cls, settings: Settings, data: Any) -> Throttle:
+        t = cls(settings)
+        if isinstance(data, dict):
+            share = data.get("share")
+            if isinstance(share, (int, float)) and 0 <= share <= 1:
+                t.share = float(share)
+            t.changed_at = float(data.get("changed_at") or 0.0)
+            ps = data.get("paused_since")
+            t.paused_since = float(ps) if isinstance(ps, (int, float)) and t.paused else (0.0 if t.paused else None)
+            t.no_emergency = bool(data.get("no_emergency", False))
+        return t

@@ -1,0 +1,247 @@
+"""``promreflex swift-timing``: where a Swift request's time goes, per hop and per node, from
+packet captures of several nodes.
+
+    swift-timing analyze --capture NODE=FILE ... --roles roles.yml [--json OUT] [--metrics]
+    swift-timing diagram --capture NODE=FILE ... --roles roles.yml --out req.png (--trans-id TX | --request-index N | --window START,END)
+    swift-timing serve   (--capture NODE=FILE ... | --live NODE=IFACE[@NETNS] ...) --roles roles.yml --web.listen-address HOST:PORT
+
+Roles (which address is which node and which ip:port serves which Swift role): ``--roles`` (a
+YAML or JSON mapping, ``promreflex swift-lab``'s ``roles.json`` included), ``--swift-dir`` (the
+rings and ``proxy-server.conf``), ``--proxy-config``. Captures: pcap or pcapng, micro- or
+nanosecond; damaged ones are read as far as they go and the rest is counted. ``serve`` exposes
+``/metrics`` (``promreflex_swift_*``); beyond loopback it needs ``--web.token-file``.
+Also ``python -m exporters.swift``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporters.swift.roles import RoleMap, load_roles
+from promreflex.config import is_loopback, parse_duration, split_host_port
+from promreflex.errors import UserError
+
+COMMAND = "swift-timing"
+log = logging.getLogger("promreflex.exporter.swift")
+
+
+def _capture(value: str) -> tuple[str, Path]:
+    node, eq, path = value.partition("=")
+    if not eq or not node or not path:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NODE=FILE")
+    return node, Path(path)
+
+
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _common(p: argparse.ArgumentParser, live: bool = False) -> None:
+    p.add_argument("--capture", dest="captures", action="append", type=_capture, default=[], metavar="NODE=FILE",
+                   help="a node's capture (pcap/pcapng); repeat per node")
+    p.add_argument("--roles", type=Path, default=None, help="role mapping (YAML/JSON): nodes, services, hosts")
+    p.add_argument("--swift-dir", type=Path, default=None, help="Swift's directory: *.ring.gz and proxy-server.conf")
+    p.add_argument("--proxy-config", type=Path, default=None, help="the proxy-server.conf (bind_ip/bind_port)")
+    p.add_argument("--swift-log", dest="swift_logs", action="append", type=Path, default=[], metavar="FILE",
+                   help="a Swift server's access log (proxy or storage): transaction ids for the joins "
+                        "when the captures' snap length cut the headers; repeat per file")
+    p.add_argument("--clock-window", type=_duration, default=1.0, metavar="DURATION",
+                   help="window of each clock offset estimate (default 1s)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``swift-timing`` with its subcommands ``analyze``, ``diagram`` and ``serve``."""
+    p = subparsers.add_parser(COMMAND, help="Swift packet timing: per-hop transit and per-node processing from captures",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="swift_command", required=True)
+    a = sub.add_parser("analyze", help="analyse capture files, print the breakdown (JSON) or the metrics")
+    _common(a)
+    a.add_argument("--json", dest="json_out", default="-", help="write the summary here (default: stdout)")
+    a.add_argument("--metrics", action="store_true", help="print the Prometheus exposition instead of JSON")
+    a.set_defaults(func=cmd_analyze)
+    d = sub.add_parser("diagram", help="draw a timing diagram (PNG/SVG) of one request or a time window")
+    _common(d)
+    d.add_argument("--out", required=True, type=Path, help="output file, .png or .svg")
+    g = d.add_mutually_exclusive_group()
+    g.add_argument("--trans-id", default=None, help="the request's Swift transaction id (X-Trans-Id)")
+    g.add_argument("--request-index", type=int, default=None, help="the N-th request the proxy answered (from 0)")
+    g.add_argument("--window", default=None, metavar="START,END", help="epoch seconds, reference node's clock")
+    d.add_argument("--no-acks", action="store_true", help="leave pure ACKs out")
+    d.set_defaults(func=cmd_diagram)
+    s = sub.add_parser("serve", help="serve /metrics from capture files (once) or live tcpdump streams")
+    _common(s)
+    s.add_argument("--live", action="append", default=[], metavar="NODE=IFACE[@NETNS]",
+                   help="run tcpdump on IFACE (in network namespace NETNS); NODE=- reads a pcap stream on stdin")
+    s.add_argument("--web.listen-address", dest="listen_address", default="127.0.0.1:9315",
+                   help="where /metrics is served (default 127.0.0.1:9315)")
+    s.add_argument("--web.token-file", dest="token_file", type=Path, default=None,
+                   help="bearer token required on every request (mandatory beyond loopback)")
+    s.add_argument("--interval", type=_duration, default=5.0, metavar="DURATION", help="live: analysis interval")
+    s.add_argument("--grace", type=_duration, default=2.0, metavar="DURATION",
+                   help="live: how far behind the slowest capture a window ends")
+    s.add_argument("--keep", type=_duration, default=30.0, metavar="DURATION",
+                   help="live: segments kept for matching (longest request counted)")
+    s.add_argument("--snaplen", type=int, default=512, help="live: tcpdump snap length (X-Trans-Id needs ~400+)")
+    s.add_argument("--threshold.node-processing", dest="node_threshold", type=_duration, default=0.25,
+                   metavar="DURATION", help="published as promreflex_swift_node_processing_threshold_seconds "
+                                            "(SwiftNodeSlow compares each node's p99 with it; default 250ms)")
+    s.add_argument("--threshold.hop-transit", dest="hop_threshold", type=_duration, default=0.005,
+                   metavar="DURATION", help="published as promreflex_swift_hop_transit_threshold_seconds "
+                                            "(SwiftHopSlow; default 5ms)")
+    s.set_defaults(func=cmd_serve)
+    return p
+
+
+def _roles(args: argparse.Namespace) -> RoleMap:
+    return load_roles(mapping=args.roles, swift_dir=args.swift_dir, proxy_config=args.proxy_config)
+
+
+def _check_captures(args: argparse.Namespace) -> dict[str, Path]:
+    if not args.captures:
+        raise UserError("give at least one --capture NODE=FILE")
+    caps: dict[str, Path] = {}
+    for node, path in args.captures:
+        if node in caps:
+            raise UserError(f"--capture: node {node!r} given twice")
+        if not path.is_file():
+            raise UserError(f"--capture {node}={path}: no such file")
+        caps[node] = path
+    return caps
+
+
+def _analyze(args: argparse.Namespace) -> Any:
+    from exporters.swift.analyze import analyze
+    from exporters.swift.pcap import CaptureError
+
+    caps = _check_captures(args)
+    try:
+        return analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
+    except CaptureError as e:
+        raise UserError(str(e)) from e
+    except OSError as e:
+        raise UserError(f"cannot read a capture: {e}") from e
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    b = _analyze(args)
+    if args.metrics:
+        from exporters.swift.metrics import SwiftTimingCollector
+
+        reg = CollectorRegistry()
+        SwiftTimingCollector(b.nodes, registry=reg).add(b)
+        sys.stdout.write(generate_latest(reg).decode())
+        return 0
+    text = json.dumps(b.summary(), indent=1, sort_keys=False)
+    if args.json_out == "-":
+        print(text)
+    else:
+        Path(args.json_out).write_text(text + "\n")
+    return 0
+
+
+def cmd_diagram(args: argparse.Namespace) -> int:
+    from exporters.swift.diagram import draw
+
+    if args.out.suffix.lower() not in (".png", ".svg"):
+        raise UserError(f"--out {args.out}: .png or .svg")
+    window = None
+    if args.window:
+        try:
+            lo, hi = (float(x) for x in args.window.split(","))
+        except ValueError:
+            raise UserError(f"--window {args.window!r}: START,END in epoch seconds") from None
+        window = (lo, hi)
+    b = _analyze(args)
+    drawn = draw(b, args.out, trans_id=args.trans_id, index=args.request_index, window=window, acks=not args.no_acks)
+    print(f"{args.out}: {drawn['segments']} segments, {drawn['exchanges']} exchanges")
+    return 0
+
+
+def _token_middleware(token: str) -> Any:
+    from aiohttp import web
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.headers.get("Authorization", "") != f"Bearer {token}":
+            return web.Response(status=401, text="a bearer token is required\n")
+        return await handler(request)
+
+    return check
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from promreflex.httpd import read_token_file
+
+    if bool(args.captures) == bool(args.live):
+        raise UserError("give either --capture NODE=FILE ... (analysed once) or --live NODE=IFACE[@NETNS] ...")
+    try:
+        host, _ = split_host_port(args.listen_address)
+    except ValueError as e:
+        raise UserError(f"--web.listen-address: {e}") from None
+    token = read_token_file(args.token_file, "--web.token-file")
+    if not is_loopback(host) and not token:
+        raise UserError(f"--web.listen-address {args.listen_address} is beyond loopback: give --web.token-file")
+    roles = _roles(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(args, roles, token))
+
+
+async def _serve(args: argparse.Namespace, roles: RoleMap, token: str) -> int:
+    from prometheus_client import REGISTRY
+
+    from exporters.swift.live import LiveAnalyzer, LiveSource, run_live
+    from exporters.swift.metrics import SwiftTimingCollector
+    from promreflex.httpd import metrics_app, serving, stop_on_signals
+
+    stop = stop_on_signals()
+    app = metrics_app(REGISTRY, "promreflex swift packet timing")
+    if token:
+        app.middlewares.append(_token_middleware(token))
+    sources = [LiveSource.parse(v) for v in args.live]
+    if sum(1 for s in sources if s.interface is None) > 1:
+        raise UserError("--live NODE=-: only one node can read standard input")
+    nodes = [s.node for s in sources] or [n for n, _ in args.captures]
+    collector = SwiftTimingCollector(nodes, registry=REGISTRY, node_threshold_s=args.node_threshold,
+                                     hop_threshold_s=args.hop_threshold)
+    try:
+        async with serving(args.listen_address, app):
+            log.info("serving /metrics on http://%s/metrics", args.listen_address)
+            if args.captures:
+                t0 = time.perf_counter()
+                b = await asyncio.to_thread(_analyze, args)
+                collector.add(b, time.perf_counter() - t0)
+                log.info("analysed %d captures: %d segments matched", len(b.nodes), len(b.matches))
+                await stop.wait()
+            else:
+                live = LiveAnalyzer(nodes, roles, collector, grace_s=args.grace, keep_s=args.keep,
+                                    window_s=args.clock_window)
+                await run_live(sources, live, stop, interval_s=args.interval, snaplen=args.snaplen)
+                await stop.wait()
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.listen_address}: {e.strerror or e}") from None
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporters.swift", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    register(sub)
+    args = parser.parse_args([COMMAND, *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"promreflex {COMMAND}: {e}", file=sys.stderr)
+        return 1

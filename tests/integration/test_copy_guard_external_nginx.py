@@ -1,0 +1,182 @@
+"""Guard a shop you already run (issue 16), against the real binaries: an nginx started first,
+with its own configuration, port and log directory (README "Guard a shop you already run", step
+1); the stack with ``stack.nginx.external`` starts no nginx and follows that nginx; ``copy-guard
+doctor`` names the missing link (no threshold), then passes once the threshold is published, and
+fails again when the log is not the one nginx writes; ``Stack.reload`` applies a changed route
+to the running controller (same PID, audited)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controllers.audit import read_audit
+from controllers.copy_guard.doctor import FAIL, OK, add_doctor_parser
+from controllers.copy_guard.threshold import write_threshold
+from promreflex.config import load_config, ports_model
+from promreflex.foundation import NGINX_LOG_FORMAT
+from promreflex.proc import Child, free_port, http_ok, pid_alive, wait_until
+from promreflex.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+
+def _users_nginx(root: Path, port: int) -> str:
+    """A shop's nginx as its owner wrote it, plus the two additions of the README's step 1."""
+    return f"""worker_processes 1;
+pid {root}/run/nginx.pid;
+error_log {root}/log/error.log warn;
+events {{ worker_connections 128; }}
+http {{
+    default_type text/html;
+    client_body_temp_path {root}/run/body;
+    proxy_temp_path {root}/run/proxy;
+    fastcgi_temp_path {root}/run/fastcgi;
+    uwsgi_temp_path {root}/run/uwsgi;
+    scgi_temp_path {root}/run/scgi;
+    log_format promreflex '{NGINX_LOG_FORMAT}';
+    server {{
+        listen 127.0.0.1:{port};
+        access_log {root}/log/access.log;
+        access_log {root}/log/promreflex-shop.log promreflex;
+        location = /nginx_status {{ stub_status; access_log off; allow 127.0.0.1; deny all; }}
+        # (their pages; nginx's workers run as nobody and may not read pytest's 0700 tmp dir)
+        location / {{ return 200 "their shop\n"; }}
+    }}
+}}
+"""
+
+
+def _doctor(cfg: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, str]]:
+    parser = argparse.ArgumentParser()
+    add_doctor_parser(parser.add_subparsers())
+    args = parser.parse_args(["doctor", "--config.file", str(cfg), *extra])
+    code = args.func(args)
+    out = capsys.readouterr().out
+    lines: dict[str, str] = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if parts and parts[0] in (OK, "WARN", FAIL) and len(parts) == 2:
+            link = parts[1].split("  ", 1)[0].strip()
+            lines.setdefault(link, parts[0])
+    return code, lines
+
+
+def _query(prom: str, expr: str) -> list:
+    url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - loopback
+        return json.load(r)["data"]["result"]
+
+
+def test_guard_an_nginx_that_already_runs(tmp_path, capsys):
+    root = tmp_path / "their-shop"
+    for d in ("html", "log", "run"):
+        (root / d).mkdir(parents=True)
+    (root / "html" / "index.html").write_text("<h1>their shop</h1>")
+    port = free_port()
+    (root / "nginx.conf").write_text(_users_nginx(root, port))
+    nginx = Child("their-nginx", ["/usr/sbin/nginx", "-c", str(root / "nginx.conf"), "-p", str(root), "-g", "daemon off;"],
+                  tmp_path / "their-nginx.out").start()
+    stack = None
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/"), timeout=30, what="their nginx")
+        cfg_file = tmp_path / "promreflex.yml"
+        cfg_file.write_text(yaml.safe_dump({"stack": {
+            "state_dir": str(tmp_path / "state"), "ports": {p: free_port() for p in ports_model().model_fields},
+            "nginx": {"external": True, "url": f"http://127.0.0.1:{port}/",
+                      "stub_status_url": f"http://127.0.0.1:{port}/nginx_status",
+                      "access_log": str(root / "log" / "promreflex-shop.log")}}}))
+        stack = Stack(load_config(cfg_file))
+        stack.up(progress=lambda *_: None)
+        assert "nginx" not in stack.running()  # theirs runs; the stack started none
+        prom = stack.url("prometheus")
+        for _ in range(5):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()  # noqa: S310 - loopback
+        wait_until(lambda: _query(prom, 'promreflex_http_requests_total{site="shop"}'), timeout=60,
+                   what="their access log counted by the stack's exporter")
+        wait_until(lambda: _query(prom, "nginx_http_requests_total"), timeout=60, what="their stub_status scraped")
+
+        code, links = _doctor(cfg_file, capsys=capsys)
+        assert code == 1 and links["threshold"] == FAIL, links
+        for link in ("nginx", "stub_status", "access log", "log format", "prometheus", "nginx exporter",
+                     "accesslog exporter", "rules", "route", "token", "controller", "controller token", "controller route"):
+            assert links[link] == OK, (link, links)
+        assert "own traffic" not in links  # stub_status is not logged
+
+        write_threshold(stack.textfile_dir, "shop", 40.0, demand_floor_rps=20.0)
+        wait_until(lambda: _query(prom, 'site:promreflex_copy_guard_threshold:rps{site="shop"}'), timeout=60,
+                   what="the threshold in Prometheus")
+        wait_until(lambda: _query(prom, 'site:promreflex_copy_guard_demand:rps{site="shop"}'), timeout=60,
+                   what="the demand recorded")
+        # idle: their exporter's own stub_status requests are not demand
+        arrivals = wait_until(lambda: _query(prom, 'site:nginx_http_requests:rate3s{site="shop"}'), timeout=60,
+                              what="the visitors' arrivals recorded")
+        demand = float(arrivals[0]["value"][1])
+        assert demand < 0.5, demand
+        registry = tmp_path / "copies"
+        registry.mkdir(mode=0o700)
+        code, links = _doctor(cfg_file, "--registry.dir", str(registry), capsys=capsys)
+        assert code == 0 and links["threshold"] == OK and links["demand"] == OK and links["copies"] == "WARN", links
+
+        code, links = _doctor(cfg_file, "--nginx.access-log", str(root / "log" / "access.log"), capsys=capsys)
+        assert code == 1 and links["log format"] == FAIL, links  # their combined log: not our format
+
+        # a changed route reaches the running controller without a restart
+        controller_pid = stack.running()["controller"]
+        data = yaml.safe_load(cfg_file.read_text())
+        data["controller"] = {"routes": [{"name": "copy-guard", "action": "copy-guard",
+                                          "matchers": ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"'],
+                                          "params": {"registry_dir": str(registry), "max_pause": "1m"}}]}
+        cfg_file.write_text(yaml.safe_dump(data))
+        stack = Stack(load_config(cfg_file))
+        assert set(stack.reload(progress=lambda *_: None)) == {"prometheus", "alertmanager", "controller"}
+        wait_until(lambda: any(r["event"] == "reload" and r.get("result") == "ok"
+                               for r in read_audit(stack.audit_log)), timeout=30, what="the controller reloaded")
+        reload = next(r for r in read_audit(stack.audit_log) if r["event"] == "reload")
+        assert reload["routes"] == ["copy-guard"] and "selftest-log" in reload["removed"], reload
+        assert stack.running()["controller"] == controller_pid and pid_alive(controller_pid)
+    finally:
+        if stack is not None:
+            stack.down(quiet=True, progress=lambda *_: None)
+        nginx.stop()
+
+
+def test_calibrate_child_dies_with_its_parent_on_sigterm_and_sigkill(tmp_path):
+    """``calibrate`` cleans up its Locust child: SIGTERM (handler kills the group) and SIGKILL of
+    the parent (PR_SET_PDEATHSIG) both leave no Locust behind."""
+    import psutil
+
+    hole = socket.socket()  # accepts connections (kernel backlog) and never answers: requests just wait
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    dead = f"http://127.0.0.1:{hole.getsockname()[1]}/"
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        tf = tmp_path / f"tf-{sig}"
+        tf.mkdir()
+        proc = subprocess.Popen([sys.executable, "-m", "promreflex", "calibrate", "--target", dead, "--users", "1",  # noqa: S603
+                                 "--duration", "60s", "--runs", "1", "--textfile.dir", str(tf)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        parent = psutil.Process(proc.pid)
+
+        def locust_children() -> list[psutil.Process]:
+            return [c for c in parent.children(recursive=True) if "locust" in " ".join(c.cmdline())]
+
+        children = wait_until(locust_children, timeout=60, what="calibrate's locust child")
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        wait_until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
+                   timeout=30, what=f"locust gone after {signal.Signals(sig).name} to calibrate")
+        if sig != signal.SIGKILL:
+            assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr.read() if proc.stderr else "")
+        assert not (tf / "promreflex_copy_guard_threshold.prom").exists()
+    hole.close()

@@ -1,0 +1,122 @@
+"""The ``admission`` action against a real proxy's control endpoint (in process): fire tightens,
+resolve undoes, both idempotent; the hold is renewed while held, survives a controller restart
+through the state file, and expires on the proxy when nobody renews it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from controllers.actions.base import ActionContext
+from controllers.admission.action import STATE_NAME, AdmissionAction, AdmissionParams
+from controllers.models import Alert
+from tests.payloads import alert
+from tests.unit.test_admission_proxy import rig
+
+
+def ctx(params: AdmissionParams, name: str = "FlashSale", status: str = "firing") -> ActionContext:
+    return ActionContext(route="flash-sale", alert=Alert.model_validate(alert(name, status=status, shop="main")),
+                         params=params)
+
+
+async def started(params: AdmissionParams) -> AdmissionAction:
+    action = AdmissionAction()
+    action.route_params = [params]
+    await action.start({})
+    return action
+
+
+async def until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+def test_params_are_checked():
+    with pytest.raises(ValidationError, match="needs session_cap"):
+        AdmissionParams(mode="session_cap")
+    with pytest.raises(ValidationError, match="beyond loopback"):
+        AdmissionParams(mode="waiting_room", control_url="http://10.0.0.5:9188")
+    with pytest.raises(ValidationError):
+        AdmissionParams(mode="waiting_room", control_url="http://127.0.0.1:9188/x?y")
+    AdmissionParams(mode="waiting_room", control_url="http://10.0.0.5:9188", token_file=Path("/etc/t"))
+
+
+async def test_fire_tightens_resolve_undoes_idempotently(tmp_path: Path):
+    async with rig() as r:
+        params = AdmissionParams(control_url=r.control, mode="session_cap", session_cap=3, lease=30,
+                                 state_dir=tmp_path)
+        action = await started(params)
+        try:
+            c = ctx(params)
+            msg = await action.fire(c)
+            assert "session cap 3" in msg
+            await action.fire(c)  # again (a re-run after a crash): same hold
+            assert r.proxy.holds.session_cap() == 3 and len(r.proxy.holds.holds) == 1
+            assert (tmp_path / STATE_NAME).exists()
+            await action.resolve(c)
+            await action.resolve(c)
+            assert r.proxy.holds.session_cap() is None and not r.proxy.holds.holds
+        finally:
+            await action.shutdown()
+
+
+async def test_hold_is_renewed_while_held_and_expires_when_the_controller_is_gone(tmp_path: Path):
+    async with rig() as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", lease=2, state_dir=tmp_path)
+        action = await started(params)
+        await action.fire(ctx(params))
+        await asyncio.sleep(4.5)  # more than two leases: renewed
+        assert r.proxy.holds.waiting_room()
+        # The controller dies (no shutdown, no resolve): the proxy relaxes by itself.
+        assert action._renewer is not None
+        action._renewer.cancel()
+        await until(lambda: not r.proxy.holds.holds, timeout=10)
+        assert r.value("promreflex_admission_holds_expired_total") == 1
+        if action._own_session is not None:
+            await action._own_session.close()
+        # A restarted controller re-asserts what the state file says is held.
+        again = await started(params)
+        try:
+            assert r.proxy.holds.waiting_room()
+        finally:
+            await again.shutdown()
+        assert not r.proxy.holds.holds  # shutdown drops it; the file keeps it for the next start
+        assert "flash-sale" in (tmp_path / STATE_NAME).read_text()
+
+
+async def test_unreachable_proxy_fire_fails_resolve_succeeds(tmp_path: Path):
+    params = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path)
+    action = await started(params)
+    try:
+        with pytest.raises(Exception, match="127.0.0.1:1"):
+            await action.fire(ctx(params))
+        assert "expires within" in await action.resolve(ctx(params, status="resolved"))
+    finally:
+        await action.shutdown()
+
+
+async def test_token_is_sent(tmp_path: Path):
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    async with rig(token="t0ken") as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", token_file=token, state_dir=tmp_path)
+        action = await started(params)
+        try:
+            await action.fire(ctx(params))
+            assert r.proxy.holds.waiting_room()
+        finally:
+            await action.shutdown()
+        wrong = AdmissionParams(control_url=r.control, mode="waiting_room", state_dir=tmp_path)
+        action = await started(wrong)
+        try:
+            with pytest.raises(Exception, match="401"):
+                await action.fire(ctx(wrong))
+        finally:
+            await action.shutdown()

@@ -1,0 +1,83 @@
+"""The ``admission:`` section: a valid example, and an invalid one whose every problem is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controllers.admission.cli import _overrides, register
+from controllers.admission.config import load_section
+from promreflex.config import ConfigError
+
+VALID = """
+controller: {listen_address: 127.0.0.1:9095}
+admission:
+  upstream: http://127.0.0.1:8000
+  exempt: ['^/static/']
+  pages:
+    - {name: login, pattern: '^/login'}
+    - {name: search, pattern: '^/search', timeout: 1m}
+    - {name: logout, pattern: '^/logout', logout: true}
+  page_scheduler: {initial_limit: 2, window: 500ms}
+  session: {idle_timeout: 90s, cookie_secure: true}
+  session_scheduler: {queue_threshold: 5, max_interval: 5s}
+"""
+
+INVALID = """
+admission:
+  upstream: https://shop.example/x
+  pages:
+    - {name: login, pattern: '^/login('}
+    - {name: login, pattern: '^/x', timeot: 1s}
+  page_scheduler: {initial_limit: 0}
+  session_scheduler: {increase: 0.5, min_interval: 5s, initial_interval: 1s}
+  control: {listen_address: 0.0.0.0:9188}
+"""
+
+
+def test_valid_example(tmp_path: Path):
+    f = tmp_path / "promreflex.yml"
+    f.write_text(VALID)
+    cfg = load_section(f)
+    assert [p.name for p in cfg.pages] == ["login", "search", "logout"]
+    assert cfg.pages[1].timeout == 60 and cfg.pages[2].logout
+    assert cfg.page_scheduler.window == 0.5 and cfg.session.idle_timeout == 90
+    assert cfg.page_names() == ["login", "search", "logout", "other"]
+
+
+def test_defaults_make_a_valid_section():
+    cfg = load_section(None)
+    assert cfg.listen_address == "127.0.0.1:8088" and cfg.control.listen_address == "127.0.0.1:9188"
+
+
+def test_invalid_example_names_every_problem(tmp_path: Path):
+    f = tmp_path / "bad.yml"
+    f.write_text(INVALID)
+    with pytest.raises(ConfigError) as err:
+        load_section(f)
+    text = "\n".join(err.value.problems)
+    for needle in ("admission.upstream", "admission.pages[0].pattern", "admission.pages[1].timeot",
+                   "admission.page_scheduler.initial_limit", "admission.session_scheduler.increase",
+                   "admission.control"):
+        assert needle in text, (needle, text)
+    assert "beyond loopback" in text
+
+
+def test_duplicate_page_names_including_the_default(tmp_path: Path):
+    f = tmp_path / "dup.yml"
+    f.write_text("admission:\n  pages: [{name: other, pattern: '^/o'}]\n")
+    with pytest.raises(ConfigError, match="unique"):
+        load_section(f)
+
+
+def test_flags_override_the_file(tmp_path: Path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["admission", "proxy", "--upstream", "http://127.0.0.1:9000",
+                              "--web.listen-address", "127.0.0.1:7000", "--no-session-scheduler"])
+    cfg = load_section(None, _overrides(args))
+    assert cfg.upstream == "http://127.0.0.1:9000" and cfg.listen_address == "127.0.0.1:7000"
+    assert cfg.session_scheduler.enabled is False and cfg.page_scheduler.enabled is True

@@ -1,0 +1,404 @@
+"""The admission proxy in process, in front of a small aiohttp app on loopback: what passes
+through (headers, bodies, streaming, keep-alive), sessions and their cookies (forged, replayed,
+logout, idle), the waiting room, the queues' bounds, a client that leaves, an app that fails or
+hangs, and the control endpoint with its leases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from yarl import URL
+
+from controllers.admission.config import AdmissionSection
+from controllers.admission.cookies import CookieCodec, KeyRing
+from controllers.admission.proxy import AdmissionProxy
+from promreflex.httpd import ADDRESSES, serving
+
+COOKIE = "promreflex_session"
+
+
+def upstream_app() -> web.Application:
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        resp = web.json_response({"path": request.raw_path, "method": request.method, "body": body.decode(),
+                                  "headers": [[k, v] for k, v in request.headers.items()]})
+        resp.headers.add("Set-Cookie", "a=1; Path=/")
+        resp.headers.add("Set-Cookie", "b=2; Path=/")
+        resp.headers["Connection"] = "X-Secret"
+        resp.headers["X-Secret"] = "hop"
+        resp.headers["X-App"] = "yes"
+        return resp
+
+    async def fail(_: web.Request) -> web.Response:
+        return web.Response(status=500, text="app broke")
+
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.Response(text="late")
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(float(request.query.get("s", "0.5")))
+        return web.Response(text="slow done")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(20):
+            await resp.write(bytes([65 + i]) * 10_000)
+            await asyncio.sleep(0.005)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/fail", fail)
+    app.router.add_get("/hang", hang)
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/stream", stream)
+    app.router.add_route("*", "/{tail:.*}", echo)
+    return app
+
+
+def section(upstream: str, **over: Any) -> AdmissionSection:
+    data: dict[str, Any] = {
+        "listen_address": "127.0.0.1:0", "upstream": upstream,
+        "control": {"listen_address": "127.0.0.1:0"},
+        "exempt": ["^/static/"],
+        "pages": [{"name": "login", "pattern": "^/login"}, {"name": "slow", "pattern": "^/slow"},
+                  {"name": "hang", "pattern": "^/hang", "timeout": 0.3},
+                  {"name": "logout", "pattern": "^/logout", "logout": True}],
+        "session_scheduler": {"initial_interval": 0.001, "min_interval": 0.001},
+    }
+    for key, value in over.items():
+        node = data
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return AdmissionSection.model_validate(data)
+
+
+class Rig:
+    def __init__(self, proxy: AdmissionProxy, url: str, control: str):
+        self.proxy, self.url, self.control = proxy, url, control
+
+    def value(self, name: str, **labels: str) -> float:
+        v = self.proxy.registry.get_sample_value(name, labels or None)
+        return 0.0 if v is None else v
+
+
+@contextlib.asynccontextmanager
+async def rig(ring: KeyRing | None = None, token: str = "", **over: Any) -> AsyncIterator[Rig]:
+    app = upstream_app()
+    async with serving("127.0.0.1:0", app) as up:
+        port = up[ADDRESSES][0][1]
+        proxy = AdmissionProxy(section(f"http://127.0.0.1:{port}", **over), ring, token=token)
+        await proxy.start()
+        try:
+            async with serving("127.0.0.1:0", proxy.app(), handler_cancellation=True) as papp, \
+                    serving("127.0.0.1:0", proxy.control_app()) as capp:
+                yield Rig(proxy, f"http://127.0.0.1:{papp[ADDRESSES][0][1]}",
+                          f"http://127.0.0.1:{capp[ADDRESSES][0][1]}")
+        finally:
+            await proxy.close()
+
+
+async def until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def client(**kw: Any) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True), **kw)
+
+
+async def test_headers_and_body_pass_through_hop_by_hop_dropped_and_forwarded_for_appended():
+    async with rig() as r, client() as c:
+        async with c.post(URL(f"{r.url}/login?x=1&y=%2F", encoded=True), data=b"user=ann",
+                          headers={"Connection": "keep-alive, X-Drop", "X-Drop": "1", "Keep-Alive": "timeout=5",
+                                   "TE": "trailers", "X-Keep": "kept", "X-Forwarded-For": "203.0.113.7",
+                                   "Cookie": "theirs=1"}) as resp:
+            assert resp.status == 200
+            got = await resp.json()
+            assert resp.headers.getall("Set-Cookie")[:2] == ["a=1; Path=/", "b=2; Path=/"]
+            assert any(v.startswith(f"{COOKIE}=v1.") for v in resp.headers.getall("Set-Cookie"))
+            assert resp.headers["X-App"] == "yes" and "X-Secret" not in resp.headers
+        headers = {k.lower(): v for k, v in got["headers"]}
+        assert got["path"] == "/login?x=1&y=%2F" and got["method"] == "POST" and got["body"] == "user=ann"
+        assert headers["x-keep"] == "kept" and headers["cookie"] == "theirs=1"
+        assert "x-drop" not in headers and "keep-alive" not in headers and "te" not in headers
+        assert headers["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+        assert headers["x-forwarded-proto"] == "http"
+        # The second request carries the proxy's cookie: the app does not see it.
+        async with c.get(f"{r.url}/browse") as resp:
+            got = await resp.json()
+        headers = {k.lower(): v for k, v in got["headers"]}
+        assert COOKIE not in headers.get("cookie", "")
+        assert r.value("promreflex_admission_sessions_admitted_total") == 1
+
+
+async def test_streaming_response_and_keep_alive():
+    async with rig() as r:
+        created = 0
+
+        async def on_create(*_: Any) -> None:
+            nonlocal created
+            created += 1
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_end.append(on_create)
+        async with client(connector=aiohttp.TCPConnector(limit=1), trace_configs=[trace]) as c:
+            for _ in range(3):
+                async with c.get(f"{r.url}/stream") as resp:
+                    body = await resp.read()
+                    assert resp.headers.get("Transfer-Encoding") == "chunked"
+                assert body == b"".join(bytes([65 + i]) * 10_000 for i in range(20))
+        assert created == 1
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="served") == 3
+
+
+async def test_exempt_paths_need_no_session():
+    async with rig(session__queue_capacity=0) as r, client() as c:
+        async with c.get(f"{r.url}/static/app.css") as resp:
+            assert resp.status == 200 and "Set-Cookie" not in {k for k in resp.headers if "promreflex" in
+                                                                   resp.headers.get(k, "")}
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 503  # queue capacity 0: every new session sees the waiting room
+
+
+async def test_forged_malformed_expired_and_foreign_key_cookies_do_not_skip_the_queue():
+    ring = KeyRing.ephemeral()
+    other = CookieCodec(KeyRing.ephemeral())
+    async with rig(ring) as r:
+        good = CookieCodec(ring)
+        sid = good.new_sid()
+        cases = {
+            "malformed": "garbage",
+            "bad_signature": good.issue(sid, time.time(), 3600)[:-4] + "AAAA",
+            "unknown_key": other.issue(sid, time.time(), 3600),
+            "expired": good.issue(sid, time.time() - 7200, 3600),
+            "ended": good.issue(good.new_sid(), time.time() + 5, 3600),  # valid, but never admitted here
+        }
+        for reason, value in cases.items():
+            async with aiohttp.ClientSession() as c, c.get(f"{r.url}/login", headers={"Cookie": f"{COOKIE}={value}"}) as resp:
+                assert resp.status == 200
+                assert any(v.startswith(f"{COOKIE}=v1.") for v in resp.headers.getall("Set-Cookie")), reason
+            assert r.value("promreflex_admission_cookie_rejections_total", reason=reason) == 1, reason
+        assert r.value("promreflex_admission_sessions_admitted_total") == len(cases)
+
+
+async def test_logout_completes_the_session_and_its_cookie_cannot_be_replayed():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            cookie = resp.cookies[COOKIE].value
+        async with c.get(f"{r.url}/logout") as resp:
+            assert resp.status == 200
+            assert f"{COOKIE}=; " in ";".join(resp.headers.getall("Set-Cookie"))
+        assert r.value("promreflex_admission_sessions_completed_total") == 1
+        assert len(r.proxy.sessions.active) == 0
+        async with aiohttp.ClientSession() as c2, c2.get(f"{r.url}/buy", headers={"Cookie": f"{COOKIE}={cookie}"}):
+            pass
+        assert r.value("promreflex_admission_cookie_rejections_total", reason="ended") == 1
+        assert r.value("promreflex_admission_sessions_admitted_total") == 2  # the replay queued as a new session
+
+
+async def test_idle_session_is_abandoned_at_its_last_page():
+    async with rig(session__idle_timeout=0.2) as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        async with c.get(f"{r.url}/slow?s=0"):
+            pass
+        await until(lambda: r.value("promreflex_admission_sessions_abandoned_total", page="slow") == 1)
+        assert not r.proxy.sessions.active
+
+
+async def test_waiting_room_when_the_session_queue_is_full():
+    async with rig(session__queue_capacity=0) as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 503
+            assert 1 <= int(resp.headers["Retry-After"]) <= 300
+            assert resp.headers["X-Queue-Position"] == "1"
+            assert "number 1 in line" in await resp.text()
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_full") == 1
+
+
+async def test_tracked_sessions_are_bounded():
+    async with rig(session__max_sessions=1) as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        async with aiohttp.ClientSession() as other, other.get(f"{r.url}/login") as resp:
+            assert resp.status == 503
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_full") == 1
+
+
+async def test_a_new_session_waits_its_turn_but_not_forever():
+    async with rig(session__max_queue_wait=0.3) as r, client() as c:
+        r.proxy.scheduler.interval = 60.0
+        r.proxy.scheduler.last_admit = r.proxy.clock()  # the next admission is a minute away
+        t0 = time.monotonic()
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 503 and "Waiting room" in await resp.text()
+        assert time.monotonic() - t0 < 5
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_timeout") == 1
+        assert not r.proxy.scheduler.queue
+
+
+async def test_page_queue_bounded_by_its_wait_and_the_limit_holds():
+    async with rig(page_scheduler__initial_limit=1, page_scheduler__max_limit=1,
+                   page_scheduler__max_queue_wait=0.3) as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        slow = asyncio.ensure_future(c.get(f"{r.url}/slow?s=1.5"))
+        await until(lambda: r.proxy.pages["slow"].in_flight == 1)
+        async with c.get(f"{r.url}/slow?s=0") as resp:
+            assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="queue_timeout") == 1
+        resp = await slow
+        assert resp.status == 200
+        resp.release()
+        assert not r.proxy.pages["slow"].queue and r.proxy.integral.total == 0
+
+
+async def test_a_waiting_request_whose_client_left_is_dropped_not_served():
+    async with rig(page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        slow = asyncio.ensure_future(c.get(f"{r.url}/slow?s=1"))
+        await until(lambda: r.proxy.pages["slow"].in_flight == 1)
+        with pytest.raises(asyncio.TimeoutError):
+            await c.get(f"{r.url}/slow?s=0", timeout=aiohttp.ClientTimeout(total=0.3))
+        await until(lambda: r.value("promreflex_admission_requests_total", page="slow", outcome="client_gone") == 1)
+        assert not r.proxy.pages["slow"].queue
+        (await slow).release()
+        await until(lambda: r.proxy.pages["slow"].in_flight == 0)
+        # One served (the slow one); the one that left never reached the app.
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
+
+
+async def test_app_errors_hangs_and_absence_get_clear_answers():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/fail") as resp:
+            assert resp.status == 500 and await resp.text() == "app broke"
+        async with c.get(f"{r.url}/hang") as resp:
+            assert resp.status == 504
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="upstream_5xx") == 1
+        assert r.value("promreflex_admission_requests_total", page="hang", outcome="upstream_timeout") == 1
+        assert r.proxy.pages["hang"].in_flight == 0
+    async with rig() as r:
+        r.proxy.upstream = "http://127.0.0.1:1"
+        async with client() as c, c.get(f"{r.url}/login") as resp:
+            assert resp.status == 502
+        assert r.value("promreflex_admission_requests_total", page="login", outcome="upstream_error") == 1
+
+
+async def test_huge_headers_are_refused_and_the_proxy_keeps_serving():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login", headers={"X-Big": "x" * 20_000}) as resp:
+            assert 400 <= resp.status < 500
+        async with client() as c2, c2.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+
+
+async def test_a_session_may_not_run_more_than_max_in_flight():
+    async with rig(session__max_in_flight=1) as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        slow = asyncio.ensure_future(c.get(f"{r.url}/slow?s=1"))
+        await until(lambda: r.proxy.pages["slow"].in_flight == 1)
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 429
+        (await slow).release()
+        assert r.value("promreflex_admission_requests_total", page="login", outcome="session_busy") == 1
+
+
+async def test_control_endpoint_holds_token_and_lease():
+    async with rig(token="s3cret") as r, client() as c:
+        auth = {"Authorization": "Bearer s3cret"}
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 30}) as resp:
+            assert resp.status == 401
+        async with c.put(f"{r.control}/api/v1/holds/flash", data=b"{nope", headers=auth) as resp:
+            assert resp.status == 400
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "session_cap", "lease": 30},
+                         headers=auth) as resp:
+            assert resp.status == 400 and "session_cap" in (await resp.json())["error"]
+        async with c.put(f"{r.control}/api/v1/holds/bad%20name", json={"mode": "waiting_room", "lease": 30},
+                         headers=auth) as resp:
+            assert resp.status == 400
+        # An active session keeps going; a new one gets the waiting room.
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 0.5},
+                         headers=auth) as resp:
+            assert resp.status == 200
+        async with c.get(f"{r.url}/browse") as resp:
+            assert resp.status == 200
+        async with aiohttp.ClientSession() as fresh, fresh.get(f"{r.url}/login") as resp:
+            assert resp.status == 503
+        assert r.value("promreflex_admission_waiting_room_mode") == 1
+        async with c.get(f"{r.control}/api/v1/state", headers=auth) as resp:
+            state = await resp.json()
+            assert state["waiting_room"] is True and "flash" in state["holds"]
+        # Not renewed: the lease runs out and admission is as before.
+        await until(lambda: r.value("promreflex_admission_holds_expired_total") == 1)
+        assert r.value("promreflex_admission_waiting_room_mode") == 0
+        async with aiohttp.ClientSession() as fresh, fresh.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        async with c.delete(f"{r.control}/api/v1/holds/flash", headers=auth) as resp:
+            assert resp.status == 200 and (await resp.json())["removed"] is False
+
+
+async def test_waiting_room_mode_answers_those_already_queued():
+    async with rig(session__max_queue_wait=30) as r, client() as c:
+        r.proxy.scheduler.interval = 60.0
+        r.proxy.scheduler.last_admit = r.proxy.clock()
+        waiting = asyncio.ensure_future(c.get(f"{r.url}/login"))
+        await until(lambda: len(r.proxy.scheduler.queue) == 1)
+        async with aiohttp.ClientSession() as ctl, ctl.put(f"{r.control}/api/v1/holds/x",
+                                                           json={"mode": "waiting_room", "lease": 30}) as resp:
+            assert resp.status == 200
+        resp = await asyncio.wait_for(waiting, 5)
+        assert resp.status == 503
+        resp.release()
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="waiting_room_mode") == 1
+
+
+async def test_session_cap_hold_admits_only_below_the_cap():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        async with aiohttp.ClientSession() as ctl, ctl.put(f"{r.control}/api/v1/holds/cap",
+                                                           json={"mode": "session_cap", "session_cap": 1,
+                                                                 "lease": 30}) as resp:
+            assert resp.status == 200
+        async with aiohttp.ClientSession() as other:
+            waiting = asyncio.ensure_future(other.get(f"{r.url}/login"))
+            await until(lambda: len(r.proxy.scheduler.queue) == 1)
+            async with c.get(f"{r.url}/logout"):
+                pass  # the first session ends: the waiting one goes in
+            resp = await asyncio.wait_for(waiting, 5)
+            assert resp.status == 200
+            resp.release()
+        assert r.value("promreflex_admission_session_cap") == 1
+
+
+def test_metrics_names_are_prometheus_clean():
+    proxy = AdmissionProxy(section("http://127.0.0.1:1"))
+    from prometheus_client import generate_latest
+
+    text = generate_latest(proxy.registry).decode()
+    for name in ("page_queue_length", "page_concurrency_limit", "page_in_flight", "session_queue_length",
+                 "admission_interval_seconds", "active_sessions", "sessions_admitted_total",
+                 "sessions_completed_total", "sessions_abandoned_total", "page_queue_wait_seconds_bucket",
+                 "session_queue_wait_seconds_bucket", "waiting_room_mode"):
+        assert f"promreflex_admission_{name}" in text, name
+    assert 'promreflex_admission_sessions_abandoned_total{page="login"} 0.0' in text
+    json.dumps(proxy.state())

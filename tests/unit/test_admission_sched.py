@@ -1,0 +1,272 @@
+"""The page and session schedulers with a fake clock: progress-based regulation finds the knee of
+a throughput curve, queues are FIFO and bounded, the admission interval grows above the
+page-queue threshold and shrinks below it, holds cap or close admission and expire."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controllers.admission.config import PageScheduler, SessionScheduler
+from controllers.admission.sched import (
+    Hold,
+    Holds,
+    PageClass,
+    QueueFull,
+    QueueIntegral,
+    Regulator,
+    Sessions,
+)
+from controllers.admission.sched import SessionScheduler as Scheduler
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def capacity_curve(limit: int, knee: int = 3, peak: float = 100.0, decline: float = 0.0) -> float:
+    """Throughput of a page run ``limit`` at a time: linear up to the knee, then flat (or falling
+    by ``decline`` per extra request: contention)."""
+    if limit <= knee:
+        return peak * limit / knee
+    return max(1.0, peak - decline * (limit - knee))
+
+
+def run_regulator(reg: Regulator, clock: Clock, windows: int, **curve) -> list[int]:
+    limits = []
+    for _ in range(windows):
+        x = capacity_curve(reg.limit, **curve)
+        for _ in range(int(x)):  # one window of 1 s, saturated
+            reg.completed()
+        reg.waited()
+        clock.advance(1.0)
+        reg.step(clock())
+        limits.append(reg.limit)
+    return limits
+
+
+def test_regulation_climbs_to_the_knee_and_stays_near_it():
+    clock = Clock()
+    reg = Regulator(PageScheduler(initial_limit=1, window=1, min_completions=1, hold_windows=3), clock())
+    limits = run_regulator(reg, clock, 60, knee=6, peak=120)
+    assert limits[:5] == [2, 3, 4, 5, 6]  # each raise paid off
+    # Past the knee a raise brings nothing: it comes back; it never wanders far above the knee.
+    assert max(limits) <= 7
+    assert all(5 <= lim <= 7 for lim in limits[10:])
+    assert sum(lim in (5, 6) for lim in limits[10:]) > len(limits[10:]) / 2
+
+
+def test_regulation_backs_off_from_a_limit_set_too_high_under_contention():
+    clock = Clock()
+    cfg = PageScheduler(initial_limit=20, max_limit=64, window=1, min_completions=1, hold_windows=2)
+    reg = Regulator(cfg, clock())
+    limits = run_regulator(reg, clock, 60, knee=3, peak=100, decline=4)
+    assert limits[-1] <= 6, limits  # each lowering gained throughput (or cost nothing): it went down
+    assert min(limits) >= 1
+
+
+def test_no_move_while_the_limit_does_not_bind():
+    clock = Clock()
+    reg = Regulator(PageScheduler(initial_limit=4, window=1, min_completions=1), clock())
+    for _ in range(10):
+        for _ in range(50):
+            reg.completed()
+        clock.advance(1.0)
+        d = reg.step(clock())
+        assert d is not None and d.move == 0 and "not reached" in d.why
+    assert reg.limit == 4
+
+
+def test_a_window_waits_for_enough_completions_but_not_forever():
+    clock = Clock()
+    reg = Regulator(PageScheduler(initial_limit=4, window=1, min_completions=10), clock())
+    reg.waited()
+    reg.completed()
+    clock.advance(1.5)
+    assert reg.step(clock()) is None  # 1 completion: not enough to judge
+    clock.advance(9.0)
+    assert reg.step(clock()) is not None  # 10 windows: judged anyway
+
+
+def test_limit_respects_its_bounds():
+    clock = Clock()
+    reg = Regulator(PageScheduler(initial_limit=2, min_limit=2, max_limit=3, window=1, min_completions=1,
+                                  hold_windows=0), clock())
+    limits = run_regulator(reg, clock, 30, knee=100, peak=1000)
+    assert set(limits) <= {2, 3}
+
+
+async def test_page_class_queues_fifo_beyond_the_limit_and_hands_slots_over():
+    clock = Clock()
+    integral = QueueIntegral(clock())
+    page = PageClass("buy", PageScheduler(initial_limit=2, queue_capacity=2), integral, clock)
+    assert page.acquire() is None and page.acquire() is None
+    f1, f2 = page.acquire(), page.acquire()
+    assert f1 is not None and f2 is not None and len(page.queue) == 2 and integral.total == 2
+    with pytest.raises(QueueFull):
+        page.acquire()
+    page.release(served=True)
+    assert f1.done() and not f2.done() and page.in_flight == 2 and integral.total == 1
+    page.withdraw(f2)  # its client left
+    assert not page.queue and integral.total == 0
+    page.release(served=True)
+    page.release(served=True)
+    assert page.in_flight == 0
+
+
+async def test_a_slot_handed_to_a_waiter_that_just_left_is_passed_on():
+    clock = Clock()
+    page = PageClass("buy", PageScheduler(initial_limit=1), QueueIntegral(clock()), clock)
+    assert page.acquire() is None
+    f1, f2 = page.acquire(), page.acquire()
+    assert f1 is not None and f2 is not None
+    page.release(served=True)  # f1 gets the slot...
+    assert f1.done()
+    page.withdraw(f1)  # ...but its client was gone: the slot goes to f2
+    assert f2.done() and page.in_flight == 1
+
+
+async def test_a_cancelled_waiter_left_in_the_queue_is_skipped():
+    clock = Clock()
+    page = PageClass("buy", PageScheduler(initial_limit=1), QueueIntegral(clock()), clock)
+    assert page.acquire() is None
+    f1, f2 = page.acquire(), page.acquire()
+    assert f1 is not None and f2 is not None
+    f1.cancel()
+    page.release(served=True)
+    assert f2.done() and not f2.cancelled() and page.in_flight == 1 and not page.queue
+
+
+def test_queue_integral_is_time_weighted():
+    q = QueueIntegral(0.0)
+    q.change(+4, 0.0)
+    q.change(-4, 2.0)  # 4 waiting for 2 s
+    assert q.value(4.0) == pytest.approx(8.0)
+
+
+def make_scheduler(clock: Clock, **cfg):
+    integral = QueueIntegral(clock())
+    holds = Holds(clock)
+    defaults = dict(initial_interval=1.0, min_interval=0.1, max_interval=10.0, increase=2.0, decrease=0.5,
+                    queue_threshold=5)
+    defaults.update(cfg)
+    return Scheduler(SessionScheduler(**defaults), 3, integral, holds, clock), integral, holds
+
+
+async def test_sessions_admitted_one_per_interval_in_order():
+    clock = Clock()
+    sched, integral, _ = make_scheduler(clock)
+    integral.change(+10, clock())  # page queues above the threshold: the interval grows
+    waits = [sched.enqueue() for _ in range(3)]
+    with pytest.raises(QueueFull):
+        sched.enqueue()
+    assert sched.poll(active=0) == 0.0  # the first goes in at once
+    assert waits[0].fut.result() is True and not waits[1].fut.done()
+    assert sched.interval == 2.0
+    assert sched.poll(active=1) == pytest.approx(2.0)
+    clock.advance(2.0)
+    sched.poll(active=1)
+    assert waits[1].fut.done() and not waits[2].fut.done()
+    assert sched.interval == 4.0
+
+
+async def test_interval_shrinks_below_the_threshold_and_the_next_session_comes_sooner():
+    clock = Clock()
+    sched, integral, _ = make_scheduler(clock, initial_interval=8.0)
+    a, b = sched.enqueue(), sched.enqueue()
+    sched.poll(active=0)
+    assert a.fut.done() and sched.interval == 4.0  # empty page queues: below the threshold
+    # Below the threshold the next one may come after interval * decrease (2 s), not 4 s.
+    assert sched.poll(active=1) == pytest.approx(2.0)
+    clock.advance(2.0)
+    sched.poll(active=1)
+    assert b.fut.done() and sched.interval == 2.0
+
+
+async def test_interval_stays_within_bounds():
+    clock = Clock()
+    sched, integral, _ = make_scheduler(clock, initial_interval=0.1)
+    for _ in range(5):
+        sched.enqueue()
+        sched.poll(active=0)
+        clock.advance(20)
+    assert sched.interval == 0.1
+    integral.change(+100, clock())
+    for _ in range(10):
+        sched.enqueue()
+        clock.advance(20)
+        sched.poll(active=0)
+    assert sched.interval == 10.0
+
+
+async def test_mean_page_queue_since_the_last_admission_decides():
+    clock = Clock()
+    sched, integral, _ = make_scheduler(clock, initial_interval=1.0, queue_threshold=5)
+    sched.enqueue()
+    sched.poll(active=0)  # admitted at t0, interval 0.5
+    integral.change(+20, clock())  # a burst of 20 waiting...
+    clock.advance(0.1)
+    integral.change(-20, clock())  # ...for 0.1 s of the next 1 s: mean 2, below 5
+    clock.advance(0.9)
+    sched.enqueue()
+    sched.poll(active=1)
+    assert sched.interval == 0.25
+
+
+async def test_a_session_cap_blocks_admission_until_a_session_ends():
+    clock = Clock()
+    sched, _, holds = make_scheduler(clock, initial_interval=0.1)
+    holds.put(Hold("h", "session_cap", 2, clock() + 30))
+    w = sched.enqueue()
+    assert sched.poll(active=2) == pytest.approx(0.1) and not w.fut.done()
+    sched.poll(active=1)
+    assert w.fut.done()
+
+
+def test_holds_most_restrictive_wins_and_expire_with_their_lease():
+    clock = Clock()
+    holds = Holds(clock)
+    holds.put(Hold("a", "session_cap", 50, clock() + 10))
+    holds.put(Hold("b", "session_cap", 20, clock() + 5))
+    assert holds.session_cap() == 20 and not holds.waiting_room()
+    holds.put(Hold("c", "waiting_room", None, clock() + 5))
+    assert holds.waiting_room()
+    clock.advance(5)
+    assert holds.session_cap() == 50 and not holds.waiting_room()
+    assert holds.remove("a") and not holds.remove("a")
+    assert holds.session_cap() is None
+
+
+async def test_flush_answers_everyone_waiting():
+    clock = Clock()
+    sched, _, _ = make_scheduler(clock)
+    ws = [sched.enqueue() for _ in range(3)]
+    assert sched.flush() == ws and not sched.queue
+
+
+def test_sessions_idle_timeout_spares_sessions_with_requests_in_flight():
+    clock = Clock()
+    s = Sessions(idle_timeout=60, clock=clock, started=0.0)
+    a = s.add("a", 0, 100, "login")
+    b = s.add("b", 0, 100, "search")
+    b.in_flight = 1
+    clock.advance(61)
+    assert [x.sid for x in s.idle()] == ["a"]
+    assert "a" in s.ended and "b" in s.active
+    assert a.last_page == "login"
+    s.prune_ended(wall_now=100)
+    assert "a" not in s.ended
+
+
+def test_event_loop_not_needed_for_holds_and_regulator():
+    # The pure parts run without a loop (the proxy's /metrics thread reads them).
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()

@@ -1,0 +1,154 @@
+"""``promreflex copy-guard doctor`` (controllers/copy_guard/doctor.py): the checks that need no
+running stack, on fixtures and a loopback HTTP server written here. The whole chain against
+the real binaries: tests/integration/test_copy_guard_external_nginx.py."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from controllers.copy_guard import doctor
+from controllers.copy_guard.registry import Entry, Registry
+
+TIMED = ('127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "Mozilla/5.0" '
+         'rt=0.001 urt="-"\n')
+COMBINED = '127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "Mozilla/5.0"\n'
+STUB = ('127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET /stub_status HTTP/1.1" 200 97 "-" '
+        '"NGINX-Prometheus-Exporter/v0.11.0" rt=0.000 urt="-"\n')
+
+
+@contextmanager
+def site(log: Path | None, line: str = TIMED) -> Iterator[str]:
+    """A loopback server that, like nginx, appends ``line`` to ``log`` for every request."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/stub_status":
+                body = b"Active connections: 1 \nserver accepts handled requests\n 7 7 42 \nReading: 0 Writing: 1 Waiting: 0 \n"
+            else:
+                body = b"shop"
+                if log is not None:
+                    with log.open("a") as f:
+                        f.write(line)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def target(url: str, log: Path, **kw: object) -> doctor.Target:
+    base = {"site": "shop", "site_url": url + "/", "stub_status_url": url + "/stub_status", "access_log": log,
+            "prometheus_url": "http://127.0.0.1:9", "alertmanager_url": "http://127.0.0.1:9",
+            "controller_url": "http://127.0.0.1:9", "token_file": None, "registry_dir": None, "min_floor": 2.0}
+    return doctor.Target(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_stub_status_page_parses_and_garbage_does_not():
+    s = doctor.parse_stub_status("Active connections: 3 \nserver accepts handled requests\n 10 10 99 \n"
+                                 "Reading: 0 Writing: 2 Waiting: 1 \n")
+    assert s == {"active": 3, "accepts": 10, "handled": 10, "requests": 99, "reading": 0, "writing": 2, "waiting": 1}
+    with pytest.raises(ValueError):
+        doctor.parse_stub_status("<html>nginx</html>")
+
+
+def test_site_and_stub_status_links(tmp_path):
+    with site(None) as url:
+        t = target(url, tmp_path / "a.log")
+        assert doctor.check_site(t).status == doctor.OK
+        stub = doctor.check_stub_status(t)
+        assert stub.status == doctor.OK and "42 requests" in stub.detail
+        bad = doctor.check_stub_status(target(url, tmp_path / "a.log", stub_status_url=url + "/"))
+        assert bad.status == doctor.FAIL and "not an nginx stub_status page" in bad.detail
+    down = doctor.check_site(target("http://127.0.0.1:9", tmp_path / "a.log"))
+    assert down.status == doctor.FAIL and "does not answer" in down.detail
+
+
+def test_access_log_growing_in_our_format_is_ok(tmp_path):
+    log = tmp_path / "shop.log"
+    log.write_text(TIMED)
+    with site(log) as url:
+        checks = {c.link: c for c in doctor.check_access_log(target(url, log), wait_s=5)}
+    assert checks["access log"].status == doctor.OK and checks["log format"].status == doctor.OK
+    assert "own traffic" not in checks
+
+
+def test_access_log_problems_are_named(tmp_path):
+    missing = doctor.check_access_log(target("http://127.0.0.1:9", tmp_path / "none.log"), wait_s=0.2)
+    assert missing[0].status == doctor.FAIL and "does not exist" in missing[0].detail
+    still = tmp_path / "still.log"
+    still.write_text(TIMED)
+    with site(None) as url:  # nginx logs elsewhere: the file does not grow
+        checks = {c.link: c for c in doctor.check_access_log(target(url, still), wait_s=0.5)}
+    assert checks["access log"].status == doctor.FAIL and "did not grow" in checks["access log"].detail
+    combined = tmp_path / "combined.log"
+    combined.write_text(COMBINED)
+    with site(combined, COMBINED) as url:
+        checks = {c.link: c for c in doctor.check_access_log(target(url, combined), wait_s=5)}
+    assert checks["log format"].status == doctor.FAIL and "promreflex format" in checks["log format"].detail
+    scraped = tmp_path / "scraped.log"
+    scraped.write_text(STUB * 3)
+    with site(scraped) as url:
+        checks = {c.link: c for c in doctor.check_access_log(target(url, scraped), wait_s=5)}
+    assert checks["own traffic"].status == doctor.WARN and "access_log off" in checks["own traffic"].detail
+
+
+def test_unreachable_prometheus_alertmanager_controller_fail_with_what_to_do(tmp_path):
+    t = target("http://127.0.0.1:9", tmp_path / "a.log")
+    assert doctor.check_prometheus(t)[0].status == doctor.FAIL
+    assert doctor.check_rules(t).status == doctor.FAIL
+    assert doctor.check_threshold(t)[0].status == doctor.FAIL
+    am = doctor.check_alertmanager(t)[0]
+    assert am.status == doctor.FAIL and "--alertmanager.url" in am.detail
+    ctl = doctor.check_controller(t)[0]
+    assert ctl.status == doctor.FAIL and "promreflex controller" in ctl.detail
+
+
+def test_registry_link(tmp_path):
+    t = target("http://127.0.0.1:9", tmp_path / "a.log", registry_dir=tmp_path / "copies")
+    assert doctor.check_registry(t)[0].status == doctor.WARN  # not created yet
+    (tmp_path / "copies").mkdir(mode=0o700)
+    ok, copies = doctor.check_registry(t)
+    assert ok.status == doctor.OK and copies.status == doctor.WARN
+    Registry(tmp_path / "copies").add(Entry(id="c1", kind="adopted", pid=1, pid_start=None, site="shop"))
+    assert doctor.check_registry(t)[1].status == doctor.OK
+    (tmp_path / "copies").chmod(0o777)
+    bad = doctor.check_registry(t)[0]
+    assert bad.status == doctor.FAIL and "writable by group or others" in bad.detail
+
+
+def test_receiver_token_is_compared_with_the_controllers(tmp_path):
+    mine = tmp_path / "token"
+    mine.write_text("s3cret\n")
+    mine.chmod(0o600)
+    theirs = tmp_path / "am-token"
+    theirs.write_text("s3cret\n")
+    hook = "http://127.0.0.1:9095/webhook"
+    receivers = {"promreflex": {"webhook_configs": [{"url": hook, "http_config": {"authorization": {
+        "type": "Bearer", "credentials_file": str(theirs)}}}]}}
+    assert doctor._receiver_token(receivers, ["promreflex"], hook, mine).status == doctor.OK
+    theirs.write_text("other\n")
+    assert doctor._receiver_token(receivers, ["promreflex"], hook, mine).status == doctor.FAIL
+    bare = {"promreflex": {"webhook_configs": [{"url": hook}]}}
+    assert doctor._receiver_token(bare, ["promreflex"], hook, mine).status == doctor.FAIL
+
+
+def test_render_aligns_one_line_per_link():
+    out = doctor.render([doctor.Check(doctor.OK, "nginx", "up"), doctor.Check(doctor.FAIL, "access log", "missing")])
+    assert out.splitlines() == ["OK   nginx       up", "FAIL access log  missing"]
