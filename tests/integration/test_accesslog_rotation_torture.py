@@ -136,14 +136,16 @@ http {{
         return metric(self.url, "promreflex_http_requests_total")
 
     def settle(self) -> float:
-        """With traffic paused: wait until this run's count stops moving (it has read everything)."""
+        """With traffic paused: wait until this run's count stops moving (it has read everything).
+        3 s of no change: on two busy cores a just-started exporter can sit a second before its
+        first read, and a shorter window took that pause for "caught up"."""
         last = [-1.0, time.monotonic()]
 
         def stable() -> bool:
             now = self.requests_now()
             if now != last[0]:
                 last[:] = [now, time.monotonic()]
-            return time.monotonic() - last[1] >= 1.0
+            return time.monotonic() - last[1] >= 3.0
 
         wait_until(stable, timeout=60, interval=0.1, what="exporter caught up")
         return last[0]

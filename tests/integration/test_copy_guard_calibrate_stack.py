@@ -57,7 +57,9 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
         out2 = data_dir.parent / "calibration-prometheus.json"
         args = parser.parse_args([
             "calibrate", "--target", stack.url("nginx") + "/", "--textfile.dir", str(stack.textfile_dir),
-            "--runs", "1", "--duration", "8s", "--warmup", "1s", "--rate", "20", "--users", "4",
+            # --warmup 3s: the rules' served rate (1 s window, 200 ms scrapes and evaluation) needs a
+            # moment to show the load; with 1 s its first second can still read 0 (a "stall").
+            "--runs", "1", "--duration", "8s", "--warmup", "3s", "--rate", "20", "--users", "4",
             "--source", "prometheus", "--prometheus.url", prom, "--dry-run", "--out", str(out2)])
         # The first calibration's load is in Prometheus' last minute: the shop "was busy" at or
         # above this run's floor, so the threshold is refused (the idle check, for real).

@@ -68,7 +68,8 @@ def test_the_stack_scrapes_the_exporter_that_reads_the_lab_live(tmp_path: Path) 
                            timeout=60, interval=1, what="object servers' processing in Prometheus")
         assert {r["metric"]["node"] for r in nodes} <= {"s1", "s2"} and nodes
         # The Swift dashboard's panels all have data from this lab.
-        empty = panels_without_data(REPO / "dashboards" / "swift.json", lambda expr: _query(prometheus, expr), timeout=20)
+        empty = panels_without_data(REPO / "dashboards" / "swift.json", lambda expr: _query(prometheus, expr),
+                                    timeout=90)  # 5 m means: a few evaluations
         assert not empty, "swift panels with no data:\n" + "\n".join(empty)
         assert exporter.alive(), exporter.tail()
     finally:
