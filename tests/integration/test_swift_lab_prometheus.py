@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -67,9 +68,16 @@ def test_the_stack_scrapes_the_exporter_that_reads_the_lab_live(tmp_path: Path) 
         nodes = wait_until(lambda: _query(prometheus, 'promreflex_swift_node_processing_seconds_count{role="object"} > 0'),
                            timeout=60, interval=1, what="object servers' processing in Prometheus")
         assert {r["metric"]["node"] for r in nodes} <= {"s1", "s2"} and nodes
-        # The Swift dashboard's panels all have data from this lab.
-        empty = panels_without_data(REPO / "dashboards" / "swift.json", lambda expr: _query(prometheus, expr),
-                                    timeout=90)  # 5 m means: a few evaluations
+        # The Swift dashboard's panels all have data from this lab, with requests still flowing
+        # (rates need two scrapes that saw the counts grow).
+        def has_data(expr: str) -> Any:
+            if time.monotonic() - last_verify[0] > 3:
+                lab.verify()
+                last_verify[0] = time.monotonic()
+            return _query(prometheus, expr)
+
+        last_verify = [0.0]
+        empty = panels_without_data(REPO / "dashboards" / "swift.json", has_data, timeout=90)
         assert not empty, "swift panels with no data:\n" + "\n".join(empty)
         assert exporter.alive(), exporter.tail()
     finally:
