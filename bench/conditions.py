@@ -174,3 +174,51 @@ def heavy_lock(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class ChunkedLock:
+    """The heavy-job lock (flock on ``path``) held over consecutive runs in chunks of at most
+    ``max_s``: :meth:`need` keeps it if the next run (``expected_s``) fits in the current chunk,
+    else releases it (other heavy jobs go between chunks) and takes it again. ``path`` None:
+    no lock. ``held_s`` and ``chunks`` say how long the bench held the machine, for its conditions."""
+
+    def __init__(self, path: Path | None, max_s: float = 570.0, log: Callable[[str], Any] = print):
+        self.path, self.max_s, self.log = path, max_s, log
+        self.f: Any = None
+        self.since = 0.0
+        self.held_s = 0.0  # over the whole bench
+        self.chunks = 0
+
+    def need(self, expected_s: float) -> None:
+        if self.path is None:
+            return
+        if self.f is not None and time.monotonic() - self.since + expected_s > self.max_s:
+            self.release()
+        if self.f is None:
+            t = time.monotonic()
+            f = open(self.path, "a")  # noqa: SIM115 - closed in release()
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except BaseException:  # interrupted while waiting: nothing held
+                f.close()
+                raise
+            self.f, self.since = f, time.monotonic()
+            self.chunks += 1
+            self.log(f"  holding {self.path} (chunk {self.chunks}; waited {self.since - t:.0f}s)")
+
+    before = need  # the copy-guard bench's name for it
+
+    def release(self) -> None:
+        if self.f is not None:
+            fcntl.flock(self.f, fcntl.LOCK_UN)
+            self.f.close()
+            self.f = None
+            held = time.monotonic() - self.since
+            self.held_s += held
+            self.log(f"  released {self.path} after {held:.0f}s (total held {self.held_s / 60:.1f} min)")
+
+    def __enter__(self) -> ChunkedLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

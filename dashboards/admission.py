@@ -161,4 +161,18 @@ def admission() -> dashboard.Dashboard:
                 width=12,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Bad requests refused at the door",
+                "reqps",
+                Query("sum by (reason) (rate(promreflex_admission_request_rejections_total[$__rate_interval]))",
+                      "{{reason}}"),
+                Query("sum by (reason) (rate(promreflex_admission_cookie_rejections_total[$__rate_interval]))",
+                      "cookie {{reason}}"),
+                description="Requests refused before reaching a page class (headers too large: 431, unparsable, "
+                "not origin-form, body too large or too slow) and session cookies refused (the request then "
+                "queues as a new session).",
+                width=12,
+            )
+        )
     )

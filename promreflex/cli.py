@@ -49,7 +49,7 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
 The stack is up. Try:
   Prometheus alerts     {u['prometheus']}/classic/alerts
   Alertmanager API      curl -s {u['alertmanager']}/api/v2/alerts | python3 -m json.tool
-  the demo shop         curl -s {u['nginx']}
+  {"your shop (external)" if stack.s.nginx.external else "the demo shop":<20}  curl -s {u['nginx']}
   controller metrics    curl -s {u['controller']} | grep promreflex_controller_actions
   fire the self-test    {cmd} selftest fire{flags}     (then: selftest clear)
   watch the controller  tail -f {stack.audit_log}
@@ -99,8 +99,11 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
     if not alive:
         print(f"no stack running from {stack.dir}")
         return 1
+    urls = stack.running_urls()
+    if stack.s.nginx.external:
+        print(f"  {'nginx (external)':<19} {'not ours':<11} {'':4}  {stack.site_url}  (guarded, not started by the stack)")
     for name, pid in alive.items():
-        print(f"  {name:<19} pid {pid:<7} {'up' if pid_alive(pid) else 'down'}  {stack.urls[name]}")
+        print(f"  {name:<19} pid {pid:<7} {'up' if pid_alive(pid) else 'down'}  {urls.get(name, '')}")
     return 0
 
 
@@ -126,10 +129,13 @@ def cmd_compose_build(args: argparse.Namespace) -> int:
 
 def _find(names: Sequence[str], capabilities: Sequence[Capability]) -> list[Capability]:
     by_name = {cap.name: cap for cap in capabilities}
-    unknown = [n for n in names if n not in by_name]
+    # Routes and actions are spelled with dashes (copy-guard), capabilities with underscores
+    # (copy_guard): accept either.
+    wanted = [n.replace("-", "_") for n in names]
+    unknown = [n for n, w in zip(names, wanted, strict=True) if w not in by_name]
     if unknown:
         raise UserError(f"no capability {', '.join(map(repr, unknown))}; installed: {', '.join(by_name)}")
-    return [by_name[n] for n in names]
+    return [by_name[w] for w in wanted]
 
 
 def snippets(chosen: Sequence[Capability], host: str, token_file: str, rules_dir: Path,

@@ -23,6 +23,19 @@ NGINX_LOG_FORMAT = (
     '"$http_referer" "$http_user_agent" rt=$request_time urt="$upstream_response_time"'
 )
 
+
+
+def nginx_temp_paths(base: str, indent: str = "    ") -> str:
+    """nginx's five temporary-file paths under ``base``, one directive a line (each ``indent``-ed).
+
+    An nginx run as an unprivileged user or from a private prefix must not write to the
+    compiled-in /var/lib/nginx; every nginx config promreflex renders (the stack, the fleet's
+    shops, the benches) points them into its own directory with this.
+    """
+    kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    return "\n".join(f"{indent}{k}_temp_path {base}/{'body' if k == 'client_body' else k};" for k in kinds)
+
+
 #: What containers see (compose/docker-compose.yml mounts these).
 COMPOSE_STATE_DIR = Path("/var/lib/promreflex")
 WEBHOOK_SECRET = "promreflex_webhook_token"
@@ -106,11 +119,7 @@ http {{
     default_type application/octet-stream;
     log_format promreflex '{NGINX_LOG_FORMAT}';
     access_log {ctx.path('nginx_access_log')} promreflex;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
+{nginx_temp_paths(f"{d}/tmp")}
     keepalive_timeout 65;
     server {{
         listen {ctx.listen('nginx')};

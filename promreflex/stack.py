@@ -262,6 +262,12 @@ class Stack:
         ]
 
     # ------------------------------------------------------------------ lifecycle
+    def running_urls(self) -> dict[str, str]:
+        """Where each running component answers, as recorded when it started: ``stack status``
+        run without the config file the stack was started with still shows the real ports."""
+        recorded = self._recorded()
+        return {name: recorded[name].get("url") or self.urls.get(name, "") for name in self.running()}
+
     def running(self) -> dict[str, int]:
         """Components of a stack started from this state dir that are still alive."""
         alive = {}
@@ -295,6 +301,10 @@ class Stack:
         """Start every component, in order, each ready before the next; returns PIDs."""
         self.preflight()
         self.render()
+        n = self.s.nginx
+        if n.external and n.access_log is not None and not n.access_log.exists():
+            progress(f"  warning: stack.nginx.access_log {n.access_log} does not exist (yet): its readers wait "
+                     "for it; your nginx must write it (the capabilities' doctor commands check the chain)")
         try:
             for comp in self.components():
                 self.start_component(comp.name, timeout=timeout, progress=progress)
@@ -311,7 +321,8 @@ class Stack:
         comp = next(c for c in self.components() if c.name == name)
         child = Child(comp.name, comp.argv, self.dir / "logs" / f"{comp.name}.log").start()
         recorded = self._recorded()
-        recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "port": comp.port, "log": str(child.log_path)}
+        recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "port": comp.port, "log": str(child.log_path),
+                               "url": self.urls.get(comp.name, "")}
         started = (read_json(self.pids_file, default={}) or {}).get("started", time.time())
         # Insertion order is start order: `down` stops in reverse.
         atomic_write_json(self.pids_file, {"started": started, "components": recorded}, sort_keys=False)
@@ -322,10 +333,18 @@ class Stack:
             raise StackError(f"{comp.name} did not become ready: {e}\n--- {child.log_path}:\n{child.tail()}") from e
         if not child.alive():
             code = child.popen.returncode if child.popen else None
-            raise StackError(f"{comp.name} exited at start (code {code}).\n"
+            raise StackError(f"{comp.name} exited at start (code {code}).{self._start_hint(comp.name)}\n"
                              f"--- {child.log_path}:\n{child.tail()}")
         progress(f"  {comp.name:<19} ready in {time.monotonic() - t0:4.1f}s  pid {child.pid:<7} {self.urls[comp.name]}")
         return child.pid
+
+    def _start_hint(self, name: str) -> str:
+        """Which configuration key a component that failed at start depends on (the guarded
+        nginx's stub_status is the usual culprit: the nginx exporter exits when it does not answer)."""
+        if name == "nginx_exporter" and self.s.nginx.external:
+            return (f" It reads the stub_status of the nginx you run at {self.s.nginx.stub_status_url} "
+                    "(stack.nginx.stub_status_url): `curl -s` it, it must answer 200 with the active connections.")
+        return ""
 
     def stop_component(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop one recorded component (SIGKILL to simulate a crash); it stays recorded, so
@@ -371,6 +390,7 @@ class Stack:
         if moved:
             raise StackError(f"ports changed for {', '.join(moved)}: `stack down` then `stack up` to apply them")
         self.render()
+        audit_size = self.audit_log.stat().st_size if self.audit_log.exists() else 0
         signalled = []
         for name in RELOADABLE:
             pid = alive.get(name)
@@ -379,7 +399,35 @@ class Stack:
             os.kill(pid, signal.SIGHUP)
             signalled.append(name)
             progress(f"  reloaded {name} (SIGHUP to pid {pid})")
+        if "controller" in signalled:
+            progress(self._reload_outcome(audit_size))
         return signalled
+
+    def _reload_outcome(self, offset: int, timeout: float = 10.0) -> str:
+        """What the controller made of the reload, from its audit log (its ``reload`` record):
+        the routes added, changed and removed, or why it kept the old ones. A route list that
+        replaces the defaults silently drops the routes it does not name; this says so."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.audit_log.open("rb") as f:
+                    f.seek(offset)
+                    lines = f.read().decode(errors="replace").splitlines()
+            except OSError:
+                lines = []
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(rec, dict) or rec.get("event") != "reload":
+                    continue
+                if rec.get("result") != "ok":
+                    return f"  controller kept its routes: {rec.get('error', 'the new file was refused')}"
+                parts = [f"{what} {', '.join(rec.get(what) or []) or '-'}" for what in ("added", "changed", "removed")]
+                return f"  controller routes: {'; '.join(parts)} (now {len(rec.get('routes') or [])})"
+            time.sleep(0.2)
+        return f"  the controller did not report the reload within {timeout:g}s: see {self.audit_log}"
 
     def check_children(self) -> list[str]:
         """Names of recorded components that died."""

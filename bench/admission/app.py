@@ -2,10 +2,15 @@
 
 Like a servlet container (the paper's Tomcat): an HTTP front (aiohttp, one process) hands each
 page request to a fixed pool of ``--workers`` processes through an unbounded FIFO queue. A page
-costs a fixed amount of CPU work (SHA-256 over an in-memory buffer), ``paper_ms x --scale``
+costs a base amount of CPU work (SHA-256 over an in-memory buffer), ``paper_ms x --scale``
 milliseconds of one core, calibrated once by the bench (``--iters-per-ms``) so every arm runs
 the same app. With more busy workers than cores the OS time-shares them, so every page slows
 down as concurrency rises: contention is real on this machine's 2 cores.
+
+And contention costs work, as in a real app: the executing requests' working sets share one
+cache (:mod:`bench.admission.contention`: ``--cache-mb``, ``--miss-penalty``,
+``--working-sets``); past it every page does more real CPU work for the same answer, so the
+app's throughput DROPS as concurrency rises past the knee. ``--cache-mb 0`` turns that off.
 
 Like a servlet container, the app finishes every request it accepted, even when the client has
 gone in the meantime (it notices only when it writes the answer): that work is wasted, and
@@ -15,7 +20,8 @@ sessions".
     python -m bench.admission.app --port 8000 --workers 16 --scale 0.1 --iters-per-ms 60
 
 Pages: see :mod:`bench.admission.pages`; ``/shop/static/logo.svg`` answers at once (no work);
-``/stats`` (JSON) counts per page class. Loopback only.
+``/stats`` (JSON) counts per page class (``extra_ms``: CPU the cache misses cost) and the
+current cache pressure. Loopback only.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from bench.admission import contention
+from bench.admission.contention import CHUNK_MS, CacheModel, SharedPressure, run_work
 from bench.admission.pages import PAGE_CLASSES, PAGES, STATIC_PATH
 
 _BUF = os.urandom(16 * 1024)
@@ -44,6 +52,24 @@ def burn(iterations: int) -> int:
     for _ in range(iterations):
         h.update(_BUF)
     return h.digest()[0]
+
+
+# set in every worker process by the pool's initializer (fork: the shared pressure is inherited)
+_WORKER: tuple[CacheModel, SharedPressure, int] | None = None
+
+
+def _init_worker(model: CacheModel, pressure: SharedPressure, chunk: int) -> None:
+    global _WORKER
+    _WORKER = (model, pressure, chunk)
+
+
+def page_work(page: str, iterations: int) -> int:
+    """One page's work in a worker under the cache model; the real iterations burnt."""
+    if _WORKER is None:
+        burn(iterations)
+        return iterations
+    model, pressure, chunk = _WORKER
+    return run_work(iterations, model.ws(page), model, pressure, chunk, burn)
 
 
 def calibrate_iters_per_ms(target_s: float = 0.05, repeats: int = 5) -> float:
@@ -72,6 +98,7 @@ class PageStats:
     served: int = 0
     gone: int = 0  # served to a client that had already closed its connection
     wasted_ms: float = 0.0
+    extra_ms: float = 0.0  # CPU the cache misses cost beyond the base work
 
 
 @dataclass
@@ -80,6 +107,9 @@ class AppState:
     cost_ms: dict[str, float]
     pool: ProcessPoolExecutor
     workers: int
+    iters_per_ms: float = 1.0
+    model: CacheModel = field(default_factory=CacheModel)
+    pressure: SharedPressure | None = None
     pages: dict[str, PageStats] = field(default_factory=lambda: {name: PageStats() for name in PAGE_CLASSES})
     queued: int = 0  # accepted, not yet finished (waiting for a worker or running)
 
@@ -99,10 +129,11 @@ async def page(request: web.Request) -> web.Response:
     try:
         # shield: the work goes on if the client goes (the handler is not cancelled by
         # default in aiohttp 3.9+ either); the container only notices when it answers
-        await asyncio.shield(loop.run_in_executor(state.pool, burn, state.iterations[p.name]))
+        real = await asyncio.shield(loop.run_in_executor(state.pool, page_work, p.name, state.iterations[p.name]))
     finally:
         state.queued -= 1
     stats.served += 1
+    stats.extra_ms += max(0, real - state.iterations[p.name]) / state.iters_per_ms
     transport = request.transport
     if transport is None or transport.is_closing():
         stats.gone += 1
@@ -119,6 +150,7 @@ async def stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     return web.json_response({
         "workers": state.workers, "queued": state.queued, "cost_ms": state.cost_ms,
+        "model": state.model.as_dict(), "pressure_mb": state.pressure.value() if state.pressure else 0.0,
         "pages": {name: vars(s) for name, s in state.pages.items()},
     })
 
@@ -144,16 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=16, help="worker processes (the bounded pool)")
     ap.add_argument("--scale", type=float, default=0.1, help="time scale: a page costs paper_ms x scale of CPU")
     ap.add_argument("--iters-per-ms", type=float, default=0.0, help="calibrated work per CPU ms (0: calibrate now)")
+    contention.add_arguments(ap)
     args = ap.parse_args(argv)
     if not 1 <= args.workers <= 256 or not 0 <= args.scale <= 10:
         ap.error("--workers must be 1..256 and --scale in [0, 10]")
+    model = contention.from_arguments(ap, args)
     ipm = args.iters_per_ms or calibrate_iters_per_ms()
     cost = {name: ms * args.scale for name, ms in PAGE_CLASSES.items()}
     iterations = {name: max(1, round(ms * ipm)) for name, ms in cost.items()}
-    pool = ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("fork"))
+    pressure = SharedPressure()
+    pool = ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_init_worker, initargs=(model, pressure, max(1, round(CHUNK_MS * ipm))))
     _warm(pool, args.workers)
-    state = AppState(iterations=iterations, cost_ms=cost, pool=pool, workers=args.workers)
-    print(f"app on 127.0.0.1:{args.port}: {args.workers} workers, {ipm:.1f} iterations/ms, cost ms {cost}", flush=True)
+    state = AppState(iterations=iterations, cost_ms=cost, pool=pool, workers=args.workers, iters_per_ms=ipm,
+                     model=model, pressure=pressure)
+    print(f"app on 127.0.0.1:{args.port}: {args.workers} workers, {ipm:.1f} iterations/ms, cost ms {cost}; "
+          f"{model.describe()}", flush=True)
     try:  # SIGTERM/SIGINT end run_app gracefully
         web.run_app(build(state), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096)
     finally:

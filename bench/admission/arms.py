@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from bench.admission.contention import CacheModel
 from bench.admission.pages import PAGES, STATIC_PATH
 from promreflex.proc import Child, free_port, http_ok, wait_until
 
@@ -137,6 +138,7 @@ class ArmStack:
     proxy_overrides: dict[str, Any] = field(default_factory=dict)
     with_nginx: bool = True
     app_scale: float | None = None  # the app's page work, when not ``scale`` (0: no work, for the overhead)
+    cache: CacheModel = field(default_factory=CacheModel)  # the app's contention model
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="admbench-")))
     children: list[Child] = field(default_factory=list)
 
@@ -180,12 +182,14 @@ class ArmStack:
             raise RuntimeError(f"{name} exited at start: {child.tail()}")
         return child
 
+    def app_argv(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "bench.admission.app", "--port", str(port), "--workers", str(self.workers),
+                "--scale", str(self.scale if self.app_scale is None else self.app_scale),
+                "--iters-per-ms", f"{self.iters_per_ms:.3f}", *self.cache.argv()]
+
     def start(self) -> ArmStack:
         try:
-            self._start("app", [sys.executable, "-m", "bench.admission.app", "--port", str(self.app_port),
-                                "--workers", str(self.workers),
-                                "--scale", str(self.scale if self.app_scale is None else self.app_scale),
-                                "--iters-per-ms", f"{self.iters_per_ms:.3f}"], f"{self.app_url}/stats")
+            self._start("app", self.app_argv(self.app_port), f"{self.app_url}/stats")
             upstream = self.app_port
             if self.has_proxy:
                 cfg = proxy_config(self.proxy_port, self.app_port, self.control_port, self.scale,

@@ -152,3 +152,26 @@ def per_second(ev: Events, since: float, until: float, step: float = 1.0) -> lis
             key = "completed" if s["r"] == "completed" else ("failed_start" if int(s["n"]) == 1 else "failed_mid")
             rows[i][key] += 1.0 / step
     return rows
+
+
+def rt_timeline(ev: Events, since: float, until: float, step: float = 1.0) -> list[dict[str, Any]]:
+    """Per ``step`` seconds from ``since`` (by the time an answer or failure arrived): requests,
+    the median response time of the answered ones, and client timeouts (the paper's response
+    time over elapsed time)."""
+    n = max(1, math.ceil((until - since) / step))
+    bins: list[list[float]] = [[] for _ in range(n)]
+    timeouts = [0] * n
+    for r in ev.requests:
+        i = math.floor((r["t1"] - since) / step)
+        if not 0 <= i < n:
+            continue
+        if r["r"] == "ok":
+            bins[i].append(r["t1"] - r["t0"])
+        elif r["r"] == "timeout":
+            timeouts[i] += 1
+    out = []
+    for i, b in enumerate(bins):
+        p50 = percentile(b, 50)
+        out.append({"t": round(i * step, 3), "ok": len(b), "p50_s": None if p50 is None else round(p50, 4),
+                    "timeouts": timeouts[i]})
+    return out

@@ -6,7 +6,7 @@ constant think time of 3 s between pages and a client timeout of 60 s per reques
 whose request fails retries the whole session from its first page.
 
 Time scale. A bench point must last several client timeouts to reach a steady state, and the
-heavy-lock budget of this machine is about 35 minutes for everything, so every duration of a
+heavy-lock budget of this machine is about 25 minutes for everything, so every duration of a
 run (page CPU costs, think time, client timeout, warm-up and window, the proxy's control
 windows) is multiplied by one factor ``scale`` (default 0.1: search costs 40 ms of CPU, think
 time is 0.3 s, the timeout 6 s). A scaled run is the paper's experiment played ``1/scale``

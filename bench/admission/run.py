@@ -8,7 +8,9 @@ think time, client timeout, retry from the first page).
 
 Steps (each under the machine's heavy lock, ``--lock``, one client count at a time so every arm
 of a count runs back to back, the arm order alternating between counts):
-1. calibration: the app's capacity in sessions/s (clients with no think time, arm ``none``);
+1. calibration: the app's throughput by concurrency (closed loops of 2, 4, 8, 16 clients with
+   no think time, arm ``none``: it rises to a peak, then falls as the app's contention model
+   bites, :mod:`bench.admission.contention`); capacity = the peak, in sessions/s;
    saturation = the client count whose light-load offered rate equals it:
    ``N_sat = capacity x (7 x think + session CPU)``; nginx's limits are set from it too;
 2. the sweep, condition ``base`` (think 3 s, timeout 60 s): ``--multiples`` x N_sat clients,
@@ -17,7 +19,14 @@ of a count runs back to back, the arm order alternating between counts):
 3. the proxy's overhead (:mod:`bench.admission.overhead`): added latency at 1,000 req/s beside
    the app alone, and its ceiling per core;
 4. the report: ``summary.json``, ``summary.md``, ``sessions.png`` (completed sessions/s vs
-   clients, per arm, per condition), ``failures.png`` (failed sessions by page at 1x and 4x).
+   clients, per arm, per condition), ``failures.png`` (failed sessions by page at 1x and 4x),
+   ``responses.png`` (median response time over elapsed time at 1x and 4x), ``scheduler.png``
+   (admission interval, queues and page concurrency limits over time at the largest count).
+
+The app's contention model (:mod:`bench.admission.contention`: shared cache, working sets, miss
+penalty) is declared in that module, printed in every summary, and can be changed only on the
+command line (``--cache-mb``, ``--miss-penalty``, ``--working-sets``; ``--cache-mb 0``: the old
+fixed-cost app).
 
 Every duration is scaled by ``--scale`` (see :mod:`bench.admission.pages`). A point is counted
 over the same window in every arm (:mod:`bench.admission.counting`). Points already measured
@@ -25,16 +34,15 @@ over the same window in every arm (:mod:`bench.admission.counting`). Points alre
 (``--conditions``, ``--multiples``); ``--fresh`` starts over, ``--report-only`` just rebuilds
 the report.
 
-    flock /tmp/promreflex-heavy.lock uv run --frozen python -m bench.admission      # ~30 min
+    flock /tmp/promreflex-heavy.lock uv run --frozen python -m bench.admission      # ~25 min
     uv run --frozen python -m bench.admission --lock /tmp/promreflex-heavy.lock     # same, lets others in between counts
-    uv run --frozen python -m bench.admission --demo                                # the flash crowd, ~3 min
+    uv run --frozen python -m bench.admission --demo                                # the flash crowd, ~2.5 min
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import signal
 import sys
@@ -44,14 +52,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.admission import plot
+from bench.admission import contention, plot
 from bench.admission.app import calibrate_iters_per_ms
 from bench.admission.arms import ARM_LABELS, ARMS, ArmStack, NginxLimits, proxy_config
-from bench.admission.counting import count, per_second, read_events, window_after_start
+from bench.admission.contention import CacheModel
+from bench.admission.counting import Events, count, per_second, read_events, rt_timeline, window_after_start
 from bench.admission.load import ClientModel, Clients, locust_argv
 from bench.admission.overhead import added, closed_loop, cpu_seconds, open_loop
 from bench.admission.pages import PAGES, PAPER_THINK_S, PAPER_TIMEOUT_S, SESSION_PAPER_MS, STATIC_PATH
-from bench.conditions import HostSampler, describe, heavy_lock
+from bench.conditions import ChunkedLock, HostSampler, describe, heavy_lock
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "admission"
 CONDITIONS: dict[str, tuple[float, float]] = {  # name: (think, timeout) in the paper's seconds
@@ -71,7 +80,7 @@ class Settings:
     scale: float = 0.1
     workers: int = 16
     warmup_paper_s: float = 80.0  # before the window: more than one client timeout
-    window_paper_s: float = 250.0
+    window_paper_s: float = 200.0
     tail_paper_s: float = 20.0  # clients run on after the window, so its end is not cut
     conditions: tuple[str, ...] = ("base", "timeout30", "think1")
     arms: tuple[str, ...] = ARMS
@@ -79,6 +88,7 @@ class Settings:
     var_multiples: tuple[float, ...] = (1.0, 4.0)
     conn_per_core: int = 4
     proxy_overrides: dict[str, Any] = field(default_factory=dict)
+    cache: CacheModel = field(default_factory=CacheModel)  # the app's contention model, declared
     out: Path = RESULTS
     lock: Path | None = None
 
@@ -168,7 +178,7 @@ def run_clients(stack: ArmStack, stages: str, run_for: float, model: ClientModel
     with HostSampler(groups=groups) as host:
         clients.start()
         try:
-            if stack.arm == "full":
+            if stack.has_proxy:
                 with StateSampler(stack.control_url, max(0.1, model.think_s)) as sampler:
                     clients.wait()
                 states = sampler.rows
@@ -183,7 +193,7 @@ def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clien
     model = st.model(condition)
     warmup, window = st.s(st.warmup_paper_s), st.s(st.window_paper_s)
     stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], limits=nginx_limits(cal, st),
-                     proxy_overrides=st.proxy_overrides).start()
+                     proxy_overrides=st.proxy_overrides, cache=st.cache).start()
     raw = st.out / "raw" / "events"
     raw.mkdir(parents=True, exist_ok=True)
     name = f"{condition}-{arm}-{clients}"
@@ -197,14 +207,25 @@ def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clien
         stack.cleanup()
     ev = read_events(events)
     counted = count(ev, window_after_start(ev, warmup, window))
-    wasted_ms = sum(p["wasted_ms"] for p in app_stats["pages"].values())
+    t0 = ev.started or 0.0
     row = {"condition": condition, "arm": arm, "clients": clients, "multiple": multiple, **counted,
-           "app_wasted_cpu_share": wasted_ms / max(1e-9, sum(p["served"] * app_stats["cost_ms"][k]
-                                                             for k, p in app_stats["pages"].items())),
+           "rt_timeline": rt_timeline(ev, t0, t0 + warmup + window + st.s(st.tail_paper_s), 1.0),
+           **app_shares(app_stats),
            "proxy": proxy, "host": host, "bad_lines": ev.bad_lines}
     if states:
         (st.out / "raw" / f"state-{name}.json").write_text(json.dumps(states))
     return row
+
+
+def app_shares(app_stats: dict[str, Any]) -> dict[str, float]:
+    """From the app's /stats: the share of its base page work served to clients already gone
+    (wasted), and the share of its CPU that cache misses cost (contention)."""
+    pages = app_stats["pages"]
+    wasted_ms = sum(p["wasted_ms"] for p in pages.values())
+    base_ms = sum(p["served"] * app_stats["cost_ms"][k] for k, p in pages.items())
+    extra_ms = sum(p.get("extra_ms", 0.0) for p in pages.values())
+    return {"app_wasted_cpu_share": wasted_ms / max(1e-9, base_ms),
+            "app_contention_share": extra_ms / max(1e-9, base_ms + extra_ms)}
 
 
 def progress(row: dict[str, Any]) -> str:
@@ -215,6 +236,7 @@ def progress(row: dict[str, Any]) -> str:
     return (f"{row['condition']:<9} {row['clients']:>4} clients ({row['multiple']:g}x) {row['arm']:<11} "
             f"completed {row['completed_per_s']:6.2f}/s  failed start {start:>4} mid {mid:>4}  "
             f"p50 {fmt_s(row['rt_ok_p50_s'])} p99 {fmt_s(p99)}  wasted {row['wasted_share']:.0%}  "
+            f"misses {row.get('app_contention_share') or 0:.0%} of app CPU  "
             f"CPU busy {h.get('cpu_busy_pct') or 0:.0f}% steal {h.get('cpu_steal_pct') or 0:.0f}%")
 
 
@@ -224,44 +246,6 @@ def fmt_s(v: float | None) -> str:
     return f"{v * 1000:5.0f}ms" if v < 1 else f"{v:5.1f}s "
 
 
-class LockChunks:
-    """The machine's heavy-job lock (flock), held for chunks of at most ``budget_s``: before a
-    group of points, :meth:`need` keeps the lock if the group fits in the current chunk, else
-    releases it (others may go) and takes it again. Every arm of a client count runs in one chunk."""
-
-    def __init__(self, path: Path | None, budget_s: float = 570.0):
-        self.path, self.budget_s = path, budget_s
-        self._f: Any = None
-        self._since = 0.0
-
-    def need(self, seconds: float) -> None:
-        if self.path is None:
-            return
-        if self._f is not None and time.monotonic() - self._since + seconds > self.budget_s:
-            self.release()
-        if self._f is None:
-            self._f = open(self.path, "a")  # noqa: SIM115 - closed in release()
-            t = time.monotonic()
-            fcntl.flock(self._f, fcntl.LOCK_EX)
-            if time.monotonic() - t > 1:
-                log(f"waited {time.monotonic() - t:.0f}s for {self.path}")
-            self._since = time.monotonic()
-
-    def release(self) -> None:
-        if self._f is not None:
-            held = time.monotonic() - self._since
-            fcntl.flock(self._f, fcntl.LOCK_UN)
-            self._f.close()
-            self._f = None
-            log(f"released {self.path} after {held:.0f}s")
-
-    def __enter__(self) -> LockChunks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
 # ---------------------------------------------------------------- calibration
 
 def nginx_limits(cal: dict[str, Any], st: Settings) -> NginxLimits:
@@ -269,31 +253,53 @@ def nginx_limits(cal: dict[str, Any], st: Settings) -> NginxLimits:
     return NginxLimits(rate_per_s=rate, burst=rate, conn=st.conn_per_core * cal["cores"])
 
 
-def calibrate(st: Settings) -> dict[str, Any]:
-    """The app's capacity (sessions/s with no think time) and the saturating client count."""
+CAL_LEVELS = (2, 4, 8, 16)  # closed-loop clients (= requests in the app) of the calibration
+
+
+def calibrate(st: Settings, levels: tuple[int, ...] = CAL_LEVELS, stage_s: float = 5.0,
+              settle_s: float = 1.5) -> dict[str, Any]:
+    """The app's throughput by concurrency (one closed loop of ``levels`` clients after the
+    other, no think time, ``stage_s`` each, counted after ``settle_s``), its peak = the
+    capacity in sessions/s, and the saturating client count."""
     import psutil
 
     ipm = calibrate_iters_per_ms()
-    stack = ArmStack("none", st.scale, st.workers, ipm).start()
+    stack = ArmStack("none", st.scale, st.workers, ipm, cache=st.cache).start()
     work = st.out / "raw" / "events"
     work.mkdir(parents=True, exist_ok=True)
     model = ClientModel(think_s=0.0, timeout_s=60.0)
-    clients = 2 * st.workers
+    stages = ",".join(f"{i * stage_s:g}:{n}" for i, n in enumerate(levels))
     try:
-        events, host, _ = run_clients(stack, f"0:{clients}", 10.0, model, work, "calibration", stagger=False,
-                                      arrival_rate=100.0)
+        events, host, _ = run_clients(stack, stages, stage_s * len(levels), model, work, "calibration",
+                                      stagger=False, arrival_rate=100.0)
     finally:
         stack.stop()
         stack.cleanup()
-    ev = read_events(events)
-    c = count(ev, window_after_start(ev, 3.0, 6.0))
-    capacity = c["completed_per_s"]
+    curve = by_concurrency(read_events(events), levels, stage_s, settle_s)
+    capacity = max(r["sessions_per_s"] for r in curve)
     base = st.model("base")
     cycle = base.cycle_s(st.session_cpu_s + len(PAGES) * PER_HTTP_REQUEST_S)
     return {"iters_per_ms": round(ipm, 2), "capacity_sessions_per_s": round(capacity, 2),
             "capacity_requests_per_s": round(capacity * len(PAGES), 1), "cycle_s": round(cycle, 3),
             "n_sat": max(1, round(capacity * cycle)), "cores": psutil.cpu_count() or 2, "host": host,
+            "by_concurrency": curve, "cache": st.cache.as_dict(),
             "scale": st.scale, "workers": st.workers, "at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+def by_concurrency(ev: Events, levels: tuple[int, ...], stage_s: float, settle_s: float) -> list[dict[str, Any]]:
+    """Throughput of each stage of the calibration (``levels[i]`` clients from ``i x stage_s``),
+    counted after ``settle_s``: answered requests/s, and sessions/s = that / pages per session."""
+    curve = []
+    for i, n in enumerate(levels):
+        c = count(ev, window_after_start(ev, i * stage_s + settle_s, stage_s - settle_s))
+        curve.append({"clients": n, "sessions_per_s": round(c["ok_per_s"] / len(PAGES), 2),
+                      "requests_per_s": round(c["ok_per_s"], 1), "rt_p50_s": c["rt_ok_p50_s"]})
+    return curve
+
+
+def curve_text(cal: dict[str, Any]) -> str:
+    """``2: 24.1, 4: 25.7, 8: 12.0, 16: 7.5`` (clients in the app: sessions/s)."""
+    return ", ".join(f"{r['clients']}: {r['sessions_per_s']:g}" for r in cal.get("by_concurrency") or [])
 
 
 # ---------------------------------------------------------------- the sweep
@@ -329,7 +335,7 @@ def plan(st: Settings, with_overhead: bool) -> list[tuple[str, float]]:
     return first + ([("overhead", 0.0)] if with_overhead else []) + rest
 
 
-def sweep(st: Settings, cal: dict[str, Any] | None, lock: LockChunks, steps: list[tuple[str, float]]) -> None:
+def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: list[tuple[str, float]]) -> None:
     announced: set[str] = set()
     for i, (condition, m) in enumerate(steps):
         if condition == "overhead":
@@ -340,7 +346,8 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: LockChunks, steps: lis
             continue
         assert cal is not None
         path = _raw_path(st, condition)
-        rows: list[dict[str, Any]] = [r for r in (load_json(path) or []) if r.get("scale") == st.scale]
+        rows: list[dict[str, Any]] = [r for r in (load_json(path) or [])  # same app, same time scale
+                                      if r.get("scale") == st.scale and r.get("cache") == st.cache.as_dict()]
         n = client_counts(cal, (m,))[0][1]
         model = st.model(condition)
         if condition not in announced:
@@ -354,7 +361,7 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: LockChunks, steps: lis
         lock.need(point_seconds(st) * len(arms))
         for arm in arms:
             row = run_point(st, cal, condition, arm, n, m)
-            row["scale"] = st.scale
+            row["scale"], row["cache"] = st.scale, st.cache.as_dict()
             rows = [r for r in rows if (r["arm"], r["clients"]) != (arm, n)] + [row]
             path.write_text(json.dumps(rows, indent=1))
             log(progress(row))
@@ -364,7 +371,7 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: LockChunks, steps: lis
 
 def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: int = 3) -> dict[str, Any]:
     """Added latency at ``rate`` req/s (proxy vs app alone, alternating blocks) and the ceiling."""
-    stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0,
+    stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0, cache=CacheModel(budget_mb=0),
                      proxy_overrides={"page_scheduler.timeout": 10.0, **st.proxy_overrides}).start()
     paths = {"static": (STATIC_PATH, None), "page": (PAGES[1].path, PAGES[0].path)}
     results: dict[str, dict[str, Any]] = {}
@@ -452,20 +459,30 @@ def targets(base_rows: list[dict[str, Any]]) -> dict[str, Any]:
 def compact(row: dict[str, Any]) -> dict[str, Any]:
     keep = ("condition", "arm", "clients", "multiple", "window_s", "completed", "completed_per_s", "failed",
             "failed_by_page", "failed_by_group", "failed_by_reason", "abandoned", "ok_per_s", "wasted_share",
-            "app_wasted_cpu_share", "rt_ok_p50_s", "rt_ok_p90_s", "rt_ok_p99_s", "session_p50_s", "proxy")
-    out = {k: row.get(k) for k in keep}
-    for k, v in list(out.items()):
-        if isinstance(v, float):
-            out[k] = round(v, 4)
+            "app_wasted_cpu_share", "app_contention_share", "rt_ok_p50_s", "rt_ok_p90_s", "rt_ok_p99_s",
+            "rt_all_p99_s", "rt_by_page", "session_p50_s", "proxy", "rt_timeline")
+    out = {k: _rounded(row.get(k)) for k in keep}
     h = row.get("host") or {}
     out["cpu_busy_pct"], out["cpu_steal_pct"] = h.get("cpu_busy_pct"), h.get("cpu_steal_pct")
     out["cores_used"] = {g: v["cores"] for g, v in (h.get("groups") or {}).items()}
     return out
 
 
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 4)
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    return v
+
+
 def report(st: Settings, command: str) -> dict[str, Any]:
     cal = load_json(_raw_path(st, "calibration"))
-    rows = {c: sorted(load_json(_raw_path(st, c)) or [], key=lambda r: (r["clients"], ARMS.index(r["arm"])))
+    rows = {c: sorted((r for r in load_json(_raw_path(st, c)) or []  # this app and time scale only
+                       if r.get("scale") == st.scale and r.get("cache") == st.cache.as_dict()),
+                      key=lambda r: (r["clients"], ARMS.index(r["arm"])))
             for c in CONDITIONS}
     ov = load_json(_raw_path(st, "overhead"))
     summary: dict[str, Any] = {
@@ -475,7 +492,8 @@ def report(st: Settings, command: str) -> dict[str, Any]:
                            "timeout_s": round(to * st.scale, 3)} for c, (t, to) in CONDITIONS.items()},
         "window": {"warmup_s": st.s(st.warmup_paper_s), "seconds": st.s(st.window_paper_s),
                    "paper_warmup_s": st.warmup_paper_s, "paper_seconds": st.window_paper_s},
-        "app": {"workers": st.workers, "pages_cpu_ms": {p.name: p.paper_ms * st.scale for p in PAGES}},
+        "app": {"workers": st.workers, "pages_cpu_ms": {p.name: p.paper_ms * st.scale for p in PAGES},
+                "contention": st.cache.as_dict(), "contention_text": st.cache.describe()},
         "calibration": {k: v for k, v in (cal or {}).items() if k != "host"},
         "nginx_limits": asdict(nginx_limits(cal, st)) if cal else None,
         "proxy_config": proxy_config(0, 0, 0, st.scale, True, st.proxy_overrides)["admission"],
@@ -513,7 +531,10 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
         lines += [f"App: {s['app']['workers']} worker processes, page CPU ms {s['app']['pages_cpu_ms']}; capacity "
                   f"{cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s); saturation "
                   f"N_sat = {cal['n_sat']} clients (capacity x light-load cycle {cal['cycle_s']} s). "
-                  f"nginx limits: {s['nginx_limits']}.", ""]
+                  f"nginx limits: {s['nginx_limits']}.", "",
+                  f"Contention model (declared before the runs, `bench/admission/contention.py`): "
+                  f"{s['app'].get('contention_text', '-')}. Measured sessions/s by requests executing in the app "
+                  f"(closed loop, no think time): {curve_text(cal) or '-'}.", ""]
     for cond, rows in s["points"].items():
         c = s["conditions"][cond]
         arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
@@ -571,13 +592,15 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
 
 # ---------------------------------------------------------------- the demo
 
-def demo(st: Settings, before_paper_s: float = 150.0, crowd_paper_s: float = 450.0) -> dict[str, Any]:
-    """A flash crowd with and without the scheme: 0.5x saturation, then 4x, on arms none and full."""
+def demo(st: Settings, before_paper_s: float = 100.0, crowd_paper_s: float = 400.0) -> dict[str, Any]:
+    """A flash crowd with and without the scheme: 0.5x saturation, then 4x, on arms none and full
+    (about 2.5 minutes: a short calibration at the app's knee, then 50 s per arm)."""
     out = st.out / "quick"
     out.mkdir(parents=True, exist_ok=True)
     with heavy_lock(st.lock):
-        log("calibrating the app's capacity (10 s)")
-        cal = calibrate(st)
+        log(f"app contention model: {st.cache.describe()}")
+        log("calibrating the app's capacity (8 s: 4 clients with no think time, below the knee)")
+        cal = calibrate(st, levels=(4,), stage_s=8.0, settle_s=2.0)
         log(f"capacity {cal['capacity_sessions_per_s']} sessions/s -> saturation at {cal['n_sat']} clients")
         light, crowd = max(1, round(0.5 * cal["n_sat"])), max(2, round(4 * cal["n_sat"]))
         before, during = st.s(before_paper_s), st.s(crowd_paper_s)
@@ -585,10 +608,12 @@ def demo(st: Settings, before_paper_s: float = 150.0, crowd_paper_s: float = 450
         results: dict[str, Any] = {}
         for arm in ("none", "full"):
             log(f"arm {arm}: {light} clients for {before:g} s, then a flash crowd of {crowd} for {during:g} s")
-            stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], proxy_overrides=st.proxy_overrides).start()
+            stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], proxy_overrides=st.proxy_overrides,
+                             cache=st.cache).start()
             try:
                 events, host, _ = run_clients(stack, f"0:{light},{before:g}:{crowd}", before + during, model, out,
                                               f"demo-{arm}", stagger=False, arrival_rate=float(crowd))
+                shares = app_shares(_get_json(f"{stack.app_url}/stats"))
             finally:
                 stack.stop()
                 stack.cleanup()
@@ -596,8 +621,8 @@ def demo(st: Settings, before_paper_s: float = 150.0, crowd_paper_s: float = 450
             t0 = ev.started or 0.0
             crowd_w = window_after_start(ev, before + model.timeout_s, during - model.timeout_s)
             results[arm] = {"before": count(ev, window_after_start(ev, 1.0, before - 1.0)),
-                            "crowd": count(ev, crowd_w), "timeline": per_second(ev, t0, t0 + before + during, 1.0),
-                            "host": host}
+                            "crowd": count(ev, crowd_w), "timeline": per_second(ev, t0, t0 + before + during, 2.0),
+                            "host": host, **shares}
             r = results[arm]["crowd"]
             log(f"  {arm}: before {results[arm]['before']['completed_per_s']:.2f}/s, during the crowd "
                 f"{r['completed_per_s']:.2f}/s, failed at start {r['failed_by_page']['1']}, mid-session {r['abandoned']}")
@@ -605,15 +630,19 @@ def demo(st: Settings, before_paper_s: float = 150.0, crowd_paper_s: float = 450
                "scale": st.scale, "results": results}
     (out / "demo.json").write_text(json.dumps(summary, indent=1))
     png = plot.demo(out, summary)
-    table = ["", f"Flash crowd: {light} clients (0.5x saturation), then {crowd} (4x) at t={before:g} s; think "
+    table = ["", f"App: {st.cache.describe()}.",
+             f"Flash crowd: {light} clients (0.5x saturation), then {crowd} (4x) at t={before:g} s; think "
              f"{model.think_s:g} s, timeout {model.timeout_s:g} s (the paper's 3 s / 60 s x scale {st.scale:g}); "
              f"crowd counted from one timeout after it starts.", "",
-             "| arm | completed/s before | completed/s in the crowd | failed at page 1 | failed at pages 2-7 | wasted requests | p99 response |",
-             "|---|---|---|---|---|---|---|"]
+             "| arm | completed/s before | completed/s in the crowd | of before | failed at page 1 | failed at pages 2-7 "
+             "| wasted requests | app CPU on misses | p99 response |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arm, r in results.items():
         c = r["crowd"]
-        table.append(f"| {ARM_LABELS[arm]} | {r['before']['completed_per_s']:.2f} | {c['completed_per_s']:.2f} | "
-                     f"{c['failed_by_page']['1']} | {c['abandoned']} | {c['wasted_share']:.0%} | {fmt_s(c['rt_ok_p99_s']).strip()} |")
+        b = r["before"]["completed_per_s"]
+        table.append(f"| {ARM_LABELS[arm]} | {b:.2f} | {c['completed_per_s']:.2f} | "
+                     f"{c['completed_per_s'] / b if b else 0:.0%} | {c['failed_by_page']['1']} | {c['abandoned']} | "
+                     f"{c['wasted_share']:.0%} | {r['app_contention_share']:.0%} | {fmt_s(c['rt_ok_p99_s']).strip()} |")
     table += ["", "Conditions: " + "; ".join(f"{arm}: {describe(r['host'])}" for arm, r in results.items()),
               f"Timeline plot: {png}", ""]
     print("\n".join(table), flush=True)
@@ -635,8 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--multiples", default="0.5,1,2,3,4", help="client counts for base, x saturation")
     ap.add_argument("--var-multiples", default="1,4", help="client counts for the variations, x saturation")
-    ap.add_argument("--window", type=float, default=250.0, help="counting window, paper seconds (x scale)")
+    ap.add_argument("--window", type=float, default=200.0, help="counting window, paper seconds (x scale)")
     ap.add_argument("--warmup", type=float, default=80.0, help="warm-up before the window, paper seconds (x scale)")
+    contention.add_arguments(ap)
     ap.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the proxy's admission: section (dotted, YAML value)")
     ap.add_argument("--overhead", choices=["yes", "no", "only"], default="yes")
@@ -664,10 +694,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown condition or arm: {', '.join(bad)} (conditions {', '.join(CONDITIONS)}; arms {', '.join(ARMS)})")
     if not 0.01 <= args.scale <= 1.0:
         ap.error("--scale must be in [0.01, 1]")
+    cache = contention.from_arguments(ap, args)
     st = Settings(scale=args.scale, workers=args.workers, warmup_paper_s=args.warmup, window_paper_s=args.window,
                   conditions=conditions, arms=arms, multiples=_floats(args.multiples),
-                  var_multiples=_floats(args.var_multiples), proxy_overrides=overrides, out=args.out, lock=args.lock)
-    command = "uv run --frozen python -m bench.admission" + (" " + " ".join(argv) if argv else "")
+                  var_multiples=_floats(args.var_multiples), proxy_overrides=overrides, cache=cache, out=args.out,
+                  lock=args.lock)
+    given = sys.argv[1:] if argv is None else argv
+    command = "uv run --frozen python -m bench.admission" + (" " + " ".join(given) if given else "")
     if args.demo:
         demo(st)
         return 0
@@ -679,15 +712,18 @@ def main(argv: list[str] | None = None) -> int:
         command = (load_json(_raw_path(st, "command")) or {}).get("command", command)
     else:
         _raw_path(st, "command").write_text(json.dumps({"command": command}))
-        with LockChunks(st.lock) as lock:
+        with ChunkedLock(st.lock, max_s=690.0, log=log) as lock:  # chunks <= 11.5 min
             cal = None
             if args.overhead != "only":
                 cal = load_json(_raw_path(st, "calibration"))
-                if args.recalibrate or args.fresh or not cal or cal.get("scale") != st.scale or cal.get("workers") != st.workers:
-                    lock.need(20.0 + point_seconds(st) * len(st.arms))  # and the first client count after it
-                    log("calibrating the app's capacity (10 s, clients with no think time)")
+                if (args.recalibrate or args.fresh or not cal or cal.get("scale") != st.scale
+                        or cal.get("workers") != st.workers or cal.get("cache") != st.cache.as_dict()):
+                    lock.need(30.0 + point_seconds(st) * len(st.arms))  # and the first client count after it
+                    log(f"calibrating the app's throughput by concurrency {CAL_LEVELS} (20 s, no think time); "
+                        f"app contention model: {st.cache.describe()}")
                     cal = calibrate(st)
                     _raw_path(st, "calibration").write_text(json.dumps(cal, indent=1))
+                log(f"sessions/s by requests in the app: {curve_text(cal)}")
                 log(f"capacity {cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s), "
                     f"saturation N_sat = {cal['n_sat']} clients; {describe(cal['host'])}")
                 steps = plan(st, args.overhead == "yes")

@@ -152,6 +152,7 @@ class RunResult:
     load: bool
     copy: bool
     guard: str  # "none" or the arm's name
+    scenario: str = "closed"  # bench/copy_guard/scenario.py; runs are compared within (scenario, round)
     served: int = 0
     failed: int = 0
     copy_seconds: float | None = None

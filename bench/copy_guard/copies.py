@@ -128,15 +128,15 @@ class _Copy:
 class PromreflexCopy(_Copy):
     kind = "promreflex copy"
 
-    def __init__(self, *args: Any, io: str = "direct", **kw: Any):
+    def __init__(self, *args: Any, io: str = "direct", chunk: str = "1M", **kw: Any):
         super().__init__(*args, **kw)
-        self.io = io
+        self.io, self.chunk = io, chunk
         self.url = f"http://127.0.0.1:{free_port()}"
 
     def start(self) -> PromreflexCopy:
         self._spawn([sys.executable, "-m", "promreflex", "copy", str(self.src), str(self.dst), "--site", self.site,
                      "--registry.dir", str(self.registry_dir), "--web.listen-address", self.url.removeprefix("http://"),
-                     "--io", self.io, "--fresh"])
+                     "--io", self.io, "--chunk-size", self.chunk, "--fresh"])
         return self
 
     def done_bytes(self) -> int | None:
@@ -168,9 +168,9 @@ class AdoptedCp(_Copy):
 
 
 def make_copy(kind: str, src: Path, dst: Path, registry_dir: Path, site: str, log_path: Path,
-              cgroup: Path | None, io: str = "direct") -> _Copy:
+              cgroup: Path | None, io: str = "direct", chunk: str = "1M") -> _Copy:
     if kind == "promreflex":
-        return PromreflexCopy(src, dst, registry_dir, site, log_path, cgroup, io=io)
+        return PromreflexCopy(src, dst, registry_dir, site, log_path, cgroup, io=io, chunk=chunk)
     if kind == "cp":
         return AdoptedCp(src, dst, registry_dir, site, log_path, cgroup)
     raise ValueError(f"unknown copy kind {kind!r} (promreflex or cp)")

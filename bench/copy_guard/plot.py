@@ -10,7 +10,10 @@ from typing import Any
 from bench.copy_guard.analysis import RunResult
 
 
-def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, title: str = "") -> Path:
+def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, title: str = "",
+                   crowds: dict[str, tuple[float, float]] | None = None) -> Path:
+    """One panel per run; ``crowds``: per scenario, the flash crowd's [start, end) s from the
+    load's start, shaded grey."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,6 +23,9 @@ def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, titl
     ymax = max([threshold * 1.3] + [max(r.per_second.values(), default=0) * 1.1 for r in runs if r.per_second])
     for ax, r in zip(axes[:, 0], runs):
         t0 = r.load_start or (r.copy_start or 0.0)
+        if crowds and r.load and r.scenario in crowds:
+            c0, c1 = crowds[r.scenario]
+            ax.axvspan(c0, c1, color="grey", alpha=0.15, label="flash crowd")
         if r.per_second:
             secs = sorted(r.per_second)
             ax.plot([s - t0 for s in secs], [r.per_second[s] for s in secs], color="tab:blue", linewidth=1.2,
@@ -49,7 +55,7 @@ def plot_timelines(runs: Sequence[RunResult], threshold: float, path: Path, titl
                        label="counting window ends")
         copy = f", copy {r.copy_seconds:.0f}s" if r.copy_seconds is not None else ""
         served = r.served_window if r.served_window is not None else r.served
-        ax.set_title(f"{r.name} (round {r.round + 1}): served {served}, failed {r.failed}{copy}, "
+        ax.set_title(f"{r.scenario}/{r.name} (round {r.round + 1}): served {served}, failed {r.failed}{copy}, "
                      f"{r.seconds_below:.1f}s below threshold", fontsize=9, loc="left")
         ax.set_ylim(0, ymax)
         ax.set_ylabel("req/s")

@@ -8,24 +8,31 @@ Shops (``--shop``):
              Copy: a real ``cp`` of ``--copy-gib`` GiB adopted by PID (buffered, on the raw disk:
              on this VM such a copy takes about a core of kernel time, STACK-NOTES).
   builtin    ``bench/copy_guard/site.py`` (product pages of uncached reads, fsync'd checkouts)
-             behind the stack's nginx; the site and the copy share an emulated 100 MB/s disk
-             (``bench/blkio.py``). Copy: ``promreflex copy --io direct``.
+             behind the stack's nginx (8 workers); the site and the copy share an emulated
+             40 MB/s disk (``bench/blkio.py``; capacity ~29 req/s, near the paper's 22).
+             Copy: ``promreflex copy --io direct --chunk-size 128K`` (see ``SHOPS``).
 ``--copier`` overrides the copy (``cp`` or ``promreflex``).
 
 Load: Locust with the shop's own profile (paths and weights, ``controllers/copy_guard``'s
-profile format; WordPress: product pages, searches, the home page and review POSTs), closed
-loop, with the number of users ``promreflex calibrate``'s ramp finds at the shop's knee; the
-threshold is calibrated by the same code (robust statistic) and published where the rules read
-it. The copy starts ``--copy-delay`` s into the load.
+profile format; WordPress: product pages, searches, the home page and review POSTs). The
+threshold and the shop's capacity are calibrated first by the same code as ``promreflex
+calibrate`` (closed-loop ramp to the knee, robust statistic; capacity = the median served rate at
+the knee) and published where the rules read it, with the demand floor at the threshold and the
+healthy response time. Then each SCENARIO (``bench/copy_guard/scenario.py``, proportions declared
+there before measuring) drives the shop OPEN loop, visitors arriving on a schedule with a
+client timeout: ``flash`` (the paper's use case: normal demand at half the capacity, a crowd of
+4.46x capacity over the middle third of the copy), ``overload`` (the paper's experiment: 4.46x
+for the whole run) and ``moderate`` (half the capacity, never overloaded: no pause, no
+throttle); ``closed`` is the first bench's closed loop at the knee. The copy starts
+``--copy-delay`` s into the load.
 
-Arms (``bench/copy_guard/arms.py``): load only, copy without guard, the paper's rule (pause,
-resume at once), ``min_pause`` 20 s, the adaptive throttle at its shipped defaults and at other
-settings (the Pareto), and a quiet shop (no visitors, only our exporters) where the copy must
-never be paused. A round runs the loaded arms in one order, the next round in the reverse order
-(baselines drift on this machine); the quiet arm runs once at the end.
+Arms (``bench/copy_guard/arms.py``; each scenario has its own list): load only, copy without
+guard, the paper's rule (pause, resume at once), ``min_pause`` 20 s, the adaptive throttle at
+its shipped defaults and at other settings (the Pareto), and a quiet shop (no visitors, only our
+exporters) where the copy must never be paused. Runs are compared within a scenario.
 
-Counting (fair to every arm): every loaded run of a round offers the same load for the same
-``--load-seconds``; responses are counted over the same window in every run, from the load's
+Counting (fair to every arm): every loaded run of a scenario's round offers the same load for the
+same ``--load-seconds``; responses are counted over the same window in every run, from the load's
 start to the end of the shortest load of the round, and that window must contain every run's
 WHOLE copy (the guarded ones take longest): a guard cannot score by pushing its copy past the
 measurement. A round where a copy ends after the window gets no saved share (the report says
@@ -48,7 +55,6 @@ Writes ``summary.json``, ``summary.md``, ``pareto.png``, ``timeline.png`` (small
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -59,12 +65,12 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import psutil
 
 from bench.blkio import EmulatedDisk
-from bench.conditions import HostSampler, describe
+from bench.conditions import ChunkedLock, HostSampler, describe
 from bench.copy_guard.analysis import (
     RunResult,
     Window,
@@ -78,8 +84,9 @@ from bench.copy_guard.analysis import (
     served_between,
     slowdown,
 )
-from bench.copy_guard.arms import ARMS, BASELINE, DEFAULT_LOADED, UNGUARDED, plan, route_for
+from bench.copy_guard.arms import ARMS, BASELINE, UNGUARDED, plan, route_for
 from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy
+from bench.copy_guard.scenario import CLIENT_TIMEOUT_S, SCENARIOS, crowd_window, max_outstanding
 from bench.copy_guard.site import ensure_data_file, site_component
 from promreflex.config import Ports, load_config
 from promreflex.proc import free_port, wait_until
@@ -89,8 +96,18 @@ SITE = "shop"
 ALERTS = "CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"
 PAPER = {"saved_share": 0.623, "slowdown": 129 / 92 - 1}
 TARGET = {"saved_share": 0.80, "slowdown": 0.40, "quiet_pauses": 0}
-SHOPS: dict[str, dict[str, Any]] = {"wordpress": {"copier": "cp", "copy_gib": 3.0, "disk_mbps": 0.0},
-         "builtin": {"copier": "promreflex", "copy_gib": 1.0, "disk_mbps": 100.0}}
+# copy_solo_seconds: the unguarded copy's length at the shop's normal demand (the flash crowd's
+# timing, scenario.py), measured by a smoke run of this bench before the measured run.
+# builtin: the emulated disk (blkio v1 throttle) serves its queued requests in turn, so a copy's
+# 1 MiB requests against the site's 64 KiB reads took ~80% of it and a shop at half its capacity
+# collapsed under an unthrottled copy (smoke run, 19:00 UTC). A disk scheduler interleaves a
+# sequential stream with random reads more fairly; with 128 KiB copy requests and 8 site workers
+# (8 x 64 KiB of the site's per 128 KiB of the copy) the site keeps most of the disk while the
+# copy runs, so it serves its normal demand (half its capacity) with the copy at full speed, as
+# the flash scenario requires, and the copy still costs it responses when it is saturated.
+SHOPS: dict[str, dict[str, Any]] = {
+    "wordpress": {"copier": "cp", "copy_gib": 3.0, "disk_mbps": 0.0, "copy_solo_seconds": 15.0, "workers": 4},
+    "builtin": {"copier": "promreflex", "copy_gib": 0.5, "disk_mbps": 40.0, "copy_solo_seconds": 15.0, "workers": 8}}
 
 
 def log(msg: str) -> None:
@@ -107,44 +124,6 @@ def _prom_value(prom: str, expr: str) -> float | None:
         return None
 
 
-class ChunkedLock:
-    """The heavy-job lock held over consecutive runs, released before a run that would make the
-    chunk longer than ``max_s`` (other heavy jobs go between chunks)."""
-
-    def __init__(self, path: Path | None, max_s: float):
-        self.path, self.max_s = path, max_s
-        self.f: TextIO | None = None
-        self.since = 0.0
-        self.held_s = 0.0  # over the whole bench
-        self.chunks = 0
-
-    def before(self, expected_s: float) -> None:
-        if self.path is None:
-            return
-        if self.f is not None and time.monotonic() - self.since + expected_s > self.max_s:
-            self.release()
-        if self.f is None:
-            t = time.monotonic()
-            f = open(self.path, "a")  # noqa: SIM115 - closed in release()
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX)
-            except BaseException:  # interrupted while waiting: nothing held
-                f.close()
-                raise
-            self.f, self.since = f, time.monotonic()
-            self.chunks += 1
-            log(f"  holding {self.path} (chunk {self.chunks}; waited {self.since - t:.0f}s)")
-
-    def release(self) -> None:
-        if self.f is not None:
-            fcntl.flock(self.f, fcntl.LOCK_UN)
-            self.f.close()
-            self.f = None
-            held = time.monotonic() - self.since
-            self.held_s += held
-            log(f"  released {self.path} after {held:.0f}s (total held {self.held_s / 60:.1f} min)")
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace):
         self.a = args
@@ -154,13 +133,14 @@ class Bench:
         self.ports = {p: free_port() for p in Ports.model_fields}
         self.disk: EmulatedDisk | None = None
         self.results: list[RunResult] = []
-        self.timelines: dict[tuple[int, str], tuple[dict[int, list[int]], float]] = {}
-        self.windows: dict[int, Window] = {}
+        self.timelines: dict[tuple[str, int, str], tuple[dict[int, list[int]], float]] = {}
+        self.windows: dict[tuple[str, int], Window] = {}
+        self.capacity = 0.0  # the calibrated knee's median served rate: the scenarios' unit
         self.arm: str | None = None
         self.threshold = 0.0
         self.users = args.users
         self.calibration: dict[str, Any] | None = None
-        self.lock = ChunkedLock(args.lock, args.lock_minutes * 60)
+        self.lock = ChunkedLock(args.lock, args.lock_minutes * 60, log=log)
         self.shop: Any = None
         self.site_port = free_port()
         self.profile: tuple[list[Any], dict[str, list[Any]]] | None = None
@@ -234,13 +214,15 @@ class Bench:
             reqs.append(Request(r["method"], r["path"], float(r["weight"]), body))
         return reqs, {"post": self.shop.post_ids, "word": self.shop.words}
 
-    def load(self, seconds: float) -> Any:
+    def load(self, seconds: float, scenario: str = "closed") -> Any:
         from controllers.copy_guard.calibrate import ShopLoad
 
         assert self.profile is not None
         reqs, variables = self.profile
+        schedule = SCENARIOS[scenario].schedule(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds)
         return ShopLoad(self.target(), self.a.rate, self.users, seconds, profile=reqs, variables=variables,
-                        request_timeout=self.a.request_timeout)
+                        request_timeout=CLIENT_TIMEOUT_S if schedule else self.a.request_timeout,
+                        schedule=schedule, max_outstanding=max_outstanding(self.capacity))
 
     # ------------------------------------------------------------------ calibration
     def calibrate(self) -> None:
@@ -266,26 +248,32 @@ class Bench:
         if why:
             raise RuntimeError(f"calibration refused: {why}")
         self.threshold, self.users = float(cal.threshold), int(cal.users)
+        self.capacity = cal.overall().median
         self.calibration = cal.to_json()
         publish(cal, self.stack.textfile_dir)
         prom = self.stack.url("prometheus")
         wait_until(lambda: _prom_value(prom, f'site:promreflex_copy_guard_threshold:rps{{site="{SITE}"}}') is not None,
                    timeout=30, what="threshold visible in Prometheus")
-        log(f"threshold {self.threshold:.1f} req/s, demand floor {cal.floor:.1f}, {self.users} users: {cal.describe()}")
+        rt = "unknown" if cal.response_s is None else f"{cal.response_s * 1000:.0f} ms"
+        log(f"threshold {self.threshold:.1f} req/s, demand floor {cal.floor:.1f}, healthy response time {rt}, capacity "
+            f"(median served at the knee) {self.capacity:.1f} req/s, {self.users} users: {cal.describe()}")
+        for name in self.a.scenarios:
+            log("  scenario " + SCENARIOS[name].describe(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds))
 
     # ------------------------------------------------------------------ one run
-    def one_run(self, rnd: int, name: str) -> RunResult:
+    def one_run(self, rnd: int, name: str, scenario: str = "closed") -> RunResult:
         arm, a = ARMS[name], self.a
         self.set_arm(name)
         prom = self.stack.url("prometheus")
-        r = RunResult(name, rnd, arm.load, arm.copy, "none" if not arm.guarded else name)
+        r = RunResult(name, rnd, arm.load, arm.copy, "none" if not arm.guarded else name, scenario=scenario)
         seconds = a.load_seconds if arm.load else 0.0
-        log(f"run {name} (round {rnd + 1}): {arm.label}; load {f'{seconds:g}s, {self.users} users' if arm.load else 'none'}, "
+        how = "open loop" if scenario in SCENARIOS and SCENARIOS[scenario].open_loop else f"{self.users} users"
+        log(f"run {scenario}/{name} (round {rnd + 1}): {arm.label}; load {f'{seconds:g}s, {how}' if arm.load else 'none'}, "
             f"copy {f'{a.copier} {a.copy_gib:g} GiB' if arm.copy else 'none'}")
         if self.shop is not None:  # the reviews the last run posted are deleted: every run meets the same shop
             log(f"  shop reset: {self.shop.reset()} review(s) of the last run deleted")
         drop_cache(self.src)
-        load = self.load(seconds) if arm.load else None
+        load = self.load(seconds, scenario) if arm.load else None
         copy = None
         guard = GuardSampler(self.stack.url("controller") + "/metrics", SITE).start()
         host = HostSampler().start()
@@ -295,14 +283,17 @@ class Bench:
         try:
             if load is not None:
                 load.start()
-                r.load_start = t0
+                # Open loop: the schedule's 0 s (after Locust's start-up) is the run's 0 s, the copy's too.
+                t0 = r.load_start = load.epoch or t0
+                copy_at = t0 + a.copy_delay
+                deadline = t0 + seconds + a.copy_timeout
             next_progress = t0 + 10
             while True:
                 now = time.time()
                 if arm.copy and copy is None and now >= copy_at:
                     self.registry_dir.mkdir(exist_ok=True)
                     copy = make_copy(a.copier, self.src, self.dst, self.registry_dir, SITE, self.out / "copy.log",
-                                     self.disk.dir if self.disk else None, io=a.io).start()
+                                     self.disk.dir if self.disk else None, io=a.io, chunk=a.copy_chunk).start()
                     r.copy_start = copy.started
                 load_on = load is not None and load.running()
                 copy_on = arm.copy and (copy is None or copy.running())
@@ -332,7 +323,7 @@ class Bench:
                 r.per_second = {k: v for k, v in per_second(run.bins, run.bin_s).items() if k < int(last - run.bin_s)}
                 r.failed_per_second = {k: v for k, v in per_second(run.bins, run.bin_s, 1).items()
                                        if k < int(last - run.bin_s)}
-                self.timelines[(rnd, name)] = (run.bins, run.bin_s)
+                self.timelines[(scenario, rnd, name)] = (run.bins, run.bin_s)
         finally:
             if load is not None:
                 load.kill()
@@ -368,18 +359,26 @@ class Bench:
                        timeout=30, interval=0.5, what="copy-guard alerts to resolve")
         except Exception as e:  # noqa: BLE001 - report and go on
             log(f"  (settle: {e})")
+        # An open-loop run leaves requests queued at the shop whose visitors gave up: the next run
+        # must not meet that backlog.
+        try:
+            wait_until(lambda: (_prom_value(prom, f'site:nginx_requests_in_flight:count{{site="{SITE}"}}') or 0) < 1,
+                       timeout=60, interval=0.5, what="the shop's backlog to drain")
+        except Exception as e:  # noqa: BLE001 - report and go on
+            log(f"  (settle: {e})")
         time.sleep(2)
 
     # ------------------------------------------------------------------ counting
     def count_in_windows(self) -> None:
-        by_round: dict[int, list[RunResult]] = {}
+        by_round: dict[tuple[str, int], list[RunResult]] = {}
         for r in self.results:
             if r.load:
-                by_round.setdefault(r.round, []).append(r)
-        for rnd, runs in by_round.items():
-            w = self.windows[rnd] = common_window(runs)
+                by_round.setdefault((r.scenario, r.round), []).append(r)
+        for key, runs in by_round.items():
+            rnd = key[1]
+            w = self.windows[key] = common_window(runs)
             for r in runs:
-                bins, bin_s = self.timelines[(rnd, r.name)]
+                bins, bin_s = self.timelines[(r.scenario, rnd, r.name)]
                 end = r.load_start + w.seconds
                 r.window_s = w.seconds
                 r.served_window = served_between(bins, bin_s, r.load_start, end)
@@ -427,10 +426,13 @@ class Bench:
             prom = self.stack.url("prometheus")
             wait_until(lambda: _prom_value(prom, 'up{job="accesslog"} == 1'), timeout=60, what="access-log exporter scraped")
             self.calibrate()
-            for rnd, name in plan(a.arms, a.rounds, a.reverse, quiet=not a.no_quiet):
+            runs = [(sc, rnd, name) for sc in a.scenarios
+                    for rnd, name in plan(self.arms_of(sc), a.rounds, a.reverse, quiet=False)]
+            runs += [] if a.no_quiet else [("quiet", 0, "quiet")]
+            for sc, rnd, name in runs:
                 self.lock.before(self.expected_seconds(name))
                 self.settle()
-                r = (self.one_run(rnd, name) if ARMS[name].load else self.quiet_run())
+                r = (self.one_run(rnd, name, sc) if ARMS[name].load else self.quiet_run())
                 self.results.append(r)
                 self.write_progress()
         finally:
@@ -446,6 +448,7 @@ class Bench:
         data = json.loads(path.read_text())
         cal = data.get("calibration") or {}
         self.calibration, self.threshold, self.users = cal, float(cal.get("threshold") or 0.0), int(cal.get("users") or 0)
+        self.capacity = float((cal.get("overall") or {}).get("median") or 0.0)
         fields = set(RunResult.__dataclass_fields__)
         for raw in data["runs"]:
             r = RunResult(**{k: v for k, v in raw.items() if k in fields})
@@ -455,19 +458,25 @@ class Bench:
                 setattr(r, key, [tuple(x) for x in (getattr(r, key) or [])])
             if r.load:
                 failed = r.failed_per_second or {}
-                self.timelines[(r.round, r.name)] = ({s: [n, failed.get(s, 0)] for s, n in (r.per_second or {}).items()}, 1.0)
+                self.timelines[(r.scenario, r.round, r.name)] = ({s: [n, failed.get(s, 0)] for s, n in (r.per_second or {}).items()}, 1.0)
             self.results.append(r)
         self.rebuilt = f"report rebuilt from {path.name} (Locust timelines at 1 s resolution; lock time not recorded)"
         log(f"report from {path}: {len(self.results)} run(s), threshold {self.threshold:.1f}, {self.users} users")
         self.report()
         return 0
 
+    def arms_of(self, scenario: str) -> list[str]:
+        """The scenario's arms; ``--arms`` replaces those of ``flash`` and ``closed``."""
+        if self.a.arms is not None and scenario in ("flash", "closed"):
+            return list(self.a.arms)
+        return list(SCENARIOS[scenario].arms)
+
     def quiet_run(self) -> RunResult:
         """No visitors at all for a while, then the copy under the shipped route: it must never
         be paused or slowed (the exporters' own requests are not demand)."""
         log(f"quiet shop: no visitors for {self.a.quiet_idle:g}s before the copy")
         time.sleep(self.a.quiet_idle)
-        return self.one_run(0, "quiet")
+        return self.one_run(0, "quiet", "quiet")
 
     def teardown(self) -> None:
         stack = getattr(self, "stack", None)
@@ -509,9 +518,11 @@ class Bench:
                 f"{1 / a.checkout_share:.0f} requests an fsync'd checkout) behind the stack's nginx")
         disk = f"emulated {a.disk_mbps:g} MB/s disk shared by site and copy" if a.disk_mbps else "raw disk"
         copy = f"{'cp, adopted by PID' if a.copier == 'cp' else f'promreflex copy --io {a.io}'} of {a.copy_gib:g} GiB"
+        scen = "; ".join(SCENARIOS[n].describe(self.capacity, a.copy_delay, a.copy_solo_seconds) for n in a.scenarios)
         return (f"{os.cpu_count()} cores shared with other work; {shop}; {disk}; copy {copy}, cold source, starting "
-                f"+{a.copy_delay:g}s into the load; load: the shop's profile, closed loop, {self.users} users (calibrated "
-                f"knee), {a.load_seconds:g}s per run; threshold {self.threshold:.1f} req/s (calibrated, robust); "
+                f"+{a.copy_delay:g}s into the load; load: the shop's profile; capacity {self.capacity:.1f} req/s (median "
+                f"served at the calibrated knee, {self.users} users); scenarios: {scen}; {a.load_seconds:g}s per run; "
+                f"threshold {self.threshold:.1f} req/s (calibrated, robust), demand floor = threshold; "
                 + (self.rebuilt or f"heavy lock held {self.lock.held_s / 60:.1f} min in {self.lock.chunks} chunk(s)"))
 
     @staticmethod
@@ -529,7 +540,8 @@ class Bench:
             h = r.host or {}
             gc = r.guard_counters or {}
             out.append({
-                "arm": r.name, "label": ARMS[r.name].label, "round": r.round + 1, "window_s": _r(r.window_s, 1),
+                "scenario": r.scenario, "arm": r.name, "label": ARMS[r.name].label, "round": r.round + 1,
+                "window_s": _r(r.window_s, 1),
                 "served": r.served_window if r.load else None, "failed": r.failed_window if r.load else None,
                 "lost_responses": r.lost_responses, "saved_responses": r.saved_responses,
                 "saved_share": _r(r.saved_share, 3), "copy_seconds": _r(r.copy_seconds, 1),
@@ -547,14 +559,26 @@ class Bench:
 
     def verdict(self, rows: list[dict[str, Any]]) -> list[str]:
         lines = []
-        best = [row for row in rows if row["saved_share"] is not None and row["copy_slower"] is not None]
-        meets = [row for row in best if row["saved_share"] >= TARGET["saved_share"] and row["copy_slower"] <= TARGET["slowdown"]]
-        if meets:
-            lines.append("target met by: " + ", ".join(f"{m['arm']} (round {m['round']}: saved {m['saved_share']:.0%}, "
-                                                       f"copy {m['copy_slower']:+.0%})" for m in meets))
-        else:
-            lines.append(f"target (saved >= {TARGET['saved_share']:.0%} with the copy at most {TARGET['slowdown']:+.0%}) "
-                         "NOT met by any arm")
+        for sc in dict.fromkeys(row["scenario"] for row in rows if row["scenario"] in SCENARIOS):
+            scr = [row for row in rows if row["scenario"] == sc]
+            if sc == "moderate":
+                for m in scr:
+                    if m["pauses"] is None:
+                        continue
+                    ok = m["pauses"] == 0 and not m["held_seconds"]
+                    lines.append(f"moderate shop ({m['arm']}): {m['pauses']} pause(s), held {m['held_seconds']}s: "
+                                 f"{'met' if ok else 'NOT met'} (target: no pause, no throttle)")
+                continue
+            best = [row for row in scr if row["saved_share"] is not None and row["copy_slower"] is not None]
+            meets = [row for row in best
+                     if row["saved_share"] >= TARGET["saved_share"] and row["copy_slower"] <= TARGET["slowdown"]]
+            if meets:
+                lines.append(f"{sc}: target met by: " + ", ".join(
+                    f"{m['arm']} (round {m['round']}: saved {m['saved_share']:.0%}, copy {m['copy_slower']:+.0%})"
+                    for m in meets))
+            elif any(row["lost_responses"] for row in scr):
+                lines.append(f"{sc}: target (saved >= {TARGET['saved_share']:.0%} with the copy at most "
+                             f"{TARGET['slowdown']:+.0%}) NOT met by any arm")
         quiet = [row for row in rows if row["arm"] == "quiet"]
         if quiet:
             q = quiet[0]
@@ -568,17 +592,18 @@ class Bench:
         self.count_in_windows()
         rows = self.rows()
         cond = self.conditions()
-        windows: dict[int, dict[str, Any]] = {rnd + 1: {"seconds": round(w.seconds, 1), "latest_copy_end_s": _r(w.latest_copy_end_s, 1),
-                             "contains_every_copy": w.contains_every_copy, "late": w.late}
-                   for rnd, w in self.windows.items()}
-        wtext = "; ".join(f"round {k}: window {v['seconds']:.1f}s from each load start, latest copy end +{v['latest_copy_end_s']}s"
+        windows: dict[str, dict[str, Any]] = {
+            f"{sc} round {rnd + 1}": {"seconds": round(w.seconds, 1), "latest_copy_end_s": _r(w.latest_copy_end_s, 1),
+                                      "contains_every_copy": w.contains_every_copy, "late": w.late}
+            for (sc, rnd), w in self.windows.items()}
+        wtext = "; ".join(f"{k}: window {v['seconds']:.1f}s from each load start, latest copy end +{v['latest_copy_end_s']}s"
                           + ("" if v["contains_every_copy"] else f" -- NOT CONTAINED: {', '.join(v['late'])}")
                           for k, v in windows.items())
 
         def fmt(v: Any, spec: str = "") -> str:
             return "-" if v is None else format(v, spec)
 
-        cols = [("arm", "arm", "", 17), ("rnd", "round", "", 4), ("served", "served", "", 8), ("failed", "failed", "", 7),
+        cols = [("scenario", "scenario", "", 10), ("arm", "arm", "", 17), ("rnd", "round", "", 4), ("served", "served", "", 8), ("failed", "failed", "", 7),
                 ("saved", "saved_responses", "+", 7), ("of lost", "lost_responses", "", 8), ("share", "saved_share", ".1%", 8),
                 ("copy s", "copy_seconds", ".1f", 8), ("slower", "copy_slower", "+.0%", 8), ("pauses", "pauses", "", 7),
                 ("paused s", "paused_seconds", ".1f", 9), ("held s", "held_seconds", ".1f", 8),
@@ -604,18 +629,21 @@ class Bench:
             print("VERDICT: " + v)
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         summary = {"shop": self.a.shop, "command": self.command(), "when": when, "conditions": cond, "windows": windows,
-                   "threshold": round(self.threshold, 2), "users": self.users, "rows": rows, "target": TARGET,
+                   "threshold": round(self.threshold, 2), "capacity": round(self.capacity, 2), "users": self.users,
+                   "scenarios": {n: SCENARIOS[n].describe(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds)
+                                 for n in self.a.scenarios},
+                   "rows": rows, "target": TARGET,
                    "paper": PAPER, "verdict": verdict, "legend": legend,
                    "calibration": {k: (self.calibration or {}).get(k) for k in ("threshold", "method", "users", "spread",
-                                                                               "floor", "ramp", "discarded")}}
+                                                                               "floor", "response_s", "ramp", "discarded")}}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-        md = ["| arm | round | served | failed | lost responses saved | copy s | copy slower | pauses | held s | "
-              "mean share | s below threshold | CPU busy / steal |", "|" + "---|" * 12]
+        md = ["| scenario | arm | round | served | failed | lost responses saved | copy s | copy slower | pauses | held s | "
+              "mean share | s below threshold | CPU busy / steal |", "|" + "---|" * 13]
         for row in rows:
             saved = "-" if row["saved_responses"] is None else (
                 f"{row['saved_responses']:+} of {row['lost_responses']}"
                 + ("" if row["saved_share"] is None else f" ({row['saved_share']:.1%})"))
-            md.append(f"| {row['label']} | {row['round']} | {fmt(row['served'])} | {fmt(row['failed'])} | {saved} | "
+            md.append(f"| {row['scenario']} | {row['label']} | {row['round']} | {fmt(row['served'])} | {fmt(row['failed'])} | {saved} | "
                       f"{fmt(row['copy_seconds'], '.1f')} | {fmt(row['copy_slower'], '+.0%')} | {fmt(row['pauses'])} | "
                       f"{fmt(row['held_seconds'], '.1f')} | {fmt(row['mean_share'], '.2f')} | {fmt(row['seconds_below'], '.1f')} | "
                       f"{fmt(row['cpu_busy_pct'], '.0f')}% / {fmt(row['cpu_steal_pct'], '.0f')}% |")
@@ -626,9 +654,12 @@ class Bench:
         self.write_progress()
         from bench.copy_guard.plot import plot_pareto, plot_timelines
 
-        pareto = plot_pareto(rows, self.out / "pareto.png", TARGET,
-                             title=f"copy guard, {self.a.shop} shop, {when}: lost responses saved vs copy delay")
-        tl = plot_timelines(self.results, self.threshold, self.out / "timeline.png",
+        main_sc = next((sc for sc in ("flash", "closed", "overload") if sc in self.a.scenarios), "closed")
+        pareto = plot_pareto([row for row in rows if row["scenario"] == main_sc], self.out / "pareto.png", TARGET,
+                             title=f"copy guard, {self.a.shop} shop, {main_sc} scenario, {when}: lost responses saved vs "
+                                   "copy delay")
+        crowds = {"flash": crowd_window(self.a.copy_delay, self.a.copy_solo_seconds)}
+        tl = plot_timelines(self.results, self.threshold, self.out / "timeline.png", crowds=crowds,
                             title=f"{self.a.shop} shop: served RPS vs threshold {self.threshold:.1f}; copy held (share < 1) "
                                   "shaded, paused darker")
         print(f"\nwrote {self.out / 'summary.json'}, {self.out / 'summary.md'}, {pareto}, {tl} (raw: {self.out / 'results.json'})")
@@ -651,9 +682,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="shop, copy source/destination and stack state (<workdir>/<shop>)")
     ap.add_argument("--copier", choices=["cp", "promreflex"], default=None, help="default: cp (wordpress), promreflex (builtin)")
     ap.add_argument("--io", default="direct", help="promreflex copy --io (default direct)")
-    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default: wordpress 3, builtin 1)")
-    ap.add_argument("--disk-mbps", type=float, default=None, help="emulated disk MB/s, 0 = raw (default: builtin 100, wordpress 0)")
-    ap.add_argument("--workers", type=int, default=4, help="php-fpm workers / built-in site workers")
+    ap.add_argument("--copy-gib", type=float, default=None, help="copy size (default: wordpress 3, builtin 0.5)")
+    ap.add_argument("--disk-mbps", type=float, default=None, help="emulated disk MB/s, 0 = raw (default: builtin 40, wordpress 0)")
+    ap.add_argument("--workers", type=int, default=None, help="php-fpm workers / built-in site workers (default 4 / 8)")
+    ap.add_argument("--copy-chunk", default="128K", help="promreflex copy --chunk-size (default 128K, see SHOPS)")
     ap.add_argument("--products", type=int, default=300, help="wordpress: product posts")
     ap.add_argument("--site-data-mib", type=int, default=1024, help="builtin: product file size")
     ap.add_argument("--reads-per-page", type=int, default=24, help="builtin: uncached reads per page")
@@ -672,9 +704,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cal-runs", type=int, default=2)
     ap.add_argument("--cal-seconds", type=float, default=20.0)
     ap.add_argument("--min-pause", type=float, default=20.0, help="min_pause of the min-pause arm (default 20)")
-    ap.add_argument("--arms", type=lambda v: [x for x in v.split(",") if x], default=list(DEFAULT_LOADED),
-                    help=f"loaded arms, comma-separated (default {','.join(DEFAULT_LOADED)}; all: "
-                         f"{','.join(n for n, a in ARMS.items() if a.load)})")
+    ap.add_argument("--arms", type=lambda v: [x for x in v.split(",") if x], default=None,
+                    help=f"loaded arms of the flash and closed scenarios, comma-separated (default: the scenario's, "
+                         f"scenario.py; all: {','.join(n for n, a in ARMS.items() if a.load)})")
+    ap.add_argument("--scenarios", type=lambda v: [x for x in v.split(",") if x], default=["flash", "overload", "moderate"],
+                    help=f"load scenarios, in order (default flash,overload,moderate; all: {','.join(SCENARIOS)})")
+    ap.add_argument("--copy-solo-seconds", type=float, default=None,
+                    help="the unguarded copy's length at the shop's normal demand: times the flash crowd (scenario.py; "
+                         "default per shop, from the smoke run)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--reverse", action="store_true", help="start with the arms in reverse order")
     ap.add_argument("--no-quiet", action="store_true", help="skip the quiet-shop arm")
@@ -687,11 +724,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lock-minutes", type=float, default=9.0, help="longest chunk of runs under the lock")
     a = ap.parse_args(argv)
     a.shop = a.shop or ("builtin" if a.quick else "wordpress")
-    bad = [x for x in a.arms if x not in ARMS or not ARMS[x].load]
+    bad = [x for x in a.arms or [] if x not in ARMS or not ARMS[x].load]
+    bad += [f"scenario {x}" for x in a.scenarios if x not in SCENARIOS]
     if bad:
         ap.error(f"--arms: unknown {', '.join(bad)} (choose from {', '.join(n for n, x in ARMS.items() if x.load)})")
     if a.quick:
-        a.arms = a.arms if a.arms != DEFAULT_LOADED else ["load-only", "no-guard", "paper", "throttle"]
+        a.arms = a.arms or ["load-only", "no-guard", "paper", "throttle"]
+        a.scenarios = ["flash"] if a.scenarios == ["flash", "overload", "moderate"] else a.scenarios
         a.load_seconds, a.cal_runs, a.cal_seconds = min(a.load_seconds, 60.0), 1, 12.0
         a.copy_gib = a.copy_gib or SHOPS[a.shop]["copy_gib"] / 2
     for key, value in SHOPS[a.shop].items():

@@ -49,6 +49,7 @@ from controllers.nginx_tuner.nginx_ctl import NginxControl
 from controllers.nginx_tuner.pareto import Interval
 from controllers.nginx_tuner.procfs import children
 from controllers.nginx_tuner.sweep import DEFAULTS, LoadMeasurer, Sweep, SweepSettings, replay, summary_table, write_results
+from promreflex.foundation import nginx_temp_paths
 from promreflex.proc import Child, free_port, http_ok, pid_alive, port_in_use, wait_until
 
 NGINX = "/usr/sbin/nginx"
@@ -70,12 +71,7 @@ error_log logs/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     access_log off;
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    fastcgi_temp_path tmp/fastcgi;
-    uwsgi_temp_path tmp/uwsgi;
-    scgi_temp_path tmp/scgi;
-"""
+""" + nginx_temp_paths("tmp") + "\n"
 
 PROXY = COMMON + """    client_header_timeout 10s;
     keepalive_timeout 65;

@@ -12,6 +12,7 @@ import argparse
 import io
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from bench.rca import basic
 from bench.rca.cases import (
     ANCHORS, HELD_OUT_CASES, NEW_HELD_OUT_CASES, VOLUME_IOPS, CaseResult, CaseRunner, Spec, all_cases, parse_case,
+    warmup_for,
 )
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.scoring import CaseOutcome, summarise
@@ -111,6 +113,28 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+DESIGNED_RATE = 3.0  # the load the 32 service x fault cases were designed at
+
+
+def designed_on(case: dict[str, Any]) -> bool:
+    """Whether a case is one the analysis was designed on: one fault of one kind in one service
+    (``all_cases()``) at the designed load; two faults at once, a slow edge or another load are
+    not."""
+    return case["kind"] in FAULT_KINDS and float(case.get("rate", DESIGNED_RATE)) == DESIGNED_RATE
+
+
+def split_lines(cases: list[dict[str, Any]]) -> list[str]:
+    """AC@1 / AC@3 / Avg@5 of the designed-on cases and of the others, one line each."""
+    lines = []
+    for name, sub in (("designed on (one fault, 3 orders/s)", [c for c in cases if designed_on(c)]),
+                      ("not designed on (two faults, slow edges, other loads)", [c for c in cases if not designed_on(c)])):
+        if sub:
+            s = summarise([outcome_of(c) for c in sub])
+            lines.append(f"{name}: {len(sub)} cases, AC@1 {s['ac1']:.2f}, AC@3 {s['ac3']:.2f}, Avg@5 {s['avg5']:.2f}, "
+                         f"flagged {s['flagged']}/{len(sub)}")
+    return lines
+
+
 def combine(results: list[Path], out: Path) -> tuple[Path, Path]:
     """One summary over several runs' results JSONs (chunks of one measurement, each run
     under the lock for less than ten minutes): ``summary.json`` (every case, the runs'
@@ -118,11 +142,14 @@ def combine(results: list[Path], out: Path) -> tuple[Path, Path]:
     runs = [json.loads(p.read_text()) for p in results]
     cases = [{**c, "run": i, "rate": r["faults"]["rate"]} for i, r in enumerate(runs) for c in r["faults"]["cases"]]
     merged = {"mode": runs[0]["faults"]["mode"], "cases": cases}
-    table = faults_table(merged)
+    table = "\n".join([faults_table(merged), *split_lines(cases)])
+    split = {name: summarise([outcome_of(c) for c in cases if designed_on(c) == want])
+             for name, want in (("designed_on", True), ("not_designed_on", False))}
     summary = {"runs": [{"file": str(p), "command": r["command"], "conditions": r["conditions"],
                          "rate": r["faults"]["rate"], "window": r["faults"]["window"], "for": r["faults"]["for"],
-                         "lines_s": r["faults"]["lines_s"]} for p, r in zip(results, runs, strict=True)],
-               "summary": summarise([outcome_of(c) for c in cases]), "table": table,
+                         "lines_s": r["faults"]["lines_s"], "not_run": r["faults"].get("not_run", [])}
+                        for p, r in zip(results, runs, strict=True)],
+               "summary": summarise([outcome_of(c) for c in cases]), "split": split, "table": table,
                "cases": [{k: c.get(k) for k in ("run", "rate", "label", "kind", "truths", "flagged", "time_to_flag_s",
                                                 "gauge_time_s", "report_time_s", "rank", "all_within", "root_causes",
                                                 "note")} | {"top5": c["ranking"][:5]} for c in cases]}
@@ -137,6 +164,7 @@ def combine(results: list[Path], out: Path) -> tuple[Path, Path]:
                     f"| {c['rank'] or '-'} | {both} |")
     cond = [f"- run {i + 1}: `{r['command']}`; load average {r['conditions']['loadavg_start'][0]:.2f} at start, "
             f"{r['conditions']['loadavg_end'][0]:.2f} at end; {r['conditions']['wall_s']:.0f} s"
+            + (f"; not run (time budget): {', '.join(r['faults']['not_run'])}" if r["faults"].get("not_run") else "")
             for i, r in enumerate(runs)]
     (out / "summary.md").write_text("\n".join(["```", table, "```", "", *rows, "", *cond]) + "\n")
     plot(merged, out / "cases.png")
@@ -178,11 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=3.0, help="orders per second during the fault cases")
     ap.add_argument("--volume-iops", type=float, default=VOLUME_IOPS,
                     help="each service's volume allows this many I/O operations a second (0: the raw disk)")
+    ap.add_argument("--budget", default="",
+                    help="time budget of the run (e.g. 15m): a case is started only if it is expected to end within "
+                         "it (as long as the longest so far); the cases left are listed as not run")
     ap.add_argument("--out", type=Path, default=Path("bench/results/rca"))
     ap.add_argument("--replot", type=Path, metavar="RESULTS_JSON", help="only redraw the plot of an earlier run")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="RESULTS_JSON",
                     help="only write one summary (summary.json/md, cases.png in --out) over several runs' results")
     args = ap.parse_args(argv)
+    # Stopped with SIGTERM, or SIGINT when started in the background (which ignores it), the
+    # run still stops its mesh, stack and load and removes its cgroups (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # progress shows through `| tee` and redirections
     if args.replot:
@@ -228,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             runner = CaseRunner(work / "cases", mode=mode, window=args.window, for_=args.for_, rate=args.rate,
                                 volume_iops=args.volume_iops)
             window_s = parse_duration(args.window)
-            out["faults"] = runner.run(cases, warmup_s=40 if args.quick else 60, max_wait_s=60 + window_s / 2,
-                                       recovery_s=45 + 2 * window_s)
+            out["faults"] = runner.run(cases, warmup_s=40 if args.quick else warmup_for(window_s), max_wait_s=60 + window_s / 2,
+                                       recovery_s=45 + 2 * window_s,
+                                       budget_s=parse_duration(args.budget) if args.budget else None)
             flag = "flag = the MeshRootCause alert in Alertmanager" if mode == "loop" else "flag = the report"
             print(f"\nFault cases ({mode} mode: {'controller rca action' if mode == 'loop' else 'analyse_prometheus here'}; "
                   f"{flag}; "

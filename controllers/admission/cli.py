@@ -66,7 +66,7 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
     try:
-        async with serving(cfg.listen_address, proxy.app(), limits, handler_cancellation=True), \
+        async with serving(cfg.listen_address, proxy.app(), limits, **proxy.server_kwargs()), \
                 serving(cfg.control.listen_address, proxy.control_app()):
             log.info("admission proxy on http://%s -> %s; control and /metrics on http://%s", cfg.listen_address,
                      cfg.upstream, cfg.control.listen_address)

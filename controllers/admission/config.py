@@ -56,14 +56,19 @@ class Page(Strict):
 
 
 class PageScheduler(Strict):
+    """Progress-based regulation of each page class' concurrency limit (``sched.Regulator``)."""
+
     enabled: bool = True
     initial_limit: int = Field(default=4, ge=1)
     min_limit: int = Field(default=1, ge=1)
     max_limit: int = Field(default=256, ge=1)
-    window: Duration = Field(default=1.0, gt=0)
-    min_completions: int = Field(default=10, ge=1)
-    improvement: float = Field(default=0.05, ge=0, le=1)
-    hold_windows: int = Field(default=5, ge=0)
+    window: Duration = Field(default=1.0, gt=0, description="a regulation window lasts at least this long")
+    min_completions: int = Field(default=20, ge=1,
+                                 description="served requests a window (and a probe) needs before it is judged")
+    improvement: float = Field(default=0.05, ge=0, le=1,
+                               description="a raise must bring this much more throughput (beyond the noise); a "
+                                           "lowering may cost at most this much")
+    hold_windows: int = Field(default=5, ge=0, description="windows to stay after a failed probe before the next")
     queue_capacity: int = Field(default=1000, ge=0)
     max_queue_wait: Duration = Field(default=30.0, gt=0)
     timeout: Duration = Field(default=30.0, gt=0)
@@ -85,13 +90,21 @@ class Session(Strict):
 
 
 class SessionScheduler(Strict):
+    """The admission interval, adapted once per ``period`` (``sched.SessionScheduler``)."""
+
     enabled: bool = True
-    queue_threshold: float = Field(default=10.0, ge=0)
-    initial_interval: Duration = Field(default=0.01, ge=0)
+    queue_threshold: float = Field(default=10.0, ge=0,
+                                   description="total page-queue length (period mean) the scheduler keeps under")
+    period: Duration = Field(default=1.0, gt=0, description="control period of the admission interval")
+    gain: float = Field(default=0.3, gt=0, le=2,
+                        description="admission rate = departure rate x (1 + gain x queue error), per period")
+    page_wait_target: Duration = Field(default=5.0, gt=0,
+                                       description="an admitted session's page-queue wait above this slows admission")
+    initial_interval: Duration = Field(default=0.1, ge=0)
     min_interval: Duration = Field(default=0.001, ge=0)
     max_interval: Duration = Field(default=10.0, gt=0)
-    increase: float = Field(default=1.5, gt=1)
-    decrease: float = Field(default=0.8, gt=0, lt=1)
+    increase: float = Field(default=1.5, gt=1, description="the interval grows at most this much per period")
+    decrease: float = Field(default=0.8, gt=0, lt=1, description="the interval shrinks at most this much per period")
 
     _order = model_validator(mode="after")(
         lambda self: _ordered(self, "min_interval", "initial_interval", "max_interval"))

@@ -11,6 +11,8 @@ OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "que
             "client_gone", "session_busy")
 #: Why a new session was not admitted (answered with the waiting-room page, or gone).
 REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "client_gone")
+#: Requests refused before they reached a page class (bad input at the proxy's door).
+REQUEST_REJECT_REASONS = ("header_too_large", "malformed", "bad_target", "body_too_large", "body_timeout")
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -72,6 +74,10 @@ class AdmissionMetrics:
         self.abandon_threshold = Gauge(p + "abandon_ratio_threshold",
                                        "Abandoned / (completed + abandoned) sessions above which the alert fires.",
                                        registry=registry)
+        self.bad_requests = Counter(p + "request_rejections_total",
+                                    "Requests refused before reaching a page class: headers too large (431), "
+                                    "unparsable (400), not origin-form, body too large (413) or too slow (408).",
+                                    ["reason"], registry=registry)
         self.control = Counter(p + "control_requests_total", "Control endpoint requests by result.", ["result"],
                                registry=registry)
         for page in pages:
@@ -84,5 +90,7 @@ class AdmissionMetrics:
             self.rejected.labels(reason)
         for reason in COOKIE_REASONS:
             self.cookies.labels(reason)
+        for reason in REQUEST_REJECT_REASONS:
+            self.bad_requests.labels(reason)
         for result in ("ok", "unauthorized", "bad_request", "not_found"):
             self.control.labels(result)

@@ -32,12 +32,14 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,7 +47,7 @@ from yarl import URL
 
 from controllers.admission.config import AdmissionSection
 from controllers.admission.cookies import CookieCodec, CookieError, KeyRing
-from controllers.admission.metrics import AdmissionMetrics
+from controllers.admission.metrics import OUTCOMES, AdmissionMetrics
 from controllers.admission.sched import (
     Clock,
     Hold,
@@ -66,6 +68,13 @@ HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
 MAX_BUFFERED_REQUEST = 1 << 20
 MAX_BUFFERED_RESPONSE = 64 << 10
+#: Request headers the proxy accepts (nginx's default large_client_header_buffers: 4 x 8k): one
+#: line at most MAX_HEADER_LINE bytes, all of them at most MAX_HEADER_BYTES; beyond -> 431.
+MAX_HEADER_LINE = 8190
+MAX_HEADER_BYTES = 32 << 10
+#: aiohttp's parser limits, set above ours so the proxy answers 431 itself; a request beyond
+#: even these gets aiohttp's 400 (counted through :class:`CountingLogger`).
+PARSER_LIMITS: dict[str, int] = {"max_line_size": 4 * MAX_HEADER_LINE, "max_field_size": 4 * MAX_HEADER_LINE}
 HOLDER = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 
 
@@ -80,6 +89,44 @@ class HoldRequest(BaseModel):
 
 def _connection_tokens(headers: Any) -> frozenset[str]:
     return frozenset(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
+
+
+def header_problem(raw_headers: Any) -> str | None:
+    """Why these request headers are too large (None: they are not)."""
+    total = 0
+    for name, value in raw_headers:
+        size = len(name) + len(value) + 4
+        if size > MAX_HEADER_LINE:
+            return f"a header line is longer than {MAX_HEADER_LINE} bytes"
+        total += size
+    if total > MAX_HEADER_BYTES:
+        return f"the request headers are longer than {MAX_HEADER_BYTES} bytes"
+    return None
+
+
+class CountingLogger(logging.Logger):
+    """aiohttp's server logger for the proxy's listener: a request aiohttp refuses itself
+    (unparsable, or headers beyond even :data:`PARSER_LIMITS`) is logged here through
+    ``exception`` with the parser's error: counted, then logged as usual (rate-limited)."""
+
+    def __init__(self, count: Callable[[str], None]):
+        super().__init__("aiohttp.server")
+        self.server_log = logging.getLogger("aiohttp.server")
+        self.parent = self.server_log
+        self.count = count
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
+        if not isinstance(exc_info, BadHttpMessage):  # a real error: with its traceback
+            self.server_log.exception(msg, *args, exc_info=exc_info, **kw)
+            return
+        self.count("header_too_large" if isinstance(exc_info, LineTooLong)
+                   or "Too many headers" in str(exc_info) else "malformed")
+        self.server_log.warning(f"{msg}: %s", *args, exc_info, **kw)
+
+    def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
+        if isinstance(exc_info, BadHttpMessage):  # aiohttp logs a non-HTTP first request at debug
+            self.count("malformed")
+        self.server_log.debug(msg, *args, **kw)
 
 
 def _plain(status: int, text: str, retry_after: int | None = None) -> web.Response:
@@ -107,13 +154,18 @@ class AdmissionProxy:
         self.exempt = [re.compile(e) for e in cfg.exempt]
         self.holds = Holds(clock, self._expired)
         self.scheduler = SessionScheduler(cfg.session_scheduler, cfg.session.queue_capacity, self.integral,
-                                          self.holds, clock)
+                                          self.holds, clock, self._oldest_wait)
         self.sessions = Sessions(cfg.session.idle_timeout, clock, wall(), cfg.session.max_sessions)
         self.upstream = cfg.upstream.rstrip("/")
         self.client: aiohttp.ClientSession | None = None
         self._timeouts = {name: aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=page.timeout)
                           for name, page in self.pages.items()}
         self._tasks: list[asyncio.Task[None]] = []
+        self._own_cookie = cfg.session.cookie_name + "="
+        # Labelled children looked up once (a labels() call per use costs more than the count).
+        self._requests = {(p, o): self.metrics.requests.labels(p, o) for p in self.pages for o in OUTCOMES}
+        self._page_wait = {p: self.metrics.page_wait.labels(p) for p in self.pages}
+        self._upstream_time = {p: self.metrics.upstream.labels(p) for p in self.pages}
         self._gauges()
 
     # ------------------------------------------------------------------ lifecycle
@@ -190,10 +242,17 @@ class AdmissionProxy:
         """Idle sessions -> abandoned; expired holds; regulation windows with no completion."""
         for s in self.sessions.idle():
             self.metrics.abandoned.labels(s.last_page or self.cfg.default_page).inc()
+            self.scheduler.session_ended()
         self.holds.prune()
         for page in self.pages.values():
             page.regulate()
+        self.scheduler.control(self.clock())
         self._apply_waiting_room()
+
+    def _oldest_wait(self, now: float) -> float:
+        """How long the oldest request in any page queue has waited (the session scheduler's
+        starvation guard)."""
+        return max(page.oldest_wait(now) for page in self.pages.values())
 
     def _expired(self, hold: Hold) -> None:
         self.metrics.holds_expired.inc()
@@ -212,6 +271,15 @@ class AdmissionProxy:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
+    def server_kwargs(self) -> dict[str, Any]:
+        """What the proxy's listener needs from aiohttp (``serving(..., **proxy.server_kwargs())``):
+        handler cancellation (a client that leaves drops its queued request), parser limits above
+        the proxy's own header limits, and a logger that counts what the parser refuses."""
+        return {"handler_cancellation": True, "logger": CountingLogger(self._count_bad), **PARSER_LIMITS}
+
+    def _count_bad(self, reason: str) -> None:
+        self.metrics.bad_requests.labels(reason).inc()
+
     def classify(self, path: str) -> PageClass:
         for rx, page in self.patterns:
             if rx.search(path):
@@ -219,13 +287,21 @@ class AdmissionProxy:
         return self.pages[self.cfg.default_page]
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        problem = header_problem(request.raw_headers)
+        if problem is not None:
+            self._count_bad("header_too_large")
+            resp = _plain(431, f"request header fields too large: {problem}")
+            resp.force_close()
+            return resp
         if not request.raw_path.startswith("/"):
+            self._count_bad("bad_target")
             return _plain(400, "bad request target: origin-form (/path) only")
         body: bytes | None = None
         if request.body_exists and request.content_length is not None and request.content_length <= MAX_BUFFERED_REQUEST:
             try:
                 body = await read_body(request, MAX_BUFFERED_REQUEST)
             except BodyError as e:
+                self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
                 return _plain(e.status, str(e))
         path = request.path
         for rx in self.exempt:
@@ -241,7 +317,7 @@ class AdmissionProxy:
             session = admitted
             cookie = self.codec.issue(session.sid, session.issued, self.cfg.session.max_age)
         if session.in_flight >= self.cfg.session.max_in_flight:
-            self.metrics.requests.labels(page.name, "session_busy").inc()
+            self._requests[page.name, "session_busy"].inc()
             return _plain(429, "too many requests of this session at once", retry_after=1)
         session.in_flight += 1
         session.last_page = page.name
@@ -327,7 +403,7 @@ class AdmissionProxy:
         try:
             fut = page.acquire()
         except QueueFull:
-            m.requests.labels(page.name, "queue_full").inc()
+            self._requests[page.name, "queue_full"].inc()
             return _plain(503, f"page {page.name} is saturated: try again", retry_after=1)
         t0 = self.clock()
         if fut is not None:
@@ -336,14 +412,17 @@ class AdmissionProxy:
                     await fut
             except TimeoutError:
                 page.withdraw(fut)
-                m.requests.labels(page.name, "queue_timeout").inc()
-                m.page_wait.labels(page.name).observe(self.clock() - t0)
+                self._requests[page.name, "queue_timeout"].inc()
+                self._page_wait[page.name].observe(self.clock() - t0)
                 return _plain(503, f"page {page.name}: waited too long for a slot", retry_after=1)
             except asyncio.CancelledError:
                 page.withdraw(fut)
-                m.requests.labels(page.name, "client_gone").inc()
+                self._requests[page.name, "client_gone"].inc()
                 raise
-        m.page_wait.labels(page.name).observe(self.clock() - t0)
+        waited = self.clock() - t0
+        self._page_wait[page.name].observe(waited)
+        if fut is not None:
+            self.scheduler.page_waited(waited)
 
         def extra(status: int) -> list[tuple[str, str]]:
             out = []
@@ -351,95 +430,116 @@ class AdmissionProxy:
                 out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
             if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
                 m.completed.inc()
+                self.scheduler.session_ended()
                 out = [("Set-Cookie", self._cookie_header("", 0))]
             return out
 
         served = False
+        mark = page.begin()
         try:
             resp, outcome = await self.forward(request, page, body, extra)
             served = outcome == "served"
-            m.requests.labels(page.name, outcome).inc()
+            self._requests[page.name, outcome].inc()
             return resp
         except asyncio.CancelledError:
-            m.requests.labels(page.name, "client_gone").inc()
+            self._requests[page.name, "client_gone"].inc()
             raise
         finally:
-            page.release(served)
+            page.release(served, mark)
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
         return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite=Lax"
                 + ("; Secure" if s.cookie_secure else ""))
 
-    def upstream_headers(self, request: web.Request) -> CIMultiDict[str]:
-        named = _connection_tokens(request.headers)
-        out: CIMultiDict[str] = CIMultiDict()
-        own = self.cfg.session.cookie_name + "="
-        for k, v in request.headers.items():
+    def upstream_headers(self, request: web.Request) -> list[tuple[str, str]]:
+        """The request's headers for the app (one pass, no intermediate mapping)."""
+        headers = request.headers
+        named = _connection_tokens(headers) if "Connection" in headers else frozenset()
+        own = self._own_cookie
+        out: list[tuple[str, str]] = []
+        prior: list[str] = []
+        proto = host = False
+        for k, v in headers.items():
             lk = k.lower()
-            if lk in HOP_BY_HOP or lk in named or lk == "x-forwarded-for":
+            if lk in HOP_BY_HOP or lk in named:
+                continue
+            if lk == "x-forwarded-for":
+                prior.append(v)
                 continue
             if lk == "cookie" and own in v:
                 v = "; ".join(c for c in (p.strip() for p in v.split(";")) if c and not c.startswith(own))
                 if not v:
                     continue
-            out.add(k, v)
-        prior = ", ".join(request.headers.getall("X-Forwarded-For", ()))
+            elif lk == "x-forwarded-proto":
+                proto = True
+            elif lk == "x-forwarded-host":
+                host = True
+            out.append((k, v))
         peer = request.remote or ""
-        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-        if "X-Forwarded-Proto" not in out:
-            out["X-Forwarded-Proto"] = request.scheme
-        if "X-Forwarded-Host" not in out and request.host:
-            out["X-Forwarded-Host"] = request.host
+        out.append(("X-Forwarded-For", f"{', '.join(prior)}, {peer}" if prior else peer))
+        if not proto:
+            out.append(("X-Forwarded-Proto", request.scheme))
+        if not host and request.host:
+            out.append(("X-Forwarded-Host", request.host))
         return out
 
     async def forward(self, request: web.Request, page: PageClass | None, body: bytes | None,
                       extra: Callable[[int], list[tuple[str, str]]] | None) -> Any:
         """Send the request to the app. Returns the response (exempt requests: ``page`` None) or
-        (response, outcome)."""
+        (response, outcome).
+
+        The app's time is bounded by aiohttp's own timers (``sock_read``: no byte for the page's
+        timeout -> 504), not by one more timer per request; small answers (with a Content-Length
+        up to 64 KiB) are read whole, so the page slot is free before the client reads."""
         assert self.client is not None
         name = page.name if page is not None else self.cfg.default_page
-        timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
         data: Any = body
         if body is None and request.body_exists:
             data = request.content
-        t0 = self.clock()
+        t0 = self.clock() if page is not None else 0.0
 
         def done(resp: web.StreamResponse, outcome: str) -> Any:
             if page is not None:
-                self.metrics.upstream.labels(name).observe(self.clock() - t0)
+                self._upstream_time[name].observe(self.clock() - t0)
                 return resp, outcome
             return resp
 
         try:
-            async with asyncio.timeout(timeout):
-                up = await self.client.request(
-                    request.method, URL(self.upstream + request.raw_path, encoded=True),
-                    headers=self.upstream_headers(request), data=data, allow_redirects=False,
-                    timeout=self._timeouts[name], compress=None, chunked=None)
+            up = await self.client.request(
+                request.method, URL(self.upstream + request.raw_path, encoded=True),
+                headers=self.upstream_headers(request), data=data, allow_redirects=False,
+                timeout=self._timeouts[name], compress=None, chunked=None)
         except TimeoutError:
+            timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
             return done(_plain(504, f"the app did not answer within {timeout:g}s"), "upstream_timeout")
         except (aiohttp.ClientError, OSError) as e:
             log.warning("upstream %s: %r", self.upstream, e)
             return done(_plain(502, "the app cannot be reached"), "upstream_error")
         try:
-            named = _connection_tokens(up.headers)
-            headers: CIMultiDict[str] = CIMultiDict(
-                (k, v) for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named)
-            outcome = "upstream_5xx" if up.status >= 500 else "served"
-            for k, v in extra(up.status) if extra else ():
-                headers.add(k, v)
+            status = up.status
             length = up.content_length
-            empty = request.method == "HEAD" or up.status in (204, 304) or 100 <= up.status < 200
-            if not empty and length is not None and length <= MAX_BUFFERED_RESPONSE:
+            empty = request.method == "HEAD" or status in (204, 304) or 100 <= status < 200
+            buffered = not empty and length is not None and length <= MAX_BUFFERED_RESPONSE
+            raw = up.headers
+            named = _connection_tokens(raw) if "Connection" in raw else frozenset()
+            headers: CIMultiDict[str] = CIMultiDict()
+            for k, v in raw.items():
+                lk = k.lower()
+                if lk in HOP_BY_HOP or lk in named or (buffered and lk == "content-length"):
+                    continue
+                headers.add(k, v)
+            outcome = "upstream_5xx" if status >= 500 else "served"
+            if extra is not None:
+                for k, v in extra(status):
+                    headers.add(k, v)
+            if buffered:
                 try:
-                    async with asyncio.timeout(timeout):
-                        payload = await up.read()
+                    payload = await up.read()
                 except (TimeoutError, aiohttp.ClientError, OSError):
                     return done(_plain(504, "the app's response did not complete"), "upstream_timeout")
-                headers.popall("Content-Length", None)
-                return done(web.Response(status=up.status, reason=up.reason, body=payload, headers=headers), outcome)
-            resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+                return done(web.Response(status=status, reason=up.reason, body=payload, headers=headers), outcome)
+            resp = web.StreamResponse(status=status, reason=up.reason, headers=headers)
             await resp.prepare(request)
             if not empty:
                 try:
@@ -484,9 +584,13 @@ class AdmissionProxy:
         self.holds.prune()
         return {
             "pages": {n: {"limit": p.limit, "in_flight": p.in_flight, "queue": len(p.queue),
-                          "throughput": round(p.regulator.throughput, 3)} for n, p in self.pages.items()},
+                          "throughput": round(p.regulator.throughput, 3), "knee": p.regulator.knee(),
+                          "last_decision": p.decisions[-1].why if p.decisions else None}
+                      for n, p in self.pages.items()},
             "sessions": {"active": len(self.sessions.active), "queue": len(self.scheduler.queue),
-                         "interval_seconds": self.scheduler.interval},
+                         "interval_seconds": self.scheduler.interval,
+                         "departure_rate": self.scheduler.departure_rate,
+                         "last_period": asdict(self.scheduler.periods[-1]) if self.scheduler.periods else None},
             "waiting_room": self.holds.waiting_room(), "session_cap": self.holds.session_cap(),
             "holds": {h.holder: {"mode": h.mode, "session_cap": h.session_cap, "reason": h.reason,
                                  "expires_in": round(h.expires - now, 3)} for h in self.holds.holds.values()},

@@ -5,29 +5,34 @@ fake clock; the proxy (``proxy.py``) wires them to asyncio futures.
 
 **Page scheduler** (:class:`PageClass`, one per page class): at most ``limit`` requests of the
 class run at once, the others wait in the class' FIFO queue. The limit is found by
-progress-based regulation (:class:`Regulator`): progress is the page's throughput (served
-responses per second) measured over windows in which the limit was binding (someone had to
-wait). After a raise, throughput must improve by ``improvement`` or contention has begun: the
-limit goes back down and the regulator probes downwards, keeping a lower limit as long as
-throughput does not fall (fewer requests at once for the same throughput: shorter response
-times); when a lowering costs throughput it goes back up and holds ``hold_windows`` windows
-before probing upwards again. Windows in which the limit did not bind say nothing about
-contention: no move, and the next comparison starts afresh.
+progress-based regulation (:class:`Regulator`), judged over windows (at least ``window`` long,
+with at least ``min_completions`` served requests) rather than per request: while the limit
+binds (requests ran at the limit for half the window or more), the regulator probes one step
+up or down for one window and keeps the step only if it paid: up when the page's speed at the
+new concurrency (c / mean response time at c) and its served rate both beat the old level by
+``improvement`` beyond their noise, down when neither lost more than ``improvement``;
+otherwise it steps back and holds ``hold_windows`` windows, the next probe going the other way
+(hysteresis). Windows in which the limit did not bind say nothing: demand, not the limit, set
+their throughput, so they move nothing (counting their completions is what once made limits
+sink into the demand).
 
 **Session scheduler** (:class:`SessionScheduler`): a request without a session waits in the
-session queue; sessions are admitted one per ``interval``. At every admission the interval is
-multiplied by ``increase`` when the mean total page-queue length since the previous admission
-(time-weighted, :class:`QueueIntegral`) was above ``queue_threshold``, by ``decrease`` when it
-was below (the paper: "at session start, compare the mean page-queue length with a threshold").
-While below, the next session may come after the already-shrunk interval, so a long interval
-recovers at the pace it grew. Control happens once per session: an admitted session's requests
-only meet the page scheduler. Holds from the control endpoint add a session cap (admit only while
-fewer sessions are active) or waiting-room mode (no new session at all).
+session queue; sessions are admitted one per ``interval``. The interval changes once per
+control ``period``, never per admission: the admission rate follows the rate at which sessions
+leave (completed or abandoned), times ``1 + gain x e`` with e the bounded error of the period's
+mean total page-queue length (time-weighted, :class:`QueueIntegral`) against a setpoint under
+``queue_threshold`` (and a slow-down while an admitted session's request waited longer than
+``page_wait_target``); per period the interval moves at most by ``increase`` / ``decrease``.
+At the equilibrium sessions come as fast as they complete, with the page queues under the
+threshold. Control happens once per session: an admitted session's requests only meet the page
+scheduler. Holds from the control endpoint add a session cap (admit only while fewer sessions
+are active) or waiting-room mode (no new session at all).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,73 +50,201 @@ class Decision:
 
     limit: int
     throughput: float
-    move: int  # +1, -1, 0
+    move: int  # +1, -1, 0 (a step, whatever its size)
     why: str
 
 
+@dataclass
+class Level:
+    """Response times of requests that ran at about ``level`` concurrent requests of the class:
+    ``n`` samples, their sum and sum of squares (decayed: recent windows weigh more)."""
+
+    n: float = 0.0
+    total: float = 0.0
+    square: float = 0.0
+
+    def add(self, n: float, total: float, square: float, decay: float = 1.0) -> None:
+        self.n = self.n * decay + n
+        self.total = self.total * decay + total
+        self.square = self.square * decay + square
+
+    def capacity(self, level: int) -> tuple[float, float]:
+        """(throughput at this concurrency = level / mean response time, its relative standard
+        error); (0, inf) without samples."""
+        if self.n <= 0 or self.total <= 0:
+            return 0.0, math.inf
+        mean = self.total / self.n
+        var = max(0.0, self.square / self.n - mean * mean)
+        return level / mean, math.sqrt(var / self.n) / mean if self.n > 1 else math.inf
+
+
+#: The limit counts as binding in a window when requests ran at the limit this share of the time.
+BINDING_SHARE = 0.5
+#: Memory of the long-run estimate per level: weight of the past at each new window.
+LEVEL_DECAY = 0.5
+
+
 class Regulator:
-    """Progress-based regulation of one page's concurrency limit (see the module docstring)."""
+    """Progress-based regulation of one page's concurrency limit (see the module docstring).
+
+    Two measures of progress, both needed for a raise: the page's speed at a concurrency,
+    X(c) = c / R(c) (Little's law), with R(c) the mean response time of the requests that ran at
+    about c concurrent requests of the class (time-weighted over each request), which demand
+    does not distort; and its served rate in the window, which sees what the speed alone
+    misses: a page that is not the bottleneck serves no more when it may run more at once.
+    A step is 1, or an eighth of the limit when larger. An accepted probe is followed at once by
+    another in the same direction, so the limit climbs while raises pay, comes down while
+    lowering costs nothing, and settles at the knee of the throughput curve, visiting the levels
+    next to it once per ``2 x (hold_windows + 1)`` windows or so.
+    """
 
     def __init__(self, cfg: PageConfig, now: float):
         self.cfg = cfg
         self.limit = cfg.initial_limit
-        self.direction = +1
+        self.next_dir = +1
         self.hold = 0
-        self.prev: float | None = None  # throughput of the previous binding window
-        self.throughput = 0.0
-        self._start = now
+        self.probe: tuple[int, int] | None = None  # (direction, limit before the probe)
+        self.throughput = 0.0  # served per second in the last window
+        self.levels: dict[int, Level] = {}
+        self.windows = 0
+        self._window: dict[int, Level] = {}
+        self._start = self._t = now
+        self._in_flight = 0
+        self._area = 0.0  # time integral of the in-flight count
+        self._at_limit = 0.0  # time spent with in_flight >= limit in this window
         self._completions = 0
-        self.binding = False
+        self._fresh_after = now  # response times of requests started before a limit change are not a probe's
+        self._base: tuple[float, int] | None = None  # served rate and count of the last binding window
 
-    def completed(self) -> None:
+    # -- accounting (the page class calls these; O(1) each) ----------------------------
+    def account(self, now: float, in_flight: int) -> None:
+        """Bring the integrals up to ``now``; ``in_flight`` is the count from now on."""
+        dt = now - self._t
+        if dt > 0:
+            self._area += self._in_flight * dt
+            if self._in_flight >= self.limit:
+                self._at_limit += dt
+            self._t = now
+        self._in_flight = in_flight
+
+    def mark(self) -> tuple[float, float]:
+        """Where a request starts: (time, in-flight integral), after ``account``."""
+        return self._t, self._area
+
+    def completed(self, mark: tuple[float, float] | None = None) -> None:
+        """A served request ends (after ``account``); ``mark`` from :meth:`mark` at its start."""
         self._completions += 1
+        if mark is None:
+            return
+        dt = self._t - mark[0]
+        if dt <= 0 or mark[0] < self._fresh_after:
+            return
+        level = max(1, round((self._area - mark[1]) / dt))
+        self._window.setdefault(level, Level()).add(1, dt, dt * dt)
 
-    def waited(self) -> None:
-        """A request found the limit reached: this window measures capacity, not demand."""
-        self.binding = True
+    def _step_size(self, limit: int) -> int:
+        return max(1, limit // 8)
 
     def due(self, now: float) -> bool:
         elapsed = now - self._start
-        return elapsed >= self.cfg.window and (self._completions >= self.cfg.min_completions
-                                               or elapsed >= 10 * self.cfg.window)
+        if elapsed < self.cfg.window:
+            return False
+        if elapsed >= 10 * self.cfg.window:
+            return True
+        if self.probe is not None:
+            got = self._window.get(self.limit)
+            return got is not None and got.n >= self.cfg.min_completions
+        return self._completions >= self.cfg.min_completions
 
     def step(self, now: float) -> Decision | None:
         """Close the window if it is due; returns the decision taken (None: not due)."""
+        self.account(now, self._in_flight)
         if not self.due(now):
             return None
-        x = self._completions / (now - self._start)
+        elapsed = now - self._start
+        x = self._completions / elapsed
+        n_done = self._completions
         self.throughput = x
-        binding = self.binding
-        self._start, self._completions, self.binding = now, 0, False
-        if not binding:
-            self.prev = None
-            return Decision(self.limit, x, 0, "limit not reached: no information")
-        prev, self.prev = self.prev, x
+        binding = self._at_limit >= BINDING_SHARE * elapsed
+        window, self._window = self._window, {}
+        self._start, self._completions, self._at_limit = now, 0, 0.0
+        self.windows += 1
+        for level, got in window.items():
+            self.levels.setdefault(level, Level()).add(got.n, got.total, got.square, LEVEL_DECAY)
         if self.hold > 0:
             self.hold -= 1
+        if self.probe is not None:
+            return self._judge(window, x, n_done, binding)
+        if not binding:
+            return Decision(self.limit, x, 0, "limit not reached: no information")
+        self._base = (x, n_done)
+        if self.hold > 0:
             return Decision(self.limit, x, 0, f"holding ({self.hold} more)")
-        if prev is None or (prev == 0 and x == 0):
-            return self._move(self.direction, x, "first binding window: probe")
-        gain = (x - prev) / prev if prev > 0 else 1.0
-        if self.direction > 0:
-            if gain > self.cfg.improvement:
-                return self._move(+1, x, f"raise paid off ({gain:+.0%})")
-            self.direction = -1
-            return self._move(-1, x, f"no progress from the raise ({gain:+.0%}): contention, back off")
-        if gain >= -self.cfg.improvement:
-            return self._move(-1, x, f"lowering cost nothing ({gain:+.0%}): lower")
-        self.direction = +1
-        self.hold = self.cfg.hold_windows
-        return self._move(+1, x, f"lowering cost throughput ({gain:+.0%}): back up, hold")
+        return self._start_probe(x)
 
-    def _move(self, move: int, x: float, why: str) -> Decision:
-        new = min(self.cfg.max_limit, max(self.cfg.min_limit, self.limit + move))
-        if new == self.limit:  # at a bound: turn around and hold
-            self.direction = -move
-            self.hold = self.cfg.hold_windows
-            return Decision(self.limit, x, 0, f"{why}; at the bound {new}")
+    def _start_probe(self, x: float) -> Decision:
+        direction = self.next_dir
+        step = self._step_size(self.limit)
+        new = min(self.cfg.max_limit, max(self.cfg.min_limit, self.limit + direction * step))
+        if new == self.limit:  # at a bound: probe the other way
+            direction = -direction
+            new = min(self.cfg.max_limit, max(self.cfg.min_limit, self.limit + direction * step))
+            if new == self.limit:
+                return Decision(self.limit, x, 0, "min_limit = max_limit: nothing to regulate")
+        self.probe = (direction, self.limit)
         self.limit = new
-        return Decision(new, x, move, why)
+        self._fresh_after = self._t
+        return Decision(new, x, direction, "probe " + ("up" if direction > 0 else "down"))
+
+    def _judge(self, window: dict[int, Level], x: float, n_done: int, binding: bool) -> Decision:
+        assert self.probe is not None
+        direction, base = self.probe
+        self.probe = None
+        probed, ref = window.get(self.limit), self.levels.get(base)
+        if (probed is None or probed.n < max(2, self.cfg.min_completions // 2) or ref is None
+                or self._base is None or n_done == 0):
+            self.limit = base  # the probe did not run (demand fell): no judgement
+            self._fresh_after = self._t
+            self.hold = self.cfg.hold_windows
+            return Decision(base, x, -direction, "probe not exercised: back")
+        x_new, se_new = probed.capacity(self.limit)
+        x_ref, se_ref = ref.capacity(base)
+        gain = x_new / x_ref - 1 if x_ref > 0 else math.inf
+        noise = math.sqrt(se_new ** 2 + se_ref ** 2)
+        noise = 1.0 if math.isinf(noise) else noise
+        # The served rate too: in a chain of pages, a page that is not the bottleneck serves
+        # no more when it may run more at once (its own speed grows, at the others' expense).
+        x_base, n_base = self._base
+        served = x / x_base - 1 if x_base > 0 else math.inf
+        served_noise = math.sqrt(1 / max(1, n_done) + 1 / max(1, n_base))
+        imp = self.cfg.improvement
+        kept = ""
+        if direction > 0 and gain > imp + noise and served > imp + served_noise:
+            kept = f"raise to {self.limit} paid off ({gain:+.0%} speed, {served:+.0%} served)"
+        elif direction < 0 and gain >= -imp and served >= -imp:
+            kept = f"lowering to {self.limit} cost nothing ({gain:+.0%} speed, {served:+.0%} served)"
+        if kept:
+            self.next_dir = direction
+            if not binding:
+                return Decision(self.limit, x, 0, kept)
+            self._base = (x, n_done)  # the probe's window is the next probe's reference: go on at once
+            d = self._start_probe(x)
+            return Decision(d.limit, x, d.move, f"{kept}; {d.why}")
+        tried, self.limit = self.limit, base
+        self._fresh_after = self._t
+        self.hold = self.cfg.hold_windows
+        self.next_dir = -direction
+        return Decision(base, x, -direction, f"probe at {tried} did not pay ({gain:+.0%} speed, {served:+.0%} "
+                                             f"served): back to {base}, hold")
+
+    def knee(self) -> int | None:
+        """The smallest level whose estimated throughput is within ``improvement`` of the best
+        level seen (for the state endpoint and tests); None without estimates."""
+        est = {lvl: got.capacity(lvl)[0] for lvl, got in self.levels.items() if got.n >= self.cfg.min_completions}
+        if not est:
+            return None
+        best = max(est.values())
+        return min(lvl for lvl, v in est.items() if v >= best * (1 - self.cfg.improvement))
 
 
 class QueueIntegral:
@@ -135,10 +268,14 @@ class QueueFull(Exception):
     pass
 
 
+Mark = tuple[float, float]
+
+
 class PageClass:
-    """A page class' slots and queue. ``acquire`` either takes a slot (True), or returns a future
+    """A page class' slots and queue. ``acquire`` either takes a slot (None), or returns a future
     that is resolved when a slot is handed over; the caller removes an abandoned future with
-    ``withdraw``. With regulation off (``enabled: false``) the limit never binds."""
+    ``withdraw``. Once it holds a slot, the caller takes a :meth:`begin` mark and gives it back to
+    :meth:`release`. With regulation off (``enabled: false``) the limit never binds."""
 
     def __init__(self, name: str, cfg: PageConfig, integral: QueueIntegral, clock: Clock,
                  timeout: float | None = None, logout: bool = False):
@@ -150,6 +287,7 @@ class PageClass:
         self.logout = logout
         self.in_flight = 0
         self.queue: deque[asyncio.Future[None]] = deque()
+        self.enqueued: deque[float] = deque()  # when each queued request arrived (same order)
         self.regulator = Regulator(cfg, clock())
         self.decisions: deque[Decision] = deque(maxlen=50)
 
@@ -157,34 +295,50 @@ class PageClass:
     def limit(self) -> int:
         return self.regulator.limit if self.cfg.enabled else 1 << 30
 
+    def oldest_wait(self, now: float) -> float:
+        return now - self.enqueued[0] if self.enqueued else 0.0
+
+    def _take(self, now: float) -> None:
+        self.in_flight += 1
+        self.regulator.account(now, self.in_flight)
+
     def acquire(self) -> asyncio.Future[None] | None:
         """None: a slot is taken. A future: wait for it. QueueFull: the queue is at capacity."""
         if self.in_flight < self.limit and not self.queue:
-            self.in_flight += 1
+            self._take(self.clock())
             return None
-        self.regulator.waited()
         if len(self.queue) >= self.cfg.queue_capacity:
             raise QueueFull(self.name)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        now = self.clock()
         self.queue.append(fut)
-        self.integral.change(+1, self.clock())
+        self.enqueued.append(now)
+        self.integral.change(+1, now)
         return fut
+
+    def begin(self) -> Mark:
+        """The start of a request that holds a slot (for the regulator's response times)."""
+        self.regulator.account(self.clock(), self.in_flight)
+        return self.regulator.mark()
 
     def withdraw(self, fut: asyncio.Future[None]) -> None:
         """A waiter gave up (client gone, queue timeout). If its slot was already handed over,
         pass it on."""
-        try:
-            self.queue.remove(fut)
-        except ValueError:
-            if fut.done() and not fut.cancelled():
-                self.release(served=False)
-            return
-        self.integral.change(-1, self.clock())
+        for i, f in enumerate(self.queue):
+            if f is fut:
+                del self.queue[i]
+                del self.enqueued[i]
+                self.integral.change(-1, self.clock())
+                return
+        if fut.done() and not fut.cancelled():
+            self.release(served=False)
 
-    def release(self, served: bool) -> None:
-        if served:
-            self.regulator.completed()
+    def release(self, served: bool, mark: Mark | None = None) -> None:
+        now = self.clock()
         self.in_flight -= 1
+        self.regulator.account(now, self.in_flight)
+        if served:
+            self.regulator.completed(mark)
         self.regulate()
         self._grant()
 
@@ -201,10 +355,11 @@ class PageClass:
         now = self.clock()
         while self.queue and self.in_flight < self.limit:
             fut = self.queue.popleft()
+            self.enqueued.popleft()
             self.integral.change(-1, now)
             if fut.done():  # cancelled but not yet withdrawn
                 continue
-            self.in_flight += 1
+            self._take(now)
             fut.set_result(None)
 
 
@@ -258,21 +413,51 @@ class Waiting:
     since: float
 
 
+#: The session scheduler aims the mean total page-queue length at this share of its threshold.
+SETPOINT = 0.7
+#: Below this share of the threshold the page queues are nearly empty: the admission rate may
+#: grow from itself, not only from the departures.
+RAMP_SHARE = 0.3
+#: ... and while the departures lag the admissions this much (the first session-length of a crowd).
+RAMP_LAG = 0.6
+
+
+@dataclass
+class Period:
+    """What the session scheduler saw in one control period, and what it did."""
+
+    queue: float  # mean total page-queue length
+    departures: float  # sessions ended (completed or abandoned) per second, smoothed
+    admissions: float  # sessions admitted per second
+    wait: float  # longest page-queue wait of an admitted session's request
+    error: float
+    interval: float
+    why: str
+
+
 class SessionScheduler:
     """The session queue and the admission interval (see the module docstring)."""
 
-    def __init__(self, cfg: SessionConfig, capacity: int, integral: QueueIntegral, holds: Holds, clock: Clock):
+    def __init__(self, cfg: SessionConfig, capacity: int, integral: QueueIntegral, holds: Holds, clock: Clock,
+                 oldest_wait: Callable[[float], float] | None = None):
         self.cfg = cfg
         self.capacity = capacity
         self.integral = integral
         self.holds = holds
         self.clock = clock
+        self.oldest_wait = oldest_wait or (lambda now: 0.0)
         self.interval = cfg.initial_interval
         self.queue: deque[Waiting] = deque()
         now = clock()
         self.last_admit = now - cfg.max_interval  # the first session goes in at once
-        self._mean_since = now  # the page-queue mean runs from the last admission (or the start)
-        self._area_at_admit = integral.value(now)
+        self.departure_rate: float | None = None
+        self.periods: deque[Period] = deque(maxlen=120)
+        self._period_start = now
+        self._area_at_start = integral.value(now)
+        self._departed = 0
+        self._admitted = 0
+        self._max_wait = 0.0
+        self._held = False  # a session waited for admission in this period (the rate bound)
         self.wake = asyncio.Event()
 
     def position_estimate(self, position: int) -> float:
@@ -285,6 +470,7 @@ class SessionScheduler:
             raise QueueFull("session")
         w = Waiting(asyncio.get_running_loop().create_future(), self.clock())
         self.queue.append(w)
+        self._held = True
         self.wake.set()
         return w
 
@@ -294,15 +480,89 @@ class SessionScheduler:
         except ValueError:
             pass
 
+    def session_ended(self) -> None:
+        """A session completed or was abandoned (the departures the admission rate follows)."""
+        self._departed += 1
+
+    def page_waited(self, seconds: float) -> None:
+        """A request of an admitted session waited this long in its page queue."""
+        if seconds > self._max_wait:
+            self._max_wait = seconds
+
     def mean_page_queue(self, now: float) -> float:
-        span = now - self._mean_since
+        span = now - self._period_start
         if span <= 0:
             return float(self.integral.total)
-        return (self.integral.value(now) - self._area_at_admit) / span
+        return (self.integral.value(now) - self._area_at_start) / span
+
+    def control(self, now: float) -> Period | None:
+        """Adapt the interval once per period (None: the period is not over).
+
+        The admission rate r = 1 / interval follows the rate D at which sessions leave
+        (completed or abandoned, smoothed over two periods): r = B x (1 + gain x e). The error e
+        compares Q, the period's mean total page-queue length, with the setpoint
+        S = SETPOINT x threshold: 1 with empty queues, 0 at S, -1 at the threshold and beyond
+        (-1/2 at most while an admitted session's request waited longer than
+        ``page_wait_target``). Above the setpoint B = D: fewer sessions come than leave, so the
+        active sessions and with them the page queues shrink. Below it, B is at least D and the
+        initial rate; and while the queues are nearly empty (under RAMP_SHARE of the threshold),
+        sessions were held back and the departures still lag the admissions (a crowd's first
+        session-length), B is the admission rate itself (at most 1.25 x what came): the ramp.
+        An idle shop builds up no rate that a crowd would then meet (B never exceeds what came
+        by more than that). At the equilibrium sessions are admitted at the rate they complete,
+        with the page queues near the setpoint, under the threshold. Per period the interval
+        moves by at most ``increase`` (slower) or ``decrease`` (faster), within [min_interval,
+        max_interval]: no change follows one admission, so there is nothing to oscillate with."""
+        span = now - self._period_start
+        if span < self.cfg.period:
+            return None
+        cfg = self.cfg
+        q = self.mean_page_queue(now)
+        d_now = self._departed / span
+        self.departure_rate = d_now if self.departure_rate is None else 0.5 * (self.departure_rate + d_now)
+        d = self.departure_rate
+        a = self._admitted / span
+        wait = max(self._max_wait, self.oldest_wait(now))
+        t = cfg.queue_threshold
+        sp = t * SETPOINT
+        if t <= 0:
+            e = 1.0 if q <= 0 else -1.0
+        elif q <= sp:
+            e = (sp - q) / sp  # empty queues 1, at the setpoint 0
+        else:
+            e = max(-1.0, (sp - q) / (t - sp))  # at the threshold -1
+        why = f"page queue {q:.1f} vs setpoint {t * SETPOINT:g}"
+        if wait > cfg.page_wait_target:
+            e = min(e, -0.5)
+            why = f"a page waited {wait:.2f}s > {cfg.page_wait_target:g}s"
+        rate = 1.0 / max(self.interval, 1e-6)
+        base = d
+        if e >= 0:
+            # Below the setpoint: never less than the initial rate. With the page queues nearly
+            # empty (under RAMP_SHARE of the threshold) while admission held sessions back, grow
+            # from the admission rate itself: sessions leave one session-length after they came,
+            # so following departures alone would ramp up only at that pace.
+            floor = 1.0 / cfg.initial_interval if cfg.initial_interval > 0 else rate
+            ramp = self._held and q <= RAMP_SHARE * t and d < RAMP_LAG * a
+            base = max(d, min(rate, a * 1.25) if ramp else 0.0, floor)
+        target = base * (1 + cfg.gain * e)
+        interval = 1.0 / target if target > 0 else math.inf
+        interval = min(self.interval * cfg.increase, max(self.interval * cfg.decrease, interval))
+        self.interval = min(cfg.max_interval, max(cfg.min_interval, interval))
+        p = Period(q, d, a, wait, e, self.interval, why)
+        self.periods.append(p)
+        self._period_start = now
+        self._area_at_start = self.integral.value(now)
+        self._departed = self._admitted = 0
+        self._max_wait = 0.0
+        self._held = bool(self.queue)
+        return p
 
     def poll(self, active: int) -> float | None:
         """Admit the sessions that are due; returns seconds until the next one may be (None: the
         queue is empty, or a session cap blocks admission until a session ends)."""
+        now = self.clock()
+        self.control(now)
         while self.queue and self.queue[0].fut.done():
             self.queue.popleft()
         if not self.queue:
@@ -310,23 +570,18 @@ class SessionScheduler:
         cap = self.holds.session_cap()
         if cap is not None and active >= cap:
             return 0.1  # a session ends at logout or idle timeout: look again soon
-        now = self.clock()
-        below = self.mean_page_queue(now) <= self.cfg.queue_threshold
-        due_in = (self.interval * (self.cfg.decrease if below else 1.0)) - (now - self.last_admit)
-        if self.cfg.enabled and due_in > 0:
-            return due_in
-        self._admit(now, below)
+        due_in = self.interval - (now - self.last_admit)
+        if self.cfg.enabled and due_in > 1e-6:  # (a timer a microsecond early is on time)
+            return min(due_in, self.cfg.period)
+        self._admit(now)
         return 0.0 if self.queue else None
 
-    def _admit(self, now: float, below: bool) -> None:
+    def _admit(self, now: float) -> None:
         w = self.queue.popleft()
         w.fut.set_result(True)
-        if below:
-            self.interval = max(self.cfg.min_interval, self.interval * self.cfg.decrease)
-        else:
-            self.interval = min(self.cfg.max_interval, self.interval * self.cfg.increase)
-        self.last_admit = self._mean_since = now
-        self._area_at_admit = self.integral.value(now)
+        self._admitted += 1
+        # Keep the pace despite a late timer, but an idle spell builds up no credit.
+        self.last_admit = self.last_admit + self.interval if now - self.last_admit < 2 * self.interval else now
 
     def flush(self) -> list[Waiting]:
         """Waiting-room mode began: everyone queued is answered at once."""

@@ -38,7 +38,8 @@ directory must be owned by root or the controller's user and not writable by gro
 (:func:`~controllers.copy_guard.registry.check_dir`). Its default is absolute
 (:func:`~controllers.copy_guard.registry.default_dir`); a relative ``registry_dir`` is resolved
 against the configuration file's directory when validation is given ``config_dir`` in its
-context, else against the controller's working directory at load.
+context, and refused otherwise (issue 16: resolved against each command's working directory,
+the controller and the copies it should guard looked in different places).
 
 An episode per site starts with the first firing alert and its alerts are its holders, by
 fingerprint (the predictive alert resolving while the overload alert fires resumes nothing).
@@ -164,12 +165,15 @@ class CopyGuardParams(BaseModel):
     @classmethod
     def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
         """Relative: against the configuration file's directory (``config_dir`` in the
-        validation context), else the working directory now, once."""
+        validation context); without one a relative path is refused (module doc)."""
         value = value.expanduser()
         if value.is_absolute():
             return value
         base = (info.context or {}).get("config_dir") if isinstance(info.context, dict) else None
-        return (Path(base) / value).absolute() if base else value.absolute()
+        if not base:
+            raise ValueError(f"must be an absolute path, not {str(value)!r}: a relative one would depend on the working "
+                             "directory of each command (controller, copy, adopt); write it in full")
+        return (Path(base) / value).absolute()
 
     def settings(self) -> Settings:
         return Settings(decrease=self.decrease, increase=self.increase, min_share=self.min_share, band=self.band,

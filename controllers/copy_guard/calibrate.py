@@ -45,13 +45,24 @@ when it served nothing. Fewer than ``--min-runs`` valid runs (default: more than
 is published, exit 1.
 
 Refused, nothing published (exit 1): a threshold the idle shop or our own traffic could cross.
-The demand floor published with it (below that demand the shop is merely quiet and copies are
-never paused) is ``--floor-ratio`` (0.5) of the threshold but never below ``--min-floor``
+The demand floor published with it (a site serving less than its threshold is overloaded only
+while visitors ask for at least the floor; under it the shop keeps up with them and copies are
+never paused) is ``--floor-ratio`` (1.0: the threshold itself) of the threshold but never below ``--min-floor``
 (default 2 req/s: the stub_status requests of two nginx exporters scraped every second, should
 a Prometheus count them); a threshold below twice that floor is refused. With a Prometheus
 (the stack's, or ``--prometheus.url``), the shop's demand during the minute before the load and
 the nginx exporters' own request rate are measured first, and a floor at or below either is
 refused too.
+
+The healthy response time is published too (``promreflex_copy_guard_response_time_seconds``): the
+median over the valid runs of each run's 95th percentile. The rules divide the requests nginx has
+in flight by it (Little's law): the rate at which the visitors now waiting would ask if each of
+them waited no longer than a healthy shop's slow request, the demand of visitors who wait instead
+of arriving (closed-loop overload, a stall). Not the mean: requests in flight cannot tell a closed
+loop (N users always waiting) from an open one served more slowly, and with the mean a
+moderately busy shop whose copy made its pages 1.4 times slower was "overloaded" (bench smoke run
+on WordPress, issue 16); the 95th percentile leaves that slack, and a backlog that grows (the
+shop is truly not keeping up) still crosses it within a second or two.
 
 Every run and the threshold are printed as a table; ``--out FILE`` keeps them as JSON.
 ``calibrate`` cleans up after itself: its Locust child is in a process group of its own, killed
@@ -97,7 +108,7 @@ DEFAULT_QUERY = 'site:promreflex_http_requests_served:rate1s{{site="{site}"}}'
 #: The lowest demand floor: two nginx exporters scraped every second make 2 req/s of stub_status
 #: requests; a floor at or below that could be opened by our own traffic alone.
 MIN_FLOOR_RPS = 2.0
-FLOOR_RATIO = 0.5
+FLOOR_RATIO = 1.0
 SPREAD_WARN = 0.2
 #: Our own requests, never replayed: paths and user agents (the locustfile's is promreflex-calibrate).
 OWN_PATHS = ("/stub_status", "/metrics", "/-/", "/nginx_status")
@@ -370,8 +381,15 @@ def split_target(target: str) -> tuple[str, str]:
 
 def locust_argv(target: str, rate: float, users: int, duration_s: float, timeline: Path, *,
                 checkout_share: float = 0.1, locustfile: Path = LOCUSTFILE, profile_file: Path | None = None,
-                request_timeout: float = 10.0, product_count: int = 10000) -> list[str]:
-    """``rate`` 0: closed loop (each user goes again as soon as answered)."""
+                request_timeout: float = 10.0, product_count: int = 10000,
+                schedule: Sequence[tuple[float, float]] | None = None, max_outstanding: int = 256) -> list[str]:
+    """``rate`` 0: closed loop (each user goes again as soon as answered). ``schedule``: open
+    loop instead, ``[(from_s, rate), ...]`` (``rate`` and ``users`` are then ignored; see the
+    locustfile's ``--shop-schedule``)."""
+    if schedule:
+        if schedule[0][0] != 0 or any(r < 0 for _, r in schedule) or max_outstanding < 1:
+            raise ValueError("a schedule starts at 0 s with rates >= 0, and max_outstanding >= 1")
+        rate, users = 0.0, 1
     host, _ = split_target(target)
     if rate < 0 or users < 1 or duration_s <= 0:
         raise ValueError("rate must be >= 0, duration > 0 and users >= 1")
@@ -388,8 +406,13 @@ def locust_argv(target: str, rate: float, users: int, duration_s: float, timelin
     ]
     if profile_file is not None:
         argv += ["--profile-file", str(profile_file)]
+    if schedule:
+        argv += ["--shop-schedule", ",".join(f"{t:g}:{r:g}" for t, r in schedule), "--max-outstanding", str(max_outstanding)]
     return argv
 
+
+#: Open loop: the schedule starts this long after Locust is started (it takes 1-3 s to come up).
+OPEN_LOOP_LEAD_S = 4.0
 
 #: Loads running now: a signal handler kills them (see :func:`cleanup_on_signals`).
 _LIVE: set[ShopLoad] = set()
@@ -413,7 +436,8 @@ class ShopLoad:
     def __init__(self, target: str, rate: float, users: int, duration_s: float, *, checkout_share: float = 0.1,
                  locustfile: Path = LOCUSTFILE, margin_s: float = 30.0, profile: Sequence[Request] | None = None,
                  request_timeout: float = 10.0, product_count: int = 10000,
-                 variables: Mapping[str, Sequence[Any]] | None = None):
+                 variables: Mapping[str, Sequence[Any]] | None = None,
+                 schedule: Sequence[tuple[float, float]] | None = None, max_outstanding: int = 256):
         self.duration_s = duration_s
         self.margin_s = margin_s + request_timeout
         self._dir = tempfile.mkdtemp(prefix="promreflex-calibrate-")
@@ -423,15 +447,21 @@ class ShopLoad:
             profile_file = Path(self._dir) / "profile.json"
             _, base = split_target(target)
             profile_file.write_text(json.dumps(profile_json(profile, base.split("?")[0], variables)))
-        self.argv = locust_argv(target, rate, users, duration_s, self.timeline, checkout_share=checkout_share,
+        self.open_loop = bool(schedule)
+        self.epoch = 0.0  # open loop: Unix time of the schedule's 0 s (set by start)
+        run_s = duration_s + OPEN_LOOP_LEAD_S if schedule else duration_s
+        self.argv = locust_argv(target, rate, users, run_s, self.timeline, checkout_share=checkout_share,
                                 locustfile=locustfile, profile_file=profile_file, request_timeout=request_timeout,
-                                product_count=product_count)
+                                product_count=product_count, schedule=schedule, max_outstanding=max_outstanding)
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
 
     def start(self) -> ShopLoad:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.started = time.time()
+        if self.open_loop:  # the schedule's 0 s: late enough for Locust to be up (it takes 1-3 s)
+            self.epoch = self.started + OPEN_LOOP_LEAD_S
+            self.argv += ["--schedule-epoch", f"{self.epoch:.3f}"]
         # PR_SET_PDEATHSIG fires when the forking THREAD ends: only from the main thread (a
         # benchmark may start loads from a worker thread that ends before the load does).
         main = threading.current_thread() is threading.main_thread()
@@ -579,6 +609,8 @@ class Calibration:
     ramp: list[dict[str, Any]] = field(default_factory=list)
     spread: Spread | None = None
     floor: float | None = None
+    response_s: float | None = None  # healthy response time (module doc)
+    latency_p95_ms: list[float] = field(default_factory=list)  # per valid run
 
     def run_distributions(self) -> list[Distribution]:
         return [Distribution.of(r) for r in self.runs]
@@ -710,6 +742,7 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
             continue
         cal.runs.append(values)
         cal.totals.append({"ok": load.ok, "failed": load.failed})
+        cal.latency_p95_ms.append(float(load.latency_ms.get("p95", 0.0)))
         d = Distribution.of(values)
         progress(f"  run {i}/{runs}: served {load.ok} ({load.failed} failed); per second min {d.min:.1f} "
                  f"p5 {d.p5:.1f} median {d.median:.1f} max {d.max:.1f}; p95 {load.latency_ms.get('p95', 0):.0f} ms")
@@ -718,7 +751,15 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
                                + " ".join(cal.discarded))
     cal.threshold = derive_threshold(cal.runs, method, q)
     cal.spread = spread_of(cal.runs, method, q)
+    cal.response_s = healthy_response_s(cal)
     return cal
+
+
+def healthy_response_s(cal: Calibration) -> float | None:
+    """The healthy response time (module doc): the median of the valid runs' 95th percentiles
+    (seconds); None when unknown."""
+    lat = [x for x in cal.latency_p95_ms if x > 0]
+    return quantile(lat, 0.5) / 1000 if lat and cal.runs else None
 
 
 def publish(cal: Calibration, textfile_dir: Path, demand_floor_rps: float | None = None) -> Path:
@@ -727,7 +768,7 @@ def publish(cal: Calibration, textfile_dir: Path, demand_floor_rps: float | None
     if cal.threshold is None:
         raise CalibrationError("nothing calibrated")
     floor = demand_floor_rps if demand_floor_rps is not None else cal.floor
-    return write_threshold(textfile_dir, cal.site, cal.threshold, demand_floor_rps=floor)
+    return write_threshold(textfile_dir, cal.site, cal.threshold, demand_floor_rps=floor, response_s=cal.response_s)
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -828,7 +869,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if warning:
         print(f"\nwarning: {warning}")
     assert cal.threshold is not None and cal.spread is not None
-    print(f"\n{cal.describe()}; demand floor {cal.floor:.2f} req/s")
+    rt = "unknown" if cal.response_s is None else f"{cal.response_s * 1000:.0f} ms"
+    print(f"\n{cal.describe()}; demand floor {cal.floor:.2f} req/s; healthy response time {rt}")
     if len(cal.runs) > 1 and cal.spread.relative(cal.threshold) > SPREAD_WARN:
         print(f"warning: the runs disagree by more than {SPREAD_WARN:.0%} of the threshold: the host was busy or the shop "
               "changed during the calibration; calibrate again at a quieter time or with more --runs")

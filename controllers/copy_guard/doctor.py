@@ -257,6 +257,7 @@ def check_threshold(t: Target) -> list[Check]:
     try:
         thr = _one(prom, f'site:promreflex_copy_guard_threshold:rps{{site="{site}"}}')
         floor = _one(prom, f'site:promreflex_copy_guard_demand_floor:rps{{site="{site}"}}')
+        response = _one(prom, f'site:promreflex_copy_guard_response_time:seconds{{site="{site}"}}')
         when = _one(prom, f'max(promreflex_copy_guard_calibration_timestamp_seconds{{site="{site}"}})')
         own = _one(prom, OWN_RPS_QUERY)
         served = _one(prom, f'site:promreflex_http_requests_served:rate1s{{site="{site}"}}')
@@ -278,9 +279,15 @@ def check_threshold(t: Target) -> list[Check]:
         problems.append(f"floor {floor:.2f} is at or below the exporters' own {own:.2f} req/s")
     age = time.time() - when if when else None
     detail = (f"{thr:.2f} req/s, floor {floor if floor is None else round(floor, 2)}"
+              + (f", healthy response time {response * 1000:.0f} ms" if response is not None else "")
               + (f", calibrated {age / 86400:.1f} days ago" if age is not None else ""))
     if problems:
         out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
+    elif response is None:
+        out.append(Check(WARN, "threshold", f"{detail}: no healthy response time "
+                         "(promreflex_copy_guard_response_time_seconds): requests in flight count 1 req/s each, so an "
+                         "overload whose visitors wait instead of arriving (closed loop, a stall) is not seen; "
+                         "calibrate again"))
     elif age is not None and age > 30 * 86400:
         out.append(Check(WARN, "threshold", f"{detail}: older than 30 days, the shop has changed since; calibrate again"))
     else:
@@ -460,7 +467,17 @@ def target_from(args: argparse.Namespace) -> Target:
         controller_url=args.controller_url or f"http://{stack.host if running else c.listen_address.rsplit(':', 1)[0]}:"
                                               f"{stack.ports['controller'] if running else c.listen_address.rsplit(':', 1)[1]}",
         token_file=args.token_file or (stack.token_file if running else c.token_file),
-        registry_dir=args.registry_dir or (Path(registry) if registry else None), min_floor=args.min_floor)
+        registry_dir=args.registry_dir or route_registry_dir(registry, args.config_file or DEFAULT_CONFIG),
+        min_floor=args.min_floor)
+
+
+def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
+    """A route's ``registry_dir`` as the controller reads it: a relative one against the
+    configuration file's directory (the controller refuses it without one)."""
+    if not value:
+        return None
+    path = Path(str(value)).expanduser()
+    return path if path.is_absolute() else (Path(config_file).expanduser().absolute().parent / path)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -16,8 +16,16 @@ locust monkey-patches the standard library with gevent.
   itself to one request every ``users / R`` seconds with a random phase. ``0``: no pacing, each
   user sends its next request as soon as the previous one returned (closed loop: the site is
   saturated by ``-u`` concurrent requests and the served rate is its capacity).
+- ``--shop-schedule "0:14,10:126,15:14"``: OPEN loop instead (one user, ``-u 1``): requests
+  arrive at the scheduled rate whatever the site does, ``T:R`` = from T seconds after the start
+  R requests per second (evenly spaced, so every run of a benchmark offers the same arrivals),
+  each in its own greenlet, at most ``--max-outstanding`` at once (an arrival beyond that fails
+  at once as ``Dropped``, like a server whose accept queue is full). A visitor arrives when they
+  arrive, not when the last page came back: a flash crowd does not slow down because the shop does.
+  ``--schedule-epoch E``: the schedule's 0 s is Unix time E (the caller's clock: Locust takes a
+  second or two to start, and the caller times other things, a copy, from the same 0).
 - ``--request-timeout S``: a request unanswered after S seconds fails (and shows in the
-  timeline's errors).
+  timeline's errors): the visitor gave up.
 - ``--parent-pid P``: quit when P is no longer our parent (the calibration died without being
   able to stop us; Linux also delivers SIGKILL through PR_SET_PDEATHSIG, set by the parent).
 - ``--timeline-out FILE``: at exit, JSON ``{"bin_s": 0.1, "bins": {"<unix time // 0.1>": [ok,
@@ -60,6 +68,10 @@ def _add_options(parser) -> None:  # noqa: ANN001 - locust's argparse wrapper
     parser.add_argument("--product-count", type=int, default=10000, help="{id} is drawn from 0..N-1")
     parser.add_argument("--profile-file", type=str, default="", help="the requests to send (JSON, see the module doc)")
     parser.add_argument("--request-timeout", type=float, default=10.0, help="seconds before a request fails")
+    parser.add_argument("--shop-schedule", type=str, default="", help="open loop: 'T:R,...' rate R from T s on")
+    parser.add_argument("--max-outstanding", type=int, default=256, help="open loop: most requests out at once")
+    parser.add_argument("--schedule-epoch", type=float, default=0.0,
+                        help="open loop: Unix time of the schedule's 0 s (0: when the user starts)")
     parser.add_argument("--parent-pid", type=int, default=0, help="quit when this process is no longer our parent")
     parser.add_argument("--timeline-out", type=str, default="", help="write per-second completions (JSON) here at exit")
 
@@ -105,6 +117,8 @@ def _watch_parent(environment, **_kw) -> None:  # noqa: ANN001
     opts = environment.parsed_options
     if opts:  # FastHttpUser reads its timeouts when a user is created, after init
         Shopper.network_timeout = Shopper.connection_timeout = opts.request_timeout
+        if opts.shop_schedule:  # open loop: one connection per outstanding request, no queue in the client
+            Shopper.concurrency = max(1, opts.max_outstanding)
     if not opts or not opts.parent_pid:
         return
 
@@ -149,6 +163,17 @@ def fill(text: str, variables: dict[str, list[str]], count: int) -> str:
     return _PLACEHOLDER.sub(one, text)
 
 
+def parse_schedule(text: str) -> list[tuple[float, float]]:
+    """``"0:14,10:126"`` -> ``[(0.0, 14.0), (10.0, 126.0)]`` (sorted by time; ValueError if bad)."""
+    steps = []
+    for part in text.split(","):
+        t, _, r = part.partition(":")
+        steps.append((float(t), float(r)))
+    if not steps or steps[0][0] != 0 or any(r < 0 for _, r in steps):
+        raise ValueError(f"bad schedule {text!r}: 'T:R,...' from T=0, rates >= 0")
+    return sorted(steps)
+
+
 class Shopper(FastHttpUser):
     concurrency = 1
 
@@ -171,8 +196,48 @@ class Shopper(FastHttpUser):
             self.next_at = now
         return self.next_at - now
 
+    def open_loop(self, schedule: list[tuple[float, float]], max_out: int, epoch: float = 0.0) -> None:
+        """Arrivals at the schedule's rate until Locust's run time ends (module doc)."""
+        out = [0]
+        t0 = time.monotonic() + (epoch - time.time() if epoch else 0.0)
+
+        def one() -> None:
+            try:
+                self.one_request()
+            finally:
+                out[0] -= 1
+
+        k, at = 0, 0.0  # the next arrival: seconds after t0
+        while True:
+            while k + 1 < len(schedule) and at >= schedule[k + 1][0]:
+                k += 1
+            rate = schedule[k][1]
+            if rate <= 0:  # a pause in the schedule: jump to its next step
+                if k + 1 >= len(schedule):
+                    gevent.sleep(3600)
+                    return
+                at = schedule[k + 1][0]
+                continue
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                gevent.sleep(delay)
+            if out[0] >= max_out:
+                _bins[int(time.time() / BIN_S)][1] += 1
+                _errors["Dropped: too many requests outstanding"] += 1
+            else:
+                out[0] += 1
+                gevent.spawn(one)
+            at += 1.0 / rate
+
     @task
     def shop(self) -> None:
+        opts = self.environment.parsed_options
+        if opts.shop_schedule:
+            self.open_loop(parse_schedule(opts.shop_schedule), max(1, opts.max_outstanding), opts.schedule_epoch)
+            return
+        self.one_request()
+
+    def one_request(self) -> None:
         opts = self.environment.parsed_options
         req = random.choices(self.requests, weights=self.weights)[0]
         path = self.base + fill(str(req["path"]), self.variables, opts.product_count)

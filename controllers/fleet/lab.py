@@ -38,7 +38,7 @@ import yaml
 
 from controllers.copy_guard.threshold import write_threshold
 from promreflex.errors import UserError
-from promreflex.foundation import NGINX_LOG_FORMAT
+from promreflex.foundation import NGINX_LOG_FORMAT, nginx_temp_paths
 from promreflex.fsutil import atomic_write_text
 from promreflex.proc import Child, free_port, http_ok, pid_alive, terminate, wait_until
 
@@ -89,11 +89,7 @@ events {{ worker_connections 1024; }}
 http {{
     log_format timed '{NGINX_LOG_FORMAT}';
     access_log {d}/access.log timed;
-    client_body_temp_path {d}/tmp/body;
-    proxy_temp_path {d}/tmp/proxy;
-    fastcgi_temp_path {d}/tmp/fastcgi;
-    uwsgi_temp_path {d}/tmp/uwsgi;
-    scgi_temp_path {d}/tmp/scgi;
+{nginx_temp_paths(f"{d}/tmp")}
     server {{
         listen {shop.addr}:{PORTS['shop']};
         # The page is inline: nginx's workers (user nobody) need no access to the state directory.

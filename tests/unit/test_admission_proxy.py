@@ -102,7 +102,7 @@ async def rig(ring: KeyRing | None = None, token: str = "", **over: Any) -> Asyn
         proxy = AdmissionProxy(section(f"http://127.0.0.1:{port}", **over), ring, token=token)
         await proxy.start()
         try:
-            async with serving("127.0.0.1:0", proxy.app(), handler_cancellation=True) as papp, \
+            async with serving("127.0.0.1:0", proxy.app(), **proxy.server_kwargs()) as papp, \
                     serving("127.0.0.1:0", proxy.control_app()) as capp:
                 yield Rig(proxy, f"http://127.0.0.1:{papp[ADDRESSES][0][1]}",
                           f"http://127.0.0.1:{capp[ADDRESSES][0][1]}")
@@ -300,11 +300,35 @@ async def test_app_errors_hangs_and_absence_get_clear_answers():
         assert r.value("promreflex_admission_requests_total", page="login", outcome="upstream_error") == 1
 
 
-async def test_huge_headers_are_refused_and_the_proxy_keeps_serving():
-    async with rig() as r, client() as c:
-        async with c.get(f"{r.url}/login", headers={"X-Big": "x" * 20_000}) as resp:
-            assert 400 <= resp.status < 500
+async def test_huge_headers_get_431_are_counted_and_the_proxy_keeps_serving():
+    async with rig() as r:
+        # One line too long, many lines too long together, one line beyond even the parser's limit.
+        for n, headers in enumerate(({"X-Big": "x" * 20_000},
+                                     {f"X-H{i}": "y" * 4000 for i in range(10)},
+                                     {"X-Huge": "z" * 200_000}), start=1):
+            async with client() as c, c.get(f"{r.url}/login", headers=headers) as resp:
+                assert resp.status in (431, 400), resp.status
+                if n < 3:
+                    assert resp.status == 431 and "too large" in await resp.text()
+            assert r.value("promreflex_admission_request_rejections_total", reason="header_too_large") == n
+        assert r.value("promreflex_admission_sessions_admitted_total") == 0  # refused before any queue
         async with client() as c2, c2.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        async with client() as c3, c3.get(f"{r.url}/static/x", headers={"X-Big": "x" * 9000}) as resp:
+            assert resp.status == 431  # the exempt path too
+
+
+async def test_an_unparsable_request_gets_400_and_is_counted():
+    async with rig() as r:
+        url = URL(r.url)
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+        writer.write(b"GET /login HTTP/1.1\r\nHost: x\r\nBad Header Without Colon\r\n\r\n")
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        assert status_line.split()[1] == b"400"
+        await until(lambda: r.value("promreflex_admission_request_rejections_total", reason="malformed") == 1)
+        async with client() as c, c.get(f"{r.url}/login") as resp:
             assert resp.status == 200
 
 

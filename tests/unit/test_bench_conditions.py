@@ -56,3 +56,38 @@ def test_a_pid_source_that_fails_samples_nothing() -> None:
     assert summary["groups"]["gone"]["cpu_seconds"] == 0 and summary["groups"]["none"]["processes"] == 0
     text = describe(summary)
     assert text.startswith(f"{os.cpu_count()} cores, CPU busy ") and "CPU used by gone 0.00 cores" in text
+
+
+def test_chunked_lock_holds_over_runs_and_lets_others_in_between_chunks(tmp_path, monkeypatch):
+    """A run that fits keeps the lock; one that would make the chunk longer than max_s releases
+    it first (another heavy job may take it then) and takes it again."""
+    import fcntl
+
+    from bench import conditions
+    from bench.conditions import ChunkedLock
+
+    path = tmp_path / "heavy.lock"
+    now = [1000.0]
+    monkeypatch.setattr(conditions.time, "monotonic", lambda: now[0])
+
+    def free() -> bool:
+        with open(path, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+
+    logs: list[str] = []
+    with ChunkedLock(path, max_s=100, log=logs.append) as lock:
+        lock.need(40)
+        assert not free() and lock.chunks == 1
+        now[0] += 40
+        lock.need(50)  # 40 + 50 <= 100: same chunk
+        assert lock.chunks == 1 and not free()
+        now[0] += 50
+        lock.need(30)  # 90 + 30 > 100: released, then taken again
+        assert lock.chunks == 2 and lock.held_s == 90 and not free()
+    assert free() and any("released" in m for m in logs)
+    ChunkedLock(None).need(10)  # no path: no lock, nothing to do

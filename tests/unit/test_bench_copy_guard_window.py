@@ -56,9 +56,9 @@ def counted(load_only_s: float, guard_copy_end_s: float,
     b = Bench(parse_args(["--warmup", "0"]))
     b.threshold = 8.0
     b.results = [lo, cp, g]
-    b.timelines = {(0, "load-only"): (bins((1000, 1000 + load_only_s, 10)), BIN),
-                   (0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
-                   (0, "min-pause-20s"): (guard, BIN)}
+    b.timelines = {("closed", 0, "load-only"): (bins((1000, 1000 + load_only_s, 10)), BIN),
+                   ("closed", 0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
+                   ("closed", 0, "min-pause-20s"): (guard, BIN)}
     b.count_in_windows()
     return b, lo, cp, g
 
@@ -67,7 +67,7 @@ def test_a_guard_that_holds_its_copy_past_the_window_scores_nothing() -> None:
     # The guard holds its copy paused through the whole 75 s load: over the load it served as
     # much as load-only (the old count said 100 % saved), but its copy ends at 110 s, after the window.
     b, _, cp, g = counted(75, 110, bins((1000, 1075, 10)))
-    assert b.windows[0].late == ["min-pause-20s"]
+    assert b.windows[("closed", 0)].late == ["min-pause-20s"]
     assert g.saved_share is None and "ended after the 75s window" in g.note
     assert g.served_window == 750 and cp.served_window == 600
     assert g.saved_responses == 150  # shown, but not as a share
@@ -78,7 +78,7 @@ def test_the_share_is_counted_over_the_common_window() -> None:
     # unguarded one: 30 s): this guard lost more than it saved. load-only ran longer (80 s) but
     # only the common 75 s count.
     b, lo, cp, g = counted(80, 60, bins((1000, 1020, 10), (1020, 1060, 5), (1060, 1075, 10)))
-    assert b.windows[0].seconds == pytest.approx(75) and b.windows[0].contains_every_copy
+    assert b.windows[("closed", 0)].seconds == pytest.approx(75) and b.windows[("closed", 0)].contains_every_copy
     assert lo.served_window == 750 and cp.served_window == 600 and g.served_window == 550
     assert g.lost_responses == 150 and g.saved_responses == -50
     assert g.saved_share == pytest.approx(-1 / 3)
@@ -146,10 +146,10 @@ def test_an_arm_whose_copy_outlived_the_window_does_not_void_the_others() -> Non
     b = Bench(parse_args(["--warmup", "0"]))
     b.threshold = 8.0
     b.results = [lo, cp, late, fine]
-    b.timelines = {(0, "load-only"): (bins((1000, 1075, 10)), BIN),
-                   (0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
-                   (0, "min-pause-20s"): (bins((1000, 1075, 10)), BIN),
-                   (0, "throttle"): (bins((1000, 1010, 10), (1010, 1030, 5), (1030, 1075, 10)), BIN)}
+    b.timelines = {("closed", 0, "load-only"): (bins((1000, 1075, 10)), BIN),
+                   ("closed", 0, "no-guard"): (bins((1000, 1010, 10), (1010, 1040, 5), (1040, 1075, 10)), BIN),
+                   ("closed", 0, "min-pause-20s"): (bins((1000, 1075, 10)), BIN),
+                   ("closed", 0, "throttle"): (bins((1000, 1010, 10), (1010, 1030, 5), (1030, 1075, 10)), BIN)}
     b.count_in_windows()
     assert late.saved_share is None
     assert fine.saved_share == pytest.approx((650 - 600) / 150)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -625,7 +626,30 @@ def test_a_relative_registry_dir_is_resolved_against_the_config_file(tmp_path, m
     p = CopyGuardParams.model_validate({"registry_dir": "copies"}, context={"config_dir": str(conf)})
     assert p.registry_dir == conf / "copies"
     monkeypatch.chdir(tmp_path)
-    assert CopyGuardParams(registry_dir="rel").registry_dir == tmp_path / "rel"  # no config file: resolved once, now
+    # Without the configuration file's directory a relative path would mean a different directory
+    # to every command (issue 16): refused, naming the key and why.
+    with pytest.raises(ValueError, match=r"registry_dir[\s\S]*must be an absolute path, not 'rel'"):
+        CopyGuardParams(registry_dir="rel")
+    assert CopyGuardParams(registry_dir=str(tmp_path / "abs")).registry_dir == tmp_path / "abs"
+
+
+def test_a_route_with_a_relative_registry_dir_is_a_config_error_naming_the_key():
+    from promreflex.config import load_config
+
+    cfg = load_config(None, {"controller.routes": [{"name": "cg", "matchers": ['alertname="CopyGuardSiteOverloaded"'],
+                                                     "action": "copy-guard", "params": {"registry_dir": "copies"}}]})
+    with pytest.raises(ConfigError) as e:
+        bind_routes(cfg.controller)
+    assert "controller.routes[0].params.registry_dir" in str(e.value) and "absolute" in str(e.value)
+
+
+def test_doctor_reads_a_routes_relative_registry_dir_against_the_config_file(tmp_path, monkeypatch):
+    from controllers.copy_guard.doctor import route_registry_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert route_registry_dir("copies", "/etc/promreflex/config.yml") == Path("/etc/promreflex/copies")
+    assert route_registry_dir("/var/lib/c", "/etc/promreflex/config.yml") == Path("/var/lib/c")
+    assert route_registry_dir(None, "x.yml") is None
 
 
 async def test_the_guards_metrics_pass_promtools_lint(copies, reg):

@@ -98,11 +98,23 @@ def test_calibration_table_and_json():
 def test_publish_writes_the_threshold_file_the_rules_read(tmp_path):
     c = cal.Calibration("shop", "min", 0.05, "locust", 100, 100, 60, 5, runs=[[20.2]], totals=[{"ok": 1, "failed": 0}],
                         threshold=20.2)
-    path = cal.publish(c, tmp_path)  # no floor decided: the threshold file's default (half)
+    path = cal.publish(c, tmp_path)  # no floor decided: the threshold file's default (the threshold)
     assert path.name == "promreflex_copy_guard_threshold.prom"
     assert 'promreflex_copy_guard_rps_threshold{site="shop"} 20.2' in path.read_text()
+    assert "promreflex_copy_guard_response_time_seconds{" not in path.read_text()  # not measured: left out
     t = read_thresholds(tmp_path)["shop"]
-    assert t.rps == 20.2 and t.demand_floor_rps == pytest.approx(10.1)
+    assert t.rps == 20.2 and t.demand_floor_rps == pytest.approx(20.2) and t.response_s is None
+
+
+def test_healthy_response_time_is_the_median_of_the_runs_95th_percentiles(tmp_path):
+    c = cal.Calibration("shop", "robust", 0.05, "locust", 0.0, 4, 30, 3, runs=[[40.0], [40.0], [38.0]],
+                        latency_p95_ms=[120.0, 100.0, 0.0])
+    # 0 = unknown (no latency recorded), left out; the median of the rest
+    assert cal.healthy_response_s(c) == pytest.approx(0.110)
+    assert cal.healthy_response_s(cal.Calibration("shop", "robust", 0.05, "locust", 0.0, 4, 30, 3)) is None
+    c.threshold, c.response_s = 38.0, cal.healthy_response_s(c)
+    cal.publish(c, tmp_path)
+    assert read_thresholds(tmp_path)["shop"].response_s == pytest.approx(0.11)
 
 
 def test_robust_threshold_is_the_median_of_the_runs_low_quantiles_and_ignores_a_bad_run():
@@ -121,8 +133,9 @@ def test_robust_threshold_is_the_median_of_the_runs_low_quantiles_and_ignores_a_
 
 
 def test_floor_has_a_lower_bound_and_low_thresholds_are_refused():
-    assert cal.floor_for(40.0) == 20.0
-    assert cal.floor_for(4.0) == cal.MIN_FLOOR_RPS  # not half the threshold without a lower bound
+    assert cal.floor_for(40.0) == 40.0  # the threshold itself: overloaded only while visitors ask for that much
+    assert cal.floor_for(40.0, ratio=0.5) == 20.0
+    assert cal.floor_for(4.0, ratio=0.5) == cal.MIN_FLOOR_RPS  # not half the threshold without a lower bound
     assert cal.floor_for(1.8) == cal.MIN_FLOOR_RPS
     with pytest.raises(ValueError, match="below the lowest sane floor"):
         cal.floor_for(40.0, explicit=0.5)

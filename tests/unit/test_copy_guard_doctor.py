@@ -152,3 +152,24 @@ def test_receiver_token_is_compared_with_the_controllers(tmp_path):
 def test_render_aligns_one_line_per_link():
     out = doctor.render([doctor.Check(doctor.OK, "nginx", "up"), doctor.Check(doctor.FAIL, "access log", "missing")])
     assert out.splitlines() == ["OK   nginx       up", "FAIL access log  missing"]
+
+
+def test_threshold_check_warns_without_a_calibrated_response_time(monkeypatch):
+    """An older calibration (no response time) leaves the guard blind to closed-loop overload."""
+    from controllers.copy_guard import doctor
+
+    values = {"threshold": 40.0, "demand_floor": 40.0, "response_time": None, "calibration_timestamp": None,
+              "served": 10.0, "demand": 5.0}
+
+    def one(_prom: str, query: str) -> float | None:
+        return next((v for k, v in values.items() if k in query), None)
+
+    monkeypatch.setattr(doctor, "_one", one)
+    monkeypatch.setattr(doctor, "prom_query", lambda *_a, **_k: [])
+    t = doctor.Target(site="shop", site_url="", stub_status_url="", access_log=Path("x.log"), prometheus_url="http://p",
+                      alertmanager_url="", controller_url="", token_file=None, registry_dir=None, min_floor=2.0)
+    checks = doctor.check_threshold(t)
+    assert checks[0].status == doctor.WARN and "no healthy response time" in checks[0].detail
+    values["response_time"] = 0.12
+    checks = doctor.check_threshold(t)
+    assert checks[0].status == doctor.OK and "healthy response time 120 ms" in checks[0].detail

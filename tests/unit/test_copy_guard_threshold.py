@@ -25,7 +25,7 @@ def test_write_publishes_threshold_floor_and_timestamp(tmp_path):
     assert path == tmp_path / FILENAME
     assert samples(path) == {
         ("promreflex_copy_guard_rps_threshold", "shop"): 20.2,
-        ("promreflex_copy_guard_demand_floor_rps", "shop"): 10.1,
+        ("promreflex_copy_guard_demand_floor_rps", "shop"): 20.2,  # default: the threshold itself
         ("promreflex_copy_guard_calibration_timestamp_seconds", "shop"): 1_700_000_000.0,
     }
     assert os.stat(path).st_mode & 0o777 == 0o644  # node_exporter may run as another user
@@ -37,8 +37,20 @@ def test_other_sites_are_kept_and_a_site_is_replaced(tmp_path):
     write_threshold(tmp_path, "shop", 30.0, when=3.0)
     got = read_thresholds(tmp_path)
     assert {s: (t.rps, t.demand_floor_rps, t.when) for s, t in got.items()} == {
-        "shop": (30.0, 15.0, 3.0), "blog": (5.0, 1.0, 2.0)}
+        "shop": (30.0, 30.0, 3.0), "blog": (5.0, 1.0, 2.0)}
     assert not [p for p in tmp_path.iterdir() if p.name != FILENAME]  # no temporary file left
+
+
+def test_response_time_is_published_and_read_back_and_a_bad_one_refused(tmp_path):
+    path = write_threshold(tmp_path, "shop", 40.0, when=1.0, response_s=0.05)
+    assert samples(path)[("promreflex_copy_guard_response_time_seconds", "shop")] == 0.05
+    assert read_thresholds(tmp_path)["shop"].response_s == 0.05
+    write_threshold(tmp_path, "blog", 5.0, when=1.0)  # another site without one: the shop's is kept
+    assert read_thresholds(tmp_path)["blog"].response_s is None
+    assert read_thresholds(tmp_path)["shop"].response_s == 0.05
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="response time"):
+            write_threshold(tmp_path, "shop", 40.0, response_s=bad)
 
 
 @pytest.mark.parametrize("site, rps", [("../etc", 1.0), ('a"b', 1.0), ("", 1.0), ("shop", -1.0),

@@ -161,10 +161,41 @@ S = Settings()
 
 
 @pytest.mark.parametrize("served, demand, want", [
-    (100, 100, "above"), (93, 100, "hold"), (89, 100, "below"), (40, 100, "severe"), (5, 10, "quiet"),
+    (100, 100, "above"), (93, 100, "hold"), (89, 100, "below"), (40, 100, "severe"), (5, 8, "quiet"),
+    # within the band but serving what it is asked (demand <= served * 1.05): probe, do not hold
+    (93, 95, "above"),
+    # moderately busy (demand 15 under the floor 20, over half of it): keeps up, probe; never below
+    (5, 15, "above"), (15, 15, "above"),
+    # no demand series: the old rule (served alone)
+    (93, None, "hold"), (89, None, "below"),
 ])
 def test_judge_the_site_against_its_line(served, demand, want):
     assert judge(Signal(served=served, threshold=90, demand=demand, floor=20), S) == want
+
+
+def test_a_threshold_just_under_the_healthy_rate_does_not_trap_the_copy():
+    """Issue 16's bench: threshold 67.6, a healthy loaded shop at ~69-70 req/s, i.e. inside the 5%
+    band for good. Serving what it is asked, the shop gets its copy back to full speed (no decrease);
+    when the visitors then ask for more than it serves, the throttle holds instead."""
+    t = Throttle(S)
+    t.open(0.0, Signal(60.0, 67.6, 70.0, 67.6, at=0.0, window=1.0))
+    assert t.share == 0.5
+    for i in range(1, 8):
+        t.step(float(i), Signal(69.0, 67.6, 70.0, 67.6, at=float(i), window=1.0), alert_below=False)
+    assert t.free and t.decreases == 1 and t.increases == 5
+    t = Throttle(S, share=0.5)
+    for i in range(1, 8):
+        t.step(float(i), Signal(69.0, 67.6, 90.0, 67.6, at=float(i), window=1.0), alert_below=False)
+    assert t.share == 0.5 and t.verdicts == {"hold": 7}
+
+
+def test_after_a_flash_crowd_a_moderately_busy_shop_gets_its_copy_back():
+    """The crowd is gone, the usual visitors (half the threshold, over half the floor) remain and
+    are served: the throttle probes up to full speed, one increase per decision, never down."""
+    t = Throttle(S, share=0.1)
+    for i in range(1, 12):
+        t.step(float(i), Signal(34.0, 67.6, 34.0, 67.6, at=float(i), window=1.0), alert_below=False)
+    assert t.free and t.decreases == 0 and t.verdicts["above"] >= 9
 
 
 def test_decisions_wait_for_a_sample_that_holds_only_data_from_after_the_change():

@@ -31,6 +31,8 @@ def test_external_nginx_is_not_started_and_its_sources_are_used(tmp_path):
     assert "nginx/nginx.conf" not in stack.files()  # nothing rendered for an nginx we do not run
     assert stack.site_url == "http://127.0.0.1:18480/" and stack.urls["nginx"] == stack.site_url
     assert stack.nginx_access_log == Path("/var/log/nginx/promreflex-shop.log")
+    # an exporter that fails at start names the URL and the key it came from
+    assert "http://127.0.0.1:18480/nginx_status (stack.nginx.stub_status_url)" in stack._start_hint("nginx_exporter")
     # the preflight port check covers only what the stack starts: the own nginx's ports are not ours
     ports = {name for p in stack.processes for name in p.ports}
     assert "nginx" not in ports and "nginx_stub_status" not in ports
@@ -63,3 +65,51 @@ def test_bad_external_configuration_names_the_key(tmp_path, nginx, extra, proble
     with pytest.raises(ConfigError) as e:
         _cfg(tmp_path, nginx, **extra)
     assert any(problem in p for p in e.value.problems), e.value.problems
+
+
+def test_stack_status_shows_the_ports_the_stack_started_on(tmp_path, capsys, monkeypatch):
+    """`stack status` without the config file the stack was started with (other ports) must
+    show where the components really answer: the URLs recorded at start, not the defaults."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from promreflex.cli import cmd_stack_status
+    from promreflex.fsutil import atomic_write_json
+
+    cfg = _cfg(tmp_path, {})
+    stack = Stack(cfg)
+    stack.dir.mkdir(parents=True, exist_ok=True)
+    me = {"pid": os.getpid(), "argv0": sys.executable, "port": 19090, "log": "", "url": "http://127.0.0.1:19090"}
+    atomic_write_json(stack.pids_file, {"components": {"prometheus": me}})
+    assert stack.urls["prometheus"] != me["url"]  # the config (defaults) says another port
+    args = SimpleNamespace(config_file=None, state_dir=None, capabilities=None)
+    monkeypatch.setattr("promreflex.cli._load", lambda _args: cfg)
+    assert cmd_stack_status(args) == 0
+    assert "http://127.0.0.1:19090" in capsys.readouterr().out
+
+
+def test_stack_reload_says_which_routes_the_controller_added_changed_and_removed(tmp_path):
+    """A route list that replaces the defaults drops the routes it does not name: `stack reload`
+    reads the controller's own `reload` audit record (written after the offset it noted before
+    the SIGHUP) and says so, or says why the controller kept its old routes."""
+    import json
+
+    stack = Stack(_cfg(tmp_path, {}))
+    stack.audit_log.parent.mkdir(parents=True, exist_ok=True)
+    old = json.dumps({"event": "reload", "result": "ok", "added": ["stale"], "changed": [], "removed": [], "routes": []})
+    stack.audit_log.write_text(old + "\n")
+    offset = stack.audit_log.stat().st_size
+    with stack.audit_log.open("a") as f:
+        f.write("not json\n")
+        f.write(json.dumps({"event": "alert", "route": "x"}) + "\n")
+        f.write(json.dumps({"event": "reload", "result": "ok", "added": [], "changed": ["copy-guard"],
+                            "removed": ["mesh-rca", "selftest-log"], "routes": ["copy-guard"]}) + "\n")
+    out = stack._reload_outcome(offset, timeout=1)
+    assert "changed copy-guard" in out and "removed mesh-rca, selftest-log" in out and "stale" not in out
+    assert "(now 1)" in out
+    offset = stack.audit_log.stat().st_size
+    with stack.audit_log.open("a") as f:
+        f.write(json.dumps({"event": "reload", "result": "error", "error": "controller.routes[0]: bad"}) + "\n")
+    assert "kept its routes: controller.routes[0]: bad" in stack._reload_outcome(offset, timeout=1)
+    assert "did not report" in stack._reload_outcome(stack.audit_log.stat().st_size, timeout=0.3)
