@@ -46,8 +46,9 @@ demo-copy-guard: deps
 	$(RUN) python -m bench.copy_guard --quick
 
 # The flash crowd with and without session admission (seed 002), short; prints the table.
+# Under the heavy lock like every load run (the proxy with its shipped defaults).
 demo-admission: deps
-	$(RUN) python -m bench.admission --demo
+	$(RUN) python -m bench.admission --demo --lock /tmp/promreflex-heavy.lock
 
 # Benchmarks: each takes the machine for a few minutes (one at a time, under a lock). They need
 # only the runtime dependencies (locust and matplotlib are the product's too), so no group of
@@ -76,8 +77,9 @@ bench-nginx-tuner: deps
 bench-rca: deps
 	$(BENCH_LOCK) $(RUN) python -m bench.rca
 
+# The measured run in the README (~20 min; the proxy with its shipped defaults, no --proxy-set).
 bench-admission: deps
-	$(RUN) python -m bench.admission --lock /tmp/promreflex-heavy.lock --multiples 1,4,2,0.5,3 --var-multiples 4,1 --recalibrate
+	$(RUN) python -m bench.admission --lock /tmp/promreflex-heavy.lock --multiples 1,4,2,0.5,3 --var-multiples 4,1 --warmup 60 --window 100 --recalibrate --fresh
 
 # The Swift lab (network namespaces, root) up, the PUT/GET sweep and the injections, the lab down.
 bench-swift: deps

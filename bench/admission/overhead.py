@@ -6,7 +6,11 @@ latency runs from the request's SCHEDULED time, so a stall cannot hide its own q
 same rate to the app directly and through the proxy, in alternating blocks, on two paths:
 - ``static``: an exempt path (proxied with no session and no queue);
 - ``page``: a page class with a signed session cookie (each connection logs in once and keeps
-  its cookie): cookie check, session bookkeeping, the page scheduler, then the app.
+  its cookie): cookie check, session bookkeeping, the page scheduler, then the app;
+- ``page_unbound``: the same through a second proxy whose page limit starts above any burst of
+  this load (``run.UNBOUND``), so the page scheduler never holds a request: the difference
+  from ``page`` is what queueing bursts at the initial limit (4) costs (the proxy's page-queue
+  wait histogram counts those requests; the report prints the share).
 The app runs with no page work (``--scale 0``), so what differs is the proxy. Added latency =
 percentile through the proxy minus the same percentile direct (pooled over the blocks).
 

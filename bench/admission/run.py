@@ -339,8 +339,8 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: li
     announced: set[str] = set()
     for i, (condition, m) in enumerate(steps):
         if condition == "overhead":
-            lock.need(120.0)
-            log("overhead: 1,000 req/s direct vs through the proxy, then the proxy's ceiling")
+            lock.need(150.0)
+            log("overhead: 1,000 req/s direct vs through the proxy (three paths), then the proxy's ceiling")
             ov = overhead(st)
             _raw_path(st, "overhead").write_text(json.dumps(ov, indent=1))
             continue
@@ -369,21 +369,67 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: li
 
 # ---------------------------------------------------------------- overhead
 
-def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: int = 3) -> dict[str, Any]:
-    """Added latency at ``rate`` req/s (proxy vs app alone, alternating blocks) and the ceiling."""
+#: The overhead's third path: the session page through a second proxy whose page limits start
+#: (and stay) above any burst of this load, so the row shows the proxy's own cost per request
+#: apart from the page scheduler's queueing at its (deliberately low) initial limit.
+UNBOUND = {"page_scheduler.initial_limit": 64}
+
+
+def page_waits(control_url: str, page: str) -> dict[str, float]:
+    """How many requests of ``page`` the proxy counted in its page-queue wait histogram, and how
+    many of them waited more than 1 ms (prometheus_client's parser)."""
+    try:
+        with urllib.request.urlopen(f"{control_url}/metrics", timeout=2) as resp:  # noqa: S310 - loopback
+            return waits_in(resp.read().decode(), page)
+    except OSError:
+        return {"requests": 0.0, "waited_over_1ms": 0.0}
+
+
+def waits_in(text: str, page: str) -> dict[str, float]:
+    """:func:`page_waits` from a /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"requests": 0.0, "waited_over_1ms": 0.0}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "promreflex_admission_page_queue_wait_seconds":
+            continue
+        for sample in fam.samples:
+            if sample.labels.get("page") != page:
+                continue
+            if sample.name.endswith("_count"):
+                out["requests"] = sample.value
+            elif sample.name.endswith("_bucket") and float(sample.labels.get("le", "nan")) == 0.001:
+                out["waited_over_1ms"] = -sample.value  # the count is added below
+    out["waited_over_1ms"] += out["requests"]
+    return out
+
+
+def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: int = 3,
+             ceiling_s: float = 5.0) -> dict[str, Any]:
+    """Added latency at ``rate`` req/s (proxy vs app alone, alternating blocks) and the ceiling.
+
+    Three paths: ``static`` (exempt), ``page`` (a session page through the proxy with its shipped
+    defaults) and ``page_unbound`` (the same page through a second proxy whose page limit starts
+    at 64, :data:`UNBOUND`): the difference between the last two is the page scheduler queueing
+    bursts at its initial limit of 4, not the cost of the proxy's code."""
     stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0, cache=CacheModel(budget_mb=0),
                      proxy_overrides={"page_scheduler.timeout": 10.0, **st.proxy_overrides}).start()
-    paths = {"static": (STATIC_PATH, None), "page": (PAGES[1].path, PAGES[0].path)}
     results: dict[str, dict[str, Any]] = {}
+    waits: dict[str, dict[str, float]] = {}
     try:
+        unbound_port, unbound_control = stack.add_proxy("proxy-unbound", UNBOUND)
+        paths = {"static": (STATIC_PATH, None, stack.proxy_port), "page": (PAGES[1].path, PAGES[0].path, stack.proxy_port),
+                 "page_unbound": (PAGES[1].path, PAGES[0].path, unbound_port)}
+        controls = {"page": stack.control_url, "page_unbound": f"http://127.0.0.1:{unbound_control}"}
         with HostSampler(groups=stack.pid_sources()) as host:
-            for path, login in paths.values():  # warm both
-                for port in (stack.app_port, stack.proxy_port):
-                    asyncio.run(open_loop("127.0.0.1", port, path, rate, 1.0, login=login if port == stack.proxy_port else None))
+            for path, login, proxy_port in paths.values():  # warm every path
+                for port in (stack.app_port, proxy_port):
+                    asyncio.run(open_loop("127.0.0.1", port, path, rate, 1.0, login=login if port == proxy_port else None))
+            waits_before = {name: page_waits(url, PAGES[1].name) for name, url in controls.items()}
             pooled: dict[tuple[str, str], list[float]] = {}
             for r in range(rounds):
-                order = [("direct", stack.app_port), ("proxy", stack.proxy_port)]
-                for name, (path, login) in paths.items():
+                for name, (path, login, proxy_port) in paths.items():
+                    order = [("direct", stack.app_port), ("proxy", proxy_port)]
                     for via, port in (order if r % 2 == 0 else order[::-1]):
                         res = asyncio.run(open_loop("127.0.0.1", port, path, rate, block_s,
                                                     login=login if via == "proxy" else None))
@@ -396,6 +442,10 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
                         log(f"overhead round {r + 1}/{rounds} {key}: {res.summary()}")
             from bench.admission.counting import percentile
 
+            for name, url in controls.items():
+                after = page_waits(url, PAGES[1].name)
+                waits[name] = {k: after[k] - waits_before[name][k] for k in after}
+                waits[name]["waited_share"] = round(waits[name]["waited_over_1ms"] / max(1.0, waits[name]["requests"]), 4)
             for (name, via), lat in pooled.items():
                 acc = results[f"{name}/{via}"]
                 acc["ok"] = len(lat)
@@ -404,9 +454,11 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
                 acc["p99_ms"] = _ms(percentile(lat, 99))
             ceiling = {}
             proxy_pid = stack.pids()["proxy"][0]
-            for name, (path, login) in paths.items():
+            for name, (path, login, _) in paths.items():
+                if name == "page_unbound":
+                    continue
                 before = cpu_seconds(proxy_pid)
-                res = asyncio.run(closed_loop("127.0.0.1", stack.proxy_port, path, 5.0, conns=64, login=login))
+                res = asyncio.run(closed_loop("127.0.0.1", stack.proxy_port, path, ceiling_s, conns=64, login=login))
                 used = cpu_seconds(proxy_pid) - before
                 s = res.summary()
                 ceiling[name] = {**s, "proxy_cpu_s": round(used, 2), "proxy_cores": round(used / res.seconds, 2),
@@ -417,7 +469,7 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
         stack.stop()
         stack.cleanup()
     return {"rate": rate, "block_s": block_s, "rounds": rounds, "paths": {k: v[0] for k, v in paths.items()},
-            "runs": results,
+            "runs": results, "page_queue_waits": waits, "unbound_overrides": UNBOUND,
             "added": {name: added(results[f"{name}/direct"], results[f"{name}/proxy"]) for name in paths},
             "ceiling": ceiling, "host": host.summary()}
 
@@ -511,6 +563,21 @@ def report(st: Settings, command: str) -> dict[str, Any]:
     return summary
 
 
+def bench_keys(section: dict[str, Any], prefix: str = "") -> str:
+    """The dotted keys (and values) a proxy configuration sets beyond the listeners, upstream and
+    page classes: what the bench chose rather than the proxy's defaults."""
+    skip = {"listen_address", "upstream", "exempt", "pages", "control"}
+    out = []
+    for k, v in section.items():
+        if not prefix and k in skip:
+            continue
+        if isinstance(v, dict):
+            out.append(bench_keys(v, f"{prefix}{k}."))
+        else:
+            out.append(f"`{prefix}{k}` {v}")
+    return ", ".join(x for x in out if x)
+
+
 def _hosts(hs: list[dict[str, Any]]) -> dict[str, Any]:
     def mean(k: str) -> float | None:
         vals = [h[k] for h in hs if h.get(k) is not None]
@@ -535,6 +602,15 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
                   f"Contention model (declared before the runs, `bench/admission/contention.py`): "
                   f"{s['app'].get('contention_text', '-')}. Measured sessions/s by requests executing in the app "
                   f"(closed loop, no think time): {curve_text(cal) or '-'}.", ""]
+    px = s.get("proxy_config")
+    if px:
+        from controllers.admission.config import AdmissionSection
+
+        eff = AdmissionSection.model_validate(px)
+        lines += [f"Proxy (arms page and full): `session.client_timeout` {eff.session.client_timeout:g} s, "
+                  f"`session.max_queue_wait` {eff.session.max_queue_wait:g} s, `session_scheduler.page_wait_target` "
+                  f"{eff.session_scheduler.page_wait_target:g} s. Keys the bench sets (every other key is the "
+                  f"proxy's default): {bench_keys(px)}.", ""]
     for cond, rows in s["points"].items():
         c = s["conditions"][cond]
         arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
@@ -580,10 +656,18 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
                   "|---|---|---|---|---|---|---|---|"]
         for name in ov["paths"]:
             d, p, a = ov["runs"][f"{name}/direct"], ov["runs"][f"{name}/proxy"], ov["added"][name]
-            ceil = ov["ceiling"].get(name, {})
+            ceil = ov["ceiling"].get(name)
             lines.append(f"| {name} (`{ov['paths'][name]}`) | {d['p50_ms']} ms | {d['p99_ms']} ms | {p['p50_ms']} ms | "
-                         f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | {ceil.get('per_core')} "
-                         f"({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |")
+                         f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | "
+                         + (f"{ceil.get('per_core')} ({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |"
+                            if ceil else "- |"))
+        waits = ov.get("page_queue_waits") or {}
+        if waits:
+            lines += ["", "Session pages that waited more than 1 ms in their page queue: " + "; ".join(
+                f"{name} {w['waited_over_1ms']:.0f} of {w['requests']:.0f} ({w['waited_share']:.1%})"
+                for name, w in waits.items()) + f". `page_unbound` runs with {ov.get('unbound_overrides')} (the "
+                "page limit above any burst of this load), `page` with the default initial limit of 4: the "
+                "difference between the two rows is what holding bursts in the page queue costs."]
         lines += ["", f"Conditions: {describe(ov['host'])}.", ""]
     if pngs:
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in pngs), ""]

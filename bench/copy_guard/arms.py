@@ -7,7 +7,9 @@ route's params (THROTTLE's interface, /work/notes/throttle-interface.md at the t
 - ``paper``: ``mode: pause``, resume as soon as the alert resolves (the paper's rule);
 - ``min-pause-20s``: ``mode: pause``, each pause held at least 20 s (the old README's advice);
 - ``throttle``: the shipped defaults (``mode: adaptive``, AIMD on the copy's share of its speed);
-- ``throttle-*``: the same throttle at other settings, for the Pareto of saved vs copy delay;
+- ``throttle-*``: the same throttle at other settings, for the Pareto of saved vs copy delay
+  (``throttle-asked``: the floor compares the visitors asking, as the alerts do, not the demand
+  that counts requests in flight, i.e. pages the copy made slow);
 - ``quiet``: no visitors at all, only our exporters, the shipped route: the copy must never be
   paused or slowed.
 """
@@ -43,6 +45,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         {"mode": "adaptive", "increase": 0.05, "decrease": 0.5, "min_share": 0.05}, throttle=True),
     Arm("throttle-fast", "throttle: increase 0.2, decrease 0.7, min_share 0.2", True, True,
         {"mode": "adaptive", "increase": 0.2, "decrease": 0.7, "min_share": 0.2}, throttle=True),
+    Arm("throttle-asked", "throttle: demand = visitors asking (in flight not counted)", True, True,
+        {"mode": "adaptive", "demand_signal": "asked"}, throttle=True),
     Arm("throttle-nopause", "throttle, never pause (severe 0, emergency_after 0)", True, True,
         {"mode": "adaptive", "severe": 0, "emergency_after": "0s"}, throttle=True),
     Arm("throttle-hard", "throttle: decrease 0.3", True, True,

@@ -120,9 +120,14 @@ class _Copy:
 
     def cleanup(self) -> None:
         """Remove the destination (unlinking also drops its dirty pages: the next run starts clean)."""
-        for p in (self.dst, self.dst.parent / f".{self.dst.name}.promreflex-copy.json",
-                  self.dst.parent / f".{self.dst.name}.promreflex-part"):
-            p.unlink(missing_ok=True)
+        remove_destination(self.dst)
+
+
+def remove_destination(dst: Path) -> None:
+    """A copy's destination and the copier's manifest and partial file: gone before each run too,
+    so a copy left over by an interrupted bench cannot make the next one end at once."""
+    for p in (dst, dst.parent / f".{dst.name}.promreflex-copy.json", dst.parent / f".{dst.name}.promreflex-part"):
+        p.unlink(missing_ok=True)
 
 
 class PromreflexCopy(_Copy):

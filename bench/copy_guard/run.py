@@ -58,6 +58,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -85,7 +86,7 @@ from bench.copy_guard.analysis import (
     slowdown,
 )
 from bench.copy_guard.arms import ARMS, BASELINE, UNGUARDED, plan, route_for
-from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy
+from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy, remove_destination
 from bench.copy_guard.scenario import CLIENT_TIMEOUT_S, SCENARIOS, crowd_window, max_outstanding
 from bench.copy_guard.site import ensure_data_file, site_component
 from promreflex.config import Ports, load_config
@@ -145,6 +146,7 @@ class Bench:
         self.site_port = free_port()
         self.profile: tuple[list[Any], dict[str, list[Any]]] | None = None
         self.rebuilt = ""
+        self.skipped: list[str] = []  # runs or scenarios left out to end before --deadline
 
     # ------------------------------------------------------------------ setup
     def stack_config(self, routes: list[dict[str, Any]]) -> Stack:
@@ -273,6 +275,7 @@ class Bench:
         if self.shop is not None:  # the reviews the last run posted are deleted: every run meets the same shop
             log(f"  shop reset: {self.shop.reset()} review(s) of the last run deleted")
         drop_cache(self.src)
+        remove_destination(self.dst)
         load = self.load(seconds, scenario) if arm.load else None
         copy = None
         guard = GuardSampler(self.stack.url("controller") + "/metrics", SITE).start()
@@ -287,6 +290,8 @@ class Bench:
                 t0 = r.load_start = load.epoch or t0
                 copy_at = t0 + a.copy_delay
                 deadline = t0 + seconds + a.copy_timeout
+            if a.deadline is not None:
+                deadline = min(deadline, a.deadline)
             next_progress = t0 + 10
             while True:
                 now = time.time()
@@ -410,15 +415,19 @@ class Bench:
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         a = self.a
-        self.prepare()
-        if a.disk_mbps > 0:
-            if not EmulatedDisk.available():
-                log("no cgroup v1 blkio hierarchy (or not root): run with --disk-mbps 0")
-                return 2
-            self.disk = EmulatedDisk(self.work, a.disk_mbps).create()
-            log(f"emulated disk: {a.disk_mbps:g} MB/s on {self.disk.device}, shared by the site and the copy")
+        # The first interrupt stops the bench; a second one (uv forwards the signal a timeout sent
+        # its whole group) must not cut the clean-up short: it would leave a copy or the stack running.
+        signal.signal(signal.SIGINT, _interrupt_once)
+        if a.disk_mbps > 0 and not EmulatedDisk.available():
+            log("no cgroup v1 blkio hierarchy (or not root): run with --disk-mbps 0")
+            return 2
         try:
-            self.lock.before(a.shop_warmup + a.cal_runs * a.cal_seconds + 6 * a.ramp_step + 30)
+            # writing the copy's source (GiBs) is heavy I/O too: under the lock
+            self.lock.before(a.shop_warmup + a.cal_runs * a.cal_seconds + 6 * a.ramp_step + 90)
+            self.prepare()
+            if a.disk_mbps > 0:
+                self.disk = EmulatedDisk(self.work, a.disk_mbps).create()
+                log(f"emulated disk: {a.disk_mbps:g} MB/s on {self.disk.device}, shared by the site and the copy")
             self.start_shop()
             self.stack = self.stack_config([])
             log(f"starting the stack (state {self.work / 'stack'})")
@@ -429,13 +438,24 @@ class Bench:
             runs = [(sc, rnd, name) for sc in a.scenarios
                     for rnd, name in plan(self.arms_of(sc), a.rounds, a.reverse, quiet=False)]
             runs += [] if a.no_quiet else [("quiet", 0, "quiet")]
-            for sc, rnd, name in runs:
-                self.lock.before(self.expected_seconds(name))
-                self.settle()
-                r = (self.one_run(rnd, name, sc) if ARMS[name].load else self.quiet_run())
-                self.results.append(r)
-                self.write_progress()
+            runs = self.fit_deadline(runs)
+            try:
+                for sc, rnd, name in runs:
+                    if a.deadline is not None and time.time() + self.expected_seconds(name) > a.deadline:
+                        self.skipped.append(f"{sc}/{name} (deadline)")
+                        log(f"skipping {sc}/{name}: it would end after the deadline")
+                        continue
+                    self.lock.before(self.expected_seconds(name))
+                    self.settle()
+                    r = (self.one_run(rnd, name, sc) if ARMS[name].load else self.quiet_run())
+                    self.results.append(r)
+                    self.write_progress()
+            except KeyboardInterrupt:  # e.g. the slot's hard stop: report what was measured
+                done = {(r.scenario, r.name) for r in self.results}
+                self.skipped.append("interrupted: " + ", ".join(f"{sc}/{n}" for sc, _, n in runs if (sc, n) not in done))
+                log("interrupted: reporting the runs measured so far")
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             self.lock.release()
             self.teardown()
         self.report()
@@ -464,6 +484,25 @@ class Bench:
         log(f"report from {path}: {len(self.results)} run(s), threshold {self.threshold:.1f}, {self.users} users")
         self.report()
         return 0
+
+    def fit_deadline(self, runs: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+        """Without ``--deadline`` every run. With it, whole scenarios in order while they fit (a
+        scenario cut short compares nothing), keeping the quiet arm's time; skipped ones are noted."""
+        if self.a.deadline is None:
+            return runs
+        quiet = [x for x in runs if x[2] == "quiet"]
+        left = self.a.deadline - time.time() - sum(self.expected_seconds(n) for *_, n in quiet)
+        out: list[tuple[str, int, str]] = []
+        for sc in dict.fromkeys(x[0] for x in runs if x[2] != "quiet"):
+            mine = [x for x in runs if x[0] == sc and x[2] != "quiet"]
+            need = sum(self.expected_seconds(n) for *_, n in mine)
+            if need <= left:
+                out += mine
+                left -= need
+            else:
+                self.skipped.append(f"scenario {sc} ({len(mine)} runs, {need / 60:.1f} min; {max(left, 0) / 60:.1f} min left)")
+                log(f"skipping scenario {sc}: {need / 60:.1f} min of runs, {max(left, 0) / 60:.1f} min left before the deadline")
+        return out + quiet
 
     def arms_of(self, scenario: str) -> list[str]:
         """The scenario's arms; ``--arms`` replaces those of ``flash`` and ``closed``."""
@@ -506,7 +545,7 @@ class Bench:
             return "" if v is True else " " + (",".join(v) if isinstance(v, list) else str(v))
 
         flags = [f"--{k.replace('_', '-')}{value(v)}" for k, v in vars(self.a).items()
-                 if k not in ("shop", "lock", "quick", "report_from") and v != defaults.get(k) and v is not False]
+                 if k not in ("shop", "lock", "quick", "report_from", "deadline") and v != defaults.get(k) and v is not False]
         return " ".join(["uv run python -m bench.copy_guard --shop", self.a.shop, *(["--quick"] if self.a.quick else []), *flags,
                          *(["--lock", str(self.a.lock)] if self.a.lock else [])])
 
@@ -620,6 +659,8 @@ class Bench:
                   "threshold; busy%/steal%: CPU during the run")
         verdict = self.verdict(rows)
         notes = [row["note"] for row in rows if row["note"]]
+        if self.skipped:
+            notes.append("not run, to end before the heavy slot's deadline: " + "; ".join(self.skipped))
         print("\n" + "=" * len(head))
         print(f"copy guard, {self.a.shop} shop: {cond}\n{wtext}\ncommand: {self.command()}\n")
         print(table + "\n\n" + legend)
@@ -632,7 +673,7 @@ class Bench:
                    "threshold": round(self.threshold, 2), "capacity": round(self.capacity, 2), "users": self.users,
                    "scenarios": {n: SCENARIOS[n].describe(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds)
                                  for n in self.a.scenarios},
-                   "rows": rows, "target": TARGET,
+                   "rows": rows, "target": TARGET, "skipped": self.skipped,
                    "paper": PAPER, "verdict": verdict, "legend": legend,
                    "calibration": {k: (self.calibration or {}).get(k) for k in ("threshold", "method", "users", "spread",
                                                                                "floor", "response_s", "ramp", "discarded")}}
@@ -667,6 +708,24 @@ class Bench:
 
 def _r(v: float | None, nd: int) -> float | None:
     return None if v is None else round(v, nd)
+
+
+def _interrupt_once(_signum: int, _frame: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def parse_deadline(text: str, now: float | None = None) -> float:
+    """``HH:MM`` (UTC, the next such time from ``now``) or Unix seconds -> Unix seconds."""
+    now = time.time() if now is None else now
+    if ":" not in text:
+        return float(text)
+    hh, mm = (int(x) for x in text.split(":", 1))
+    if not (0 <= hh < 24 and 0 <= mm < 60):
+        raise argparse.ArgumentTypeError(f"not a time of day: {text!r}")
+    day = now - now % 86400
+    at = day + hh * 3600 + mm * 60
+    return at if at > now - 12 * 3600 else at + 86400
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -722,6 +781,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="only write the report from an earlier results.json (same flags as that run)")
     ap.add_argument("--lock", type=Path, default=None, help="heavy-job lock to hold in chunks (e.g. /tmp/promreflex-heavy.lock)")
     ap.add_argument("--lock-minutes", type=float, default=9.0, help="longest chunk of runs under the lock")
+    ap.add_argument("--deadline", type=parse_deadline, default=None,
+                    help="wall-clock end of the heavy slot, HH:MM (UTC, today) or Unix seconds: a scenario that cannot "
+                         "finish before it is skipped whole (time kept for the quiet arm), a run still going at it "
+                         "is stopped, and the report is written from what was measured")
     a = ap.parse_args(argv)
     a.shop = a.shop or ("builtin" if a.quick else "wordpress")
     bad = [x for x in a.arms or [] if x not in ARMS or not ARMS[x].load]

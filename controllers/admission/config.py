@@ -2,6 +2,27 @@
 
 The proxy reads only this section of the file (``promreflex check-config`` validates the whole
 file once the capability is installed); flags override single keys.
+
+**Waits follow the visitors' patience.** ``session.client_timeout`` is how long a visitor waits
+for one page before giving up (a browser about a minute, people sooner: the default is the
+paper's 60 s). Two defaults are derived from it rather than fixed, so they stay right when an
+operator states their visitors' patience, or a bench scales time:
+
+- ``session.max_queue_wait`` = ``client_timeout / 2`` (:data:`QUEUE_WAIT_SHARE`): a new visitor
+  who has not been admitted within half their patience gets the waiting-room page (503,
+  Retry-After) while still there. Waiting longer would only admit sessions whose first page then
+  has less time than it needs before the client gives up: a failure at page 1 anyway, after the
+  app has done the work.
+- ``session_scheduler.page_wait_target`` = ``client_timeout / 6`` (:data:`PAGE_WAIT_SHARE`,
+  10 s of a 60 s timeout): an admitted session's request that waits this long in a page queue
+  slows admission. The signal must come while the waits are still well inside the client's
+  patience, because the sessions already admitted keep arriving at the pages for a session's
+  length after admission slows. The ratio is the one the bench ran with (1 s of its scaled 6 s
+  timeout) when the full scheme held its peak at 4x saturation with failures only at the first
+  page; the former fixed 5 s was, at the bench's time scale 0.1, the paper's 50 s: a signal that
+  came only when clients were already leaving.
+
+An explicit value of either key wins over the derived one.
 """
 
 from __future__ import annotations
@@ -19,12 +40,36 @@ from promreflex.config import (
     Strict,
     find_duplicates,
     is_loopback,
+    parse_duration,
     read_yaml_mapping,
     split_host_port,
     validation_problems,
 )
 
 NAME = r"^[a-z][a-z0-9_]{0,31}$"
+
+#: A browser gives up on a page after about a minute (the paper's client timeout).
+CLIENT_TIMEOUT = 60.0
+#: ``session.max_queue_wait`` defaults to this share of ``session.client_timeout``.
+QUEUE_WAIT_SHARE = 0.5
+#: ``session_scheduler.page_wait_target`` defaults to this share of ``session.client_timeout``.
+PAGE_WAIT_SHARE = 1 / 6
+
+
+def _client_timeout(session: Any) -> float | None:
+    """``session.client_timeout`` from raw input (a mapping or a model); None when it is not a
+    valid positive duration (its own validator then names the problem)."""
+    if isinstance(session, Session):
+        return session.client_timeout
+    if session is None:
+        return CLIENT_TIMEOUT
+    if not isinstance(session, dict):
+        return None
+    try:
+        value = parse_duration(session.get("client_timeout", CLIENT_TIMEOUT))
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def _regex(value: str) -> str:
@@ -84,9 +129,23 @@ class Session(Strict):
     max_age: Duration = Field(default=4 * 3600.0, gt=0)
     max_in_flight: int = Field(default=8, ge=1)
     queue_capacity: int = Field(default=500, ge=0)
-    max_queue_wait: Duration = Field(default=60.0, gt=0)
+    client_timeout: Duration = Field(default=CLIENT_TIMEOUT, gt=0,
+                                     description="how long a visitor waits for one page before giving up; "
+                                                 "the waits below default to shares of it")
+    max_queue_wait: Duration = Field(default=CLIENT_TIMEOUT * QUEUE_WAIT_SHARE, gt=0,
+                                     description="a new session waits at most this long for admission, then "
+                                                 "gets the waiting-room page (default client_timeout / 2)")
     readmit_after_restart: bool = True
     max_sessions: int = Field(default=100_000, ge=1, description="tracked sessions at most (memory bound)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_wait(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("max_queue_wait") is None:
+            timeout = _client_timeout(data)
+            if timeout is not None:
+                data = {**data, "max_queue_wait": timeout * QUEUE_WAIT_SHARE}
+        return data
 
 
 class SessionScheduler(Strict):
@@ -98,8 +157,9 @@ class SessionScheduler(Strict):
     period: Duration = Field(default=1.0, gt=0, description="control period of the admission interval")
     gain: float = Field(default=0.3, gt=0, le=2,
                         description="admission rate = departure rate x (1 + gain x queue error), per period")
-    page_wait_target: Duration = Field(default=5.0, gt=0,
-                                       description="an admitted session's page-queue wait above this slows admission")
+    page_wait_target: Duration = Field(default=CLIENT_TIMEOUT * PAGE_WAIT_SHARE, gt=0,
+                                       description="an admitted session's page-queue wait above this slows admission "
+                                                   "(default session.client_timeout / 6)")
     initial_interval: Duration = Field(default=0.1, ge=0)
     min_interval: Duration = Field(default=0.001, ge=0)
     max_interval: Duration = Field(default=10.0, gt=0)
@@ -141,6 +201,25 @@ class AdmissionSection(Strict):
     session_scheduler: SessionScheduler = SessionScheduler()
     control: Control = Control()
     alerts: Alerts = Alerts()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_page_wait(cls, data: Any) -> Any:
+        """``session_scheduler.page_wait_target`` from ``session.client_timeout`` unless given."""
+        if not isinstance(data, dict):
+            return data
+        timeout = _client_timeout(data.get("session"))
+        ss = data.get("session_scheduler")
+        if timeout is None:
+            return data
+        target = timeout * PAGE_WAIT_SHARE
+        if ss is None:
+            return {**data, "session_scheduler": {"page_wait_target": target}}
+        if isinstance(ss, dict) and ss.get("page_wait_target") is None:
+            return {**data, "session_scheduler": {**ss, "page_wait_target": target}}
+        if isinstance(ss, SessionScheduler) and "page_wait_target" not in ss.model_fields_set:
+            return {**data, "session_scheduler": ss.model_copy(update={"page_wait_target": target})}
+        return data
 
     @field_validator("exempt")
     @classmethod

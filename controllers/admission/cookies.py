@@ -118,9 +118,25 @@ class Ticket:
     expires: int
 
 
+#: Verified cookies remembered (their value -> ticket); past it the memory starts over.
+VERIFIED_CACHE = 32_768
+
+
 class CookieCodec:
-    def __init__(self, ring: KeyRing):
+    """Signs and verifies cookies with one key ring.
+
+    A session sends the same cookie with every request, and the proxy never re-signs it (a
+    cookie is issued once, at admission), so a value that verified once is remembered with its
+    ticket: the next request pays a dictionary look-up and the expiry check, not an HMAC. Only
+    a value that verified under this codec's ring is remembered, so a forged one is checked
+    every time, and a new ring (key rotation, SIGHUP) comes with a new codec and an empty
+    memory. The memory is bounded (:data:`VERIFIED_CACHE` values of at most
+    :data:`MAX_COOKIE_CHARS`)."""
+
+    def __init__(self, ring: KeyRing, cache_size: int = VERIFIED_CACHE):
         self.ring = ring
+        self.cache_size = cache_size
+        self._verified: dict[str, Ticket] = {}
 
     @staticmethod
     def new_sid() -> str:
@@ -133,6 +149,19 @@ class CookieCodec:
 
     def verify(self, value: str, now: float) -> Ticket:
         """The ticket in ``value``; :class:`CookieError` (with a reason from :data:`REASONS`)."""
+        ticket = self._verified.get(value)
+        if ticket is not None:
+            if ticket.expires <= now:
+                del self._verified[value]
+                raise CookieError("expired")
+            return ticket
+        ticket = self._verify(value, now)
+        if len(self._verified) >= self.cache_size:
+            self._verified.clear()
+        self._verified[value] = ticket
+        return ticket
+
+    def _verify(self, value: str, now: float) -> Ticket:
         if len(value) > MAX_COOKIE_CHARS or not value.isascii():
             raise CookieError("malformed")
         parts = value.split(".")

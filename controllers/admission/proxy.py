@@ -91,6 +91,20 @@ def _connection_tokens(headers: Any) -> frozenset[str]:
     return frozenset(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
 
 
+def own_cookie(headers: Any, prefix: str) -> str | None:
+    """The value of the cookie ``prefix`` (``name=``) in the request's Cookie header(s), the first
+    if it is sent twice, or None; the other cookies are not parsed (they are the app's)."""
+    for header in headers.getall("Cookie", ()):
+        if prefix not in header:
+            continue
+        for part in header.split(";"):
+            part = part.strip()
+            if part.startswith(prefix):
+                value = part[len(prefix):]
+                return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+    return None
+
+
 def header_problem(raw_headers: Any) -> str | None:
     """Why these request headers are too large (None: they are not)."""
     total = 0
@@ -328,7 +342,7 @@ class AdmissionProxy:
             session.last_seen = self.clock()
 
     def session_of(self, request: web.Request) -> SessionState | None:
-        value = request.cookies.get(self.cfg.session.cookie_name)
+        value = own_cookie(request.headers, self._own_cookie)
         if not value:
             return None
         try:
@@ -437,7 +451,9 @@ class AdmissionProxy:
         served = False
         mark = page.begin()
         try:
-            resp, outcome = await self.forward(request, page, body, extra)
+            # Most requests neither carry a new cookie nor end the session: nothing to add.
+            resp, outcome = await self.forward(request, page, body,
+                                               extra if cookie is not None or page.logout else None)
             served = outcome == "served"
             self._requests[page.name, outcome].inc()
             return resp

@@ -107,6 +107,7 @@ label_replace(site:promreflex_http_requests_served:rate1s, "promreflex_q", "serv
 or label_replace(timestamp(site:promreflex_http_requests_served:rate1s), "promreflex_q", "at", "", "")
 or label_replace(site:promreflex_copy_guard_threshold:rps, "promreflex_q", "threshold", "", "")
 or label_replace(site:promreflex_copy_guard_demand:rps, "promreflex_q", "demand", "", "")
+or label_replace(site:promreflex_copy_guard_asked:rps, "promreflex_q", "asked", "", "")
 or label_replace(site:promreflex_copy_guard_demand_floor:rps, "promreflex_q", "floor", "", "")
 or label_replace(site:promreflex_copy_guard_rate_window:seconds, "promreflex_q", "window", "", "")
 or label_replace(
@@ -137,6 +138,7 @@ class CopyGuardParams(BaseModel):
     severe: float = Field(default=0.5, ge=0, lt=1)
     emergency_after: Duration = Field(default=10.0, ge=0)
     period: Duration | None = Field(default=None, gt=0)  # None ("auto"): the signal's rate window
+    demand_signal: Literal["demand", "asked"] = "demand"  # throttle.Settings.demand_signal
     duty_period: Duration = Field(default=1.0, ge=0.1, le=60)
     adopt_methods: list[Literal["cgroup2", "cgroup1", "signal"]] | None = None  # default: what the host offers
     watchdog: bool = True  # start the lease keeper (and duty cycler) for adopted copies
@@ -178,7 +180,7 @@ class CopyGuardParams(BaseModel):
     def settings(self) -> Settings:
         return Settings(decrease=self.decrease, increase=self.increase, min_share=self.min_share, band=self.band,
                         severe=self.severe, emergency_after=self.emergency_after, period=self.period,
-                        min_pause=self.min_pause, max_pause=self.max_pause)
+                        min_pause=self.min_pause, max_pause=self.max_pause, demand_signal=self.demand_signal)
 
 
 @dataclass
@@ -352,7 +354,7 @@ def parse_signals(result: list[dict[str, Any]]) -> dict[str, Signal]:
         if isinstance(site, str) and isinstance(q, str) and math.isfinite(value):
             values.setdefault(site, {})[q] = value
     return {site: Signal(served=v.get("served"), threshold=v.get("threshold"), demand=v.get("demand"),
-                         floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0))
+                         floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0), asked=v.get("asked"))
             for site, v in values.items()}
 
 

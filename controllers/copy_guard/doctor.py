@@ -261,7 +261,8 @@ def check_threshold(t: Target) -> list[Check]:
         when = _one(prom, f'max(promreflex_copy_guard_calibration_timestamp_seconds{{site="{site}"}})')
         own = _one(prom, OWN_RPS_QUERY)
         served = _one(prom, f'site:promreflex_http_requests_served:rate1s{{site="{site}"}}')
-        demand = _one(prom, f'site:promreflex_copy_guard_demand:rps{{site="{site}"}}')
+        # what the alerts' gate compares with the floor (rules/copy-guard.rules.yml: "asked")
+        demand = _one(prom, f'site:promreflex_copy_guard_asked:rps{{site="{site}"}}')
         firing = prom_query(prom, f'ALERTS{{alertname=~"{"|".join(ALERTS)}", site="{site}"}}')
     except Exception as e:  # noqa: BLE001
         return [Check(FAIL, "threshold", f"query failed: {_why(e)}")]
@@ -285,15 +286,15 @@ def check_threshold(t: Target) -> list[Check]:
         out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
     elif response is None:
         out.append(Check(WARN, "threshold", f"{detail}: no healthy response time "
-                         "(promreflex_copy_guard_response_time_seconds): requests in flight count 1 req/s each, so an "
-                         "overload whose visitors wait instead of arriving (closed loop, a stall) is not seen; "
+                         "(promreflex_copy_guard_response_time_seconds): requests in flight count 1 req/s each, so a "
+                         "stall whose visitors wait instead of arriving is not seen; "
                          "calibrate again"))
     elif age is not None and age > 30 * 86400:
         out.append(Check(WARN, "threshold", f"{detail}: older than 30 days, the shop has changed since; calibrate again"))
     else:
         out.append(Check(OK, "threshold", detail))
     states = sorted({f"{lb.get('alertname')} {lb.get('alertstate')}" for lb, _ in firing})
-    now = (f"served {served if served is None else round(served, 2)} req/s, demand "
+    now = (f"served {served if served is None else round(served, 2)} req/s, asked "
            f"{demand if demand is None else round(demand, 2)} req/s"
            + (f" (nginx exporters' own requests {own:.2f} req/s, not counted)" if own is not None else ""))
     if served is None:

@@ -12,8 +12,8 @@
   which serves all it is asked, "overloaded" and throttled its backup);
 - ``promreflex_copy_guard_response_time_seconds{site}`` (optional): the healthy response time
   at calibration (95th percentile, see ``calibrate``); the rules turn requests in flight into
-  demand with it (Little's law: in flight / response time), which sees closed-loop overload,
-  where visitors wait instead of arriving;
+  demand with it (Little's law: in flight / response time): the alerts count it in a stall,
+  where visitors wait instead of arriving, the throttle of an open episode always;
 - ``promreflex_copy_guard_calibration_timestamp_seconds{site}``: when it was measured.
 
 One file for every site: writing one site keeps the others. The write is atomic (temporary file

@@ -24,6 +24,11 @@ usual rate (issue 16's bench: 67.6 for ~70), so a loaded healthy shop sits insid
 good and the copy never got its speed back (held at 0.1-0.3 for 80 s, +573..614%). Demand says
 whether there is anything left to serve: a shop that serves what it is asked gains nothing from
 a slower copy.
+Which demand: ``Settings.demand_signal`` "demand" (the default) compares the rules' demand, which
+counts requests in flight (a crowd's backlog keeps the copy slow until it is served, but so do
+pages the copy itself made slow: on WordPress at half its capacity 6 requests in flight read as
+76 req/s against a floor of 71.5); "asked" compares what visitors ask (arrivals, completions: the
+alerts' own gate), so a shop that keeps up with its arrivals gets its copy back.
 Why AIMD: the guard does not know how much of the copy the shop can afford (it depends on the
 copy's I/O mode, the disk, the shop's cache, the load), the signal is noisy and lagged, and the
 only feedback is one bit (below or not) plus a magnitude. AIMD needs no model of the plant:
@@ -77,6 +82,9 @@ class Settings:
     period: float | None = None  # least seconds between decisions; None: the signal's window
     min_pause: float = 0.0  # an emergency pause lasts at least this long
     max_pause: float = 120.0  # and at most this long
+    # Which demand the floor and the band compare: "demand" (requests in flight count: a backlog,
+    # or pages the copy made slow) or "asked" (visitors arriving, the alerts' own gate).
+    demand_signal: Literal["demand", "asked"] = "demand"
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class Signal:
     floor: float | None = None
     at: float = 0.0
     window: float = 1.0
+    asked: float | None = None  # visitors arriving (rules: site:promreflex_copy_guard_asked:rps)
 
     def usable(self) -> bool:
         return (self.served is not None and self.threshold is not None and math.isfinite(self.served)
@@ -99,10 +108,11 @@ class Signal:
 def judge(sig: Signal, s: Settings) -> Verdict:
     """Where the site stands against its line (call only for a usable signal; module doc)."""
     assert sig.served is not None and sig.threshold is not None
-    if sig.demand is not None and sig.floor is not None:
-        if sig.demand < QUIET_RATIO * sig.floor:
+    demand = sig.asked if s.demand_signal == "asked" and sig.asked is not None else sig.demand
+    if demand is not None and sig.floor is not None:
+        if demand < QUIET_RATIO * sig.floor:
             return "quiet"  # a quiet site is slow because nobody shops: the copy may run
-        if sig.demand < sig.floor:
+        if demand < sig.floor:
             return "above"  # asked for less than a healthy shop serves: it keeps up, nothing to save
     if sig.served < s.severe * sig.threshold:
         return "severe"
@@ -110,7 +120,7 @@ def judge(sig: Signal, s: Settings) -> Verdict:
         return "below"
     if sig.served >= sig.threshold * (1 + s.band):
         return "above"
-    if sig.demand is not None and sig.demand <= sig.served * (1 + s.band):
+    if demand is not None and demand <= sig.served * (1 + s.band):
         return "above"  # within the band but serving what it is asked: probe
     return "hold"
 

@@ -113,7 +113,7 @@ def test_guard_an_nginx_that_already_runs(tmp_path, capsys):
             assert links[link] == OK, (link, links)
         assert "own traffic" not in links  # stub_status is not logged
 
-        write_threshold(stack.textfile_dir, "shop", 40.0, demand_floor_rps=20.0)
+        write_threshold(stack.textfile_dir, "shop", 40.0, demand_floor_rps=20.0, response_s=0.05)
         wait_until(lambda: _query(prom, 'site:promreflex_copy_guard_threshold:rps{site="shop"}'), timeout=60,
                    what="the threshold in Prometheus")
         wait_until(lambda: _query(prom, 'site:promreflex_copy_guard_demand:rps{site="shop"}'), timeout=60,

@@ -81,3 +81,33 @@ def test_flags_override_the_file(tmp_path: Path):
     cfg = load_section(None, _overrides(args))
     assert cfg.upstream == "http://127.0.0.1:9000" and cfg.listen_address == "127.0.0.1:7000"
     assert cfg.session_scheduler.enabled is False and cfg.page_scheduler.enabled is True
+
+
+def test_waits_default_to_shares_of_the_client_timeout(tmp_path: Path):
+    """The session queue wait and the page-wait target follow the visitors' patience, and an
+    explicit value wins (YAML and models alike)."""
+    from controllers.admission.config import AdmissionSection, Session, SessionScheduler
+
+    cfg = load_section(None)
+    assert cfg.session.client_timeout == 60
+    assert cfg.session.max_queue_wait == 30 and cfg.session_scheduler.page_wait_target == 10
+    f = tmp_path / "patience.yml"
+    f.write_text("admission:\n  session: {client_timeout: 30s}\n  session_scheduler: {queue_threshold: 5}\n")
+    cfg = load_section(f)
+    assert cfg.session.max_queue_wait == 15 and cfg.session_scheduler.page_wait_target == 5
+    assert cfg.session_scheduler.queue_threshold == 5
+    cfg = load_section(f, {"session.max_queue_wait": "20s", "session_scheduler.page_wait_target": 2})
+    assert cfg.session.max_queue_wait == 20 and cfg.session_scheduler.page_wait_target == 2
+    section = AdmissionSection(session=Session(client_timeout=12))
+    assert section.session.max_queue_wait == 6 and section.session_scheduler.page_wait_target == 2
+    section = AdmissionSection(session=Session(client_timeout=12), session_scheduler=SessionScheduler(page_wait_target=7))
+    assert section.session_scheduler.page_wait_target == 7
+
+
+def test_a_bad_client_timeout_is_named_once(tmp_path: Path):
+    f = tmp_path / "bad.yml"
+    f.write_text("admission:\n  session: {client_timeout: soon}\n")
+    with pytest.raises(ConfigError) as err:
+        load_section(f)
+    assert err.value.problems == [p for p in err.value.problems if "client_timeout" in p]
+    assert len(err.value.problems) == 1

@@ -80,3 +80,44 @@ def test_key_file_must_be_private_and_hold_real_keys(tmp_path: Path):
         KeyRing.from_file(keys)
     with pytest.raises(UserError, match="does not exist"):
         KeyRing.from_file(tmp_path / "missing")
+
+
+def test_a_verified_cookie_is_remembered_but_still_expires():
+    codec = CookieCodec(KeyRing.ephemeral(), cache_size=2)
+    value = codec.issue(codec.new_sid(), NOW, 60)
+    first = codec.verify(value, NOW)
+    calls = []
+    real = codec._verify
+    codec._verify = lambda v, now: calls.append(v) or real(v, now)  # type: ignore[method-assign]
+    assert codec.verify(value, NOW + 1) == first and calls == []  # no second HMAC
+    with pytest.raises(CookieError) as err:
+        codec.verify(value, NOW + 60)
+    assert err.value.reason == "expired"
+    with pytest.raises(CookieError):  # and stays refused (re-verified, still expired)
+        codec.verify(value, NOW + 61)
+    assert calls == [value]
+
+
+def test_only_verified_cookies_are_remembered_and_the_memory_is_bounded():
+    codec = CookieCodec(KeyRing.ephemeral(), cache_size=2)
+    good = codec.issue(codec.new_sid(), NOW, 3600)
+    forged = good[:-1] + ("A" if good[-1] != "A" else "B")
+    for _ in range(2):  # refused every time, never remembered
+        with pytest.raises(CookieError, match="bad_signature"):
+            codec.verify(forged, NOW)
+    assert forged not in codec._verified
+    for _ in range(5):
+        codec.verify(codec.issue(codec.new_sid(), NOW, 3600), NOW)
+        assert len(codec._verified) <= 2
+
+
+def test_a_new_ring_forgets_what_the_old_one_verified(tmp_path: Path):
+    keys = tmp_path / "keys"
+    append_key(keys)
+    old = CookieCodec(KeyRing.from_file(keys))
+    value = old.issue(old.new_sid(), NOW, 3600)
+    old.verify(value, NOW)
+    keys.write_text("")  # the old key removed, a new one added: the reload builds a new codec
+    append_key(keys)
+    with pytest.raises(CookieError, match="unknown_key"):
+        CookieCodec(KeyRing.from_file(keys)).verify(value, NOW)

@@ -426,3 +426,21 @@ def test_metrics_names_are_prometheus_clean():
         assert f"promreflex_admission_{name}" in text, name
     assert 'promreflex_admission_sessions_abandoned_total{page="login"} 0.0' in text
     json.dumps(proxy.state())
+
+
+def test_own_cookie_is_found_without_parsing_the_apps_cookies():
+    from multidict import CIMultiDict
+
+    from controllers.admission.proxy import own_cookie
+
+    def h(*values: str) -> CIMultiDict[str]:
+        return CIMultiDict(("Cookie", v) for v in values)
+
+    prefix = f"{COOKIE}="
+    assert own_cookie(h(f"theirs=1; {COOKIE}=v1.abc; other=2"), prefix) == "v1.abc"
+    assert own_cookie(h(f"{COOKIE}=v1.first", f"a=1;{COOKIE}=v1.second"), prefix) == "v1.first"
+    assert own_cookie(h(f'{COOKIE}="v1.quoted"'), prefix) == "v1.quoted"
+    assert own_cookie(h(f"x{COOKIE}=v1.not-ours; theirs=1"), prefix) is None  # a longer name is not ours
+    assert own_cookie(h("theirs=1"), prefix) is None
+    assert own_cookie(CIMultiDict(), prefix) is None
+    assert own_cookie(h(f"{COOKIE}="), prefix) == ""

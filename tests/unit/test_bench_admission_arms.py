@@ -31,6 +31,17 @@ def test_proxy_config_scales_its_windows_and_applies_overrides() -> None:
     assert section.session.idle_timeout == 24.0  # the paper's 2 minutes x 0.2
 
 
+def test_proxy_config_derives_its_waits_from_the_scaled_client_timeout() -> None:
+    """No tuning in the bench: the clients' patience is scaled like every duration, and the
+    session queue wait and page-wait target are the proxy's defaults derived from it."""
+    section = AdmissionSection.model_validate(proxy_config(1, 2, 3, 0.1, True)["admission"])
+    assert section.session.client_timeout == 6.0  # the paper's 60 s x 0.1
+    assert section.session.max_queue_wait == 3.0
+    assert section.session_scheduler.page_wait_target == 1.0
+    raw = proxy_config(1, 2, 3, 0.1, True)["admission"]
+    assert "max_queue_wait" not in raw["session"] and "page_wait_target" not in raw.get("session_scheduler", {})
+
+
 def test_nginx_limits_only_in_the_limit_arm() -> None:
     plain = nginx_conf(8080, 8000, None)
     limited = nginx_conf(8080, 8000, NginxLimits(rate_per_s=120, burst=120, conn=8))
@@ -40,3 +51,12 @@ def test_nginx_limits_only_in_the_limit_arm() -> None:
     for conf in (plain, limited):
         assert "listen 127.0.0.1:8080" in conf and "server 127.0.0.1:8000" in conf
         assert conf.count("{") == conf.count("}")
+
+
+def test_the_report_names_every_key_the_bench_sets() -> None:
+    from bench.admission.run import bench_keys
+
+    keys = bench_keys(proxy_config(1, 2, 3, 0.1, True)["admission"])
+    assert "`session.client_timeout` 6.0" in keys and "`session.idle_timeout` 12.0" in keys
+    assert "max_queue_wait` 3" not in keys and "page_wait_target" not in keys
+    assert "`session.max_queue_wait` 3" in bench_keys(proxy_config(1, 2, 3, 0.1, True, {"session.max_queue_wait": 3})["admission"])

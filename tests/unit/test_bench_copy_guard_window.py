@@ -153,3 +153,60 @@ def test_an_arm_whose_copy_outlived_the_window_does_not_void_the_others() -> Non
     b.count_in_windows()
     assert late.saved_share is None
     assert fine.saved_share == pytest.approx((650 - 600) / 150)
+
+
+def test_the_deadline_is_a_time_of_day_in_utc_or_unix_seconds() -> None:
+    from bench.copy_guard.run import parse_deadline
+
+    now = 1_795_000_000.0 - 1_795_000_000.0 % 86400 + 11 * 3600  # 11:00 UTC
+    assert parse_deadline("12:10", now) == now + 70 * 60
+    assert parse_deadline("10:30", now) == now - 30 * 60  # earlier today: already past (nothing fits)
+    assert parse_deadline("1795000000") == 1_795_000_000.0
+    with pytest.raises(Exception, match="time of day"):
+        parse_deadline("25:00", now)
+
+
+def test_the_deadline_skips_whole_scenarios_and_keeps_the_quiet_arm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    b = Bench(parse_args(["--shop", "builtin", "--load-seconds", "60", "--quiet-seconds", "30"]))
+    runs = [("flash", 0, "load-only"), ("flash", 0, "no-guard"), ("moderate", 0, "throttle"),
+            ("overload", 0, "load-only"), ("overload", 0, "no-guard"), ("quiet", 0, "quiet")]
+    assert b.fit_deadline(runs) == runs  # no deadline: everything
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    # 75 s per loaded run, 45 s for the quiet one: 271 s hold flash (150 s), moderate (75 s) and quiet
+    b.a.deadline = 1000.0 + 271
+    assert b.fit_deadline(runs) == runs[:3] + runs[5:]
+    assert b.skipped and b.skipped[0].startswith("scenario overload")
+    b.skipped.clear()
+    b.a.deadline = 1000.0 + 100  # not even the first scenario: only the quiet arm
+    assert b.fit_deadline(runs) == [("quiet", 0, "quiet")]
+    assert [s.split()[1] for s in b.skipped] == ["flash", "moderate", "overload"]
+
+
+def test_a_copy_left_by_an_interrupted_bench_is_removed_before_the_next_run(tmp_path) -> None:
+    """2026-11-26: an interrupted run's copy finished after the clean-up; the next unguarded copy
+    found the finished destination and "ended" in 2 s, voiding its round."""
+    from bench.copy_guard.copies import remove_destination
+
+    dst = tmp_path / "source.bin"
+    left = [dst, tmp_path / ".source.bin.promreflex-copy.json", tmp_path / ".source.bin.promreflex-part"]
+    for p in left:
+        p.write_bytes(b"x")
+    (tmp_path / "other").write_bytes(b"y")
+    remove_destination(dst)
+    assert not any(p.exists() for p in left) and (tmp_path / "other").exists()
+
+
+def test_the_second_interrupt_is_ignored_so_the_clean_up_finishes() -> None:
+    import signal
+
+    from bench.copy_guard.run import _interrupt_once
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _interrupt_once(signal.SIGINT, None)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

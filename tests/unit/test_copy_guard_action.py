@@ -670,3 +670,15 @@ async def test_the_guards_metrics_pass_promtools_lint(copies, reg):
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     lint = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_signals_carry_what_visitors_ask_and_the_route_chooses_which_demand_the_throttle_reads():
+    sigs = action_mod.parse_signals([
+        {"metric": {"site": "shop", "promreflex_q": q}, "value": [0, str(v)]}
+        for q, v in (("served", 40), ("threshold", 71.5), ("demand", 76), ("asked", 40), ("floor", 71.5))])
+    assert sigs["shop"].asked == 40 and sigs["shop"].demand == 76
+    assert "site:promreflex_copy_guard_asked:rps" in action_mod.SIGNAL_QUERY
+    assert action_mod.CopyGuardParams(demand_signal="asked").settings().demand_signal == "asked"
+    assert action_mod.CopyGuardParams().settings().demand_signal == "demand"
+    with pytest.raises(ValueError):
+        action_mod.CopyGuardParams(demand_signal="latency")

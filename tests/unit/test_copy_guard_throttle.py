@@ -350,3 +350,17 @@ def test_a_copy_whose_effect_lags_does_not_make_it_flap(lag):
     the shop feels a change over `lag` seconds, longer than one decision. AIMD still settles."""
     none, throttle = simulate("none", shop=Shop(lag=lag)), simulate("throttle", shop=Shop(lag=lag))
     assert throttle.pauses <= 1 and saved(throttle, none) >= 0.75
+
+
+def test_demand_signal_asked_compares_the_visitors_arriving_not_the_requests_in_flight():
+    """WordPress at half its capacity with the copy (second bench): visitors ask 40 req/s, the
+    copy made pages twice as slow, 6 requests in flight read as 76 req/s of demand (floor 71.5).
+    On `demand` that is "below" (the copy is held); on `asked` the shop keeps up: probe."""
+    sig = Signal(served=40, threshold=71.5, demand=76, floor=71.5, asked=40)
+    assert judge(sig, S) == "below"
+    assert judge(sig, Settings(demand_signal="asked")) == "above"
+    # a crowd: visitors ask more than the floor, the same verdict on either
+    crowd = Signal(served=40, threshold=71.5, demand=900, floor=71.5, asked=360)
+    assert judge(crowd, Settings(demand_signal="asked")) == judge(crowd, S) == "below"
+    # no asked series (older rules): the demand decides
+    assert judge(Signal(served=40, threshold=71.5, demand=76, floor=71.5), Settings(demand_signal="asked")) == "below"
