@@ -32,6 +32,7 @@ import yaml
 
 from bench.admission.contention import CacheModel
 from bench.admission.pages import PAGES, PAPER_TIMEOUT_S, STATIC_PATH
+from promreflex.foundation import nginx_temp_paths
 from promreflex.proc import Child, free_port, http_ok, wait_until
 
 ARMS = ("none", "nginx-limit", "page", "full")
@@ -46,11 +47,7 @@ worker_rlimit_nofile 16384;
 events {{ worker_connections 8192; }}
 http {{
     access_log off;
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    fastcgi_temp_path tmp/fastcgi;
-    uwsgi_temp_path tmp/uwsgi;
-    scgi_temp_path tmp/scgi;
+""" + nginx_temp_paths("tmp") + """
     keepalive_timeout 75s;
     keepalive_requests 1000000;
     upstream backend {{ server 127.0.0.1:{upstream}; keepalive 256; }}

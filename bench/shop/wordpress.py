@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from promreflex.foundation import NGINX_LOG_FORMAT
+from promreflex.foundation import NGINX_LOG_FORMAT, nginx_temp_paths
 from promreflex.fsutil import atomic_write_json, read_json
 from promreflex.proc import Child, Timeout, free_port, http_ok, pid_alive, terminate, wait_until
 
@@ -329,11 +329,7 @@ http {{
     default_type application/octet-stream;
     log_format promreflex '{NGINX_LOG_FORMAT}';
     access_log {self.access_log} promreflex;
-    client_body_temp_path {d / 'tmp' / 'body'};
-    proxy_temp_path {d / 'tmp' / 'proxy'};
-    fastcgi_temp_path {d / 'tmp' / 'fastcgi'};
-    uwsgi_temp_path {d / 'tmp' / 'uwsgi'};
-    scgi_temp_path {d / 'tmp' / 'scgi'};
+{nginx_temp_paths(str(d / 'tmp'))}
     keepalive_timeout 65;
     server {{
         listen 127.0.0.1:{self.port};
