@@ -13,6 +13,7 @@ makes on average.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import statistics
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +224,19 @@ class ChunkedLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def parse_deadline(text: str, now: float | None = None) -> float:
+    """A bench's ``--deadline`` (a heavy-lock slot's end): ``HH:MM`` UTC (the next such time, or one
+    up to 12 h past) or Unix seconds."""
+    if ":" not in text:
+        return float(text)
+    try:
+        at = datetime.strptime(text, "%H:%M").time()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time of day (HH:MM, UTC): {text!r}") from None
+    ref = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC)
+    when = datetime.combine(ref.date(), at, tzinfo=UTC)
+    if when < ref - timedelta(hours=12):
+        when += timedelta(days=1)
+    return when.timestamp()

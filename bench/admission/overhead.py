@@ -10,9 +10,18 @@ same rate to the app directly and through the proxy, in alternating blocks, on t
 - ``page_unbound``: the same through a second proxy whose page limit starts above any burst of
   this load (``run.UNBOUND``), so the page scheduler never holds a request: the difference
   from ``page`` is what queueing bursts at the initial limit (4) costs (the proxy's page-queue
-  wait histogram counts those requests; the report prints the share).
+  wait histogram counts those requests; the report prints the share);
+- ``page_inline``: the session page again, but the app answers it in its main process
+  (``?inline=1``, honoured only by an app doing no page work) instead of through its worker
+  pool: the pool's hop (the app's loop, its executor thread, a worker process and back) wakes
+  several threads per request, and on 2 cores shared with the generator and the proxy those
+  bursts wait for a CPU (measured 2026-11-26: the app's threads ~0.65 s per second runnable
+  but not running through the proxy, ~0.1 s direct; ~0.002 s on this path). This row is the
+  proxy's own cost on a session page; ``page`` is that plus the contention it adds to such an app.
 The app runs with no page work (``--scale 0``), so what differs is the proxy. Added latency =
-percentile through the proxy minus the same percentile direct (pooled over the blocks).
+percentile through the proxy minus the same percentile direct (pooled over the blocks). Every
+block records its conditions (:class:`CpuMeter`): the CPU of the generator, the app and the
+proxy, the host's busy share, and how long each waited for a CPU (``schedstat``).
 
 Ceiling. A closed loop of ``conns`` connections, back to back, through the proxy for a few
 seconds; requests answered per CPU second of the proxy's process = its ceiling per core (the
@@ -23,6 +32,7 @@ be capped by them and is printed beside it).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,17 +198,91 @@ async def closed_loop(host: str, port: int, path: str, seconds: float, conns: in
     return res
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (psutil)."""
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds of a process and (``children``) its descendants (psutil)."""
     p = psutil.Process(pid)
     total = 0.0
-    for q in [p, *p.children(recursive=True)]:
+    for q in [p, *(p.children(recursive=True) if children else [])]:
         try:
             t = q.cpu_times()
             total += t.user + t.system
         except psutil.Error:
             continue
     return total
+
+
+def host_busy(before: Any, after: Any) -> float:
+    """Percent of all cores busy between two ``psutil.cpu_times()`` snapshots (idle, iowait and
+    steal are not busy; a snapshot of its own, so a sampler thread's ``cpu_times_percent`` state
+    is left alone)."""
+    def split(t: Any) -> tuple[float, float]:
+        total = sum(t)
+        free = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "steal", 0.0)
+        return total, free
+
+    (t0, f0), (t1, f1) = split(before), split(after)
+    return 100.0 * max(0.0, (t1 - t0) - (f1 - f0)) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def run_delay(pid: int, children: bool = True) -> float:
+    """Seconds the threads of a process (and its descendants) spent runnable but waiting for a
+    CPU (Linux ``/proc/<pid>/task/<tid>/schedstat``, second field; 0 where it cannot be read)."""
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *(p.children(recursive=True) if children else [])]
+    except psutil.Error:
+        return 0.0
+    ns = 0
+    for q in procs:
+        try:
+            for tid in os.listdir(f"/proc/{q.pid}/task"):
+                with open(f"/proc/{q.pid}/task/{tid}/schedstat") as f:
+                    ns += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ns / 1e9
+
+
+class CpuMeter:
+    """CPU used by each named process (with its children) over one block, in cores (CPU seconds
+    per wall second), and the host's busy share: the conditions a block's latency was measured
+    in. ``with CpuMeter({"generator": os.getpid(), "app": pid, ...}, alone={"generator"}) as m:``;
+    then ``m.cores`` and ``m.busy_pct``. Names in ``alone`` count their own process only (the
+    generator is the parent of the processes it measures)."""
+
+    def __init__(self, pids: dict[str, int], alone: frozenset[str] | set[str] = frozenset()):
+        self.pids, self.alone = pids, alone
+        self.cores: dict[str, float] = {}
+        self.runq_ms_per_s: dict[str, float] = {}  # waiting for a CPU, ms per wall second
+        self.busy_pct = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._cpu = {name: cpu_seconds(pid, name not in self.alone) for name, pid in self.pids.items()}
+        self._wait = {name: run_delay(pid, name not in self.alone) for name, pid in self.pids.items()}
+        self._host = psutil.cpu_times()
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(1e-9, time.perf_counter() - self._t)
+        self.cores = {name: (cpu_seconds(pid, name not in self.alone) - self._cpu[name]) / wall
+                      for name, pid in self.pids.items()}
+        self.runq_ms_per_s = {name: 1000.0 * (run_delay(pid, name not in self.alone) - self._wait[name]) / wall
+                              for name, pid in self.pids.items()}
+        self.busy_pct = host_busy(self._host, psutil.cpu_times())
+
+
+def mean_conditions(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of blocks' conditions (``cores`` per process, ``busy_pct``), rounded."""
+    if not blocks:
+        return {}
+    names = sorted({k for b in blocks for k in b["cores"]})
+    waits = sorted({k for b in blocks for k in b.get("runq_ms_per_s") or {}})
+    return {"cores": {k: round(sum(b["cores"].get(k, 0.0) for b in blocks) / len(blocks), 2) for k in names},
+            "runq_ms_per_s": {k: round(sum((b.get("runq_ms_per_s") or {}).get(k, 0.0) for b in blocks) / len(blocks), 1)
+                              for k in waits},
+            "busy_pct": round(sum(b["busy_pct"] for b in blocks) / len(blocks), 1),
+            "busy_pct_max": round(max(b["busy_pct"] for b in blocks), 1)}
 
 
 def added(direct: dict[str, Any], proxied: dict[str, Any]) -> dict[str, float | None]:

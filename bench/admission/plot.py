@@ -42,6 +42,12 @@ def write(out: Path, summary: dict[str, Any]) -> list[str]:
             if rs:
                 ax.plot([r["clients"] for r in rs], [r["completed_per_s"] for r in rs], "o-", color=COLORS[arm],
                         label=ARM_LABELS[arm])
+                spread = [r for r in rs if (r.get("completed") or {}).get("n", 1) > 1]
+                if spread:  # repeated points: the mean's line, the runs' range as a bar
+                    ax.errorbar([r["clients"] for r in spread], [r["completed_per_s"] for r in spread],
+                                yerr=[[r["completed_per_s"] - r["completed"]["min"] for r in spread],
+                                      [r["completed"]["max"] - r["completed_per_s"] for r in spread]],
+                                fmt="none", ecolor=COLORS[arm], capsize=3, lw=0.9)
         n_sat = (summary.get("calibration") or {}).get("n_sat")
         if n_sat:
             ax.axvline(n_sat, color="grey", lw=0.8, ls=":")

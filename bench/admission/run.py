@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -58,9 +59,10 @@ from bench.admission.arms import ARM_LABELS, ARMS, ArmStack, NginxLimits, proxy_
 from bench.admission.contention import CacheModel
 from bench.admission.counting import Events, count, per_second, read_events, rt_timeline, window_after_start
 from bench.admission.load import ClientModel, Clients, locust_argv
-from bench.admission.overhead import added, closed_loop, cpu_seconds, open_loop
+from bench.admission.overhead import CpuMeter, added, closed_loop, cpu_seconds, mean_conditions, open_loop
 from bench.admission.pages import PAGES, PAPER_THINK_S, PAPER_TIMEOUT_S, SESSION_PAPER_MS, STATIC_PATH
-from bench.conditions import ChunkedLock, HostSampler, describe, heavy_lock
+from bench.admission.repeats import Step, aggregate, rep_of, schedule
+from bench.conditions import ChunkedLock, HostSampler, describe, heavy_lock, parse_deadline
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "admission"
 CONDITIONS: dict[str, tuple[float, float]] = {  # name: (think, timeout) in the paper's seconds
@@ -91,6 +93,8 @@ class Settings:
     cache: CacheModel = field(default_factory=CacheModel)  # the app's contention model, declared
     out: Path = RESULTS
     lock: Path | None = None
+    repeat: int = 1  # runs of every point (--repeat); the report uses their means
+    deadline: float | None = None  # Unix seconds: no point starts that would end after it
 
     def s(self, paper_seconds: float) -> float:
         return paper_seconds * self.scale
@@ -189,14 +193,15 @@ def run_clients(stack: ArmStack, stages: str, run_for: float, model: ClientModel
     return events, host.summary(), states
 
 
-def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clients: int, multiple: float) -> dict[str, Any]:
+def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clients: int, multiple: float,
+              rep: int = 0) -> dict[str, Any]:
     model = st.model(condition)
     warmup, window = st.s(st.warmup_paper_s), st.s(st.window_paper_s)
     stack = ArmStack(arm, st.scale, st.workers, cal["iters_per_ms"], limits=nginx_limits(cal, st),
                      proxy_overrides=st.proxy_overrides, cache=st.cache).start()
     raw = st.out / "raw" / "events"
     raw.mkdir(parents=True, exist_ok=True)
-    name = f"{condition}-{arm}-{clients}"
+    name = f"{condition}-{arm}-{clients}" + (f"-r{rep}" if rep else "")
     try:
         events, host, states = run_clients(stack, f"0:{clients}", warmup + window + st.s(st.tail_paper_s), model,
                                            raw, name, stagger=True, arrival_rate=max(20.0, clients / 2.0))
@@ -208,7 +213,7 @@ def run_point(st: Settings, cal: dict[str, Any], condition: str, arm: str, clien
     ev = read_events(events)
     counted = count(ev, window_after_start(ev, warmup, window))
     t0 = ev.started or 0.0
-    row = {"condition": condition, "arm": arm, "clients": clients, "multiple": multiple, **counted,
+    row = {"condition": condition, "arm": arm, "clients": clients, "multiple": multiple, "rep": rep, **counted,
            "rt_timeline": rt_timeline(ev, t0, t0 + warmup + window + st.s(st.tail_paper_s), 1.0),
            **app_shares(app_stats),
            "proxy": proxy, "host": host, "bad_lines": ev.bad_lines}
@@ -233,7 +238,8 @@ def progress(row: dict[str, Any]) -> str:
     start, mid = fp.get("1", 0), row["abandoned"]
     p99 = row["rt_ok_p99_s"]
     h = row["host"]
-    return (f"{row['condition']:<9} {row['clients']:>4} clients ({row['multiple']:g}x) {row['arm']:<11} "
+    run = f" run {row['rep'] + 1}" if row.get("rep") else ""
+    return (f"{row['condition']:<9} {row['clients']:>4} clients ({row['multiple']:g}x){run} {row['arm']:<11} "
             f"completed {row['completed_per_s']:6.2f}/s  failed start {start:>4} mid {mid:>4}  "
             f"p50 {fmt_s(row['rt_ok_p50_s'])} p99 {fmt_s(p99)}  wasted {row['wasted_share']:.0%}  "
             f"misses {row.get('app_contention_share') or 0:.0%} of app CPU  "
@@ -335,12 +341,18 @@ def plan(st: Settings, with_overhead: bool) -> list[tuple[str, float]]:
     return first + ([("overhead", 0.0)] if with_overhead else []) + rest
 
 
-def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: list[tuple[str, float]]) -> None:
+def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: list[Step]) -> list[str]:
+    """Run ``steps`` (:func:`bench.admission.repeats.schedule`); returns the steps left out
+    because they would have ended after ``st.deadline``."""
     announced: set[str] = set()
-    for i, (condition, m) in enumerate(steps):
+    skipped: list[str] = []
+    for condition, m, rep, flip in steps:
         if condition == "overhead":
-            lock.need(150.0)
-            log("overhead: 1,000 req/s direct vs through the proxy (three paths), then the proxy's ceiling")
+            if not fits(st, OVERHEAD_S):
+                skipped.append("overhead")
+                continue
+            lock.need(OVERHEAD_S)
+            log("overhead: 1,000 req/s direct vs through the proxy (four paths), then the proxy's ceiling")
             ov = overhead(st)
             _raw_path(st, "overhead").write_text(json.dumps(ov, indent=1))
             continue
@@ -354,17 +366,30 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: li
             announced.add(condition)
             log(f"condition {condition}: think {model.think_s:g}s, timeout {model.timeout_s:g}s (paper "
                 f"{CONDITIONS[condition][0]:g}s/{CONDITIONS[condition][1]:g}s x scale {st.scale:g})")
-        done = {(r["arm"], r["clients"]) for r in rows}
-        arms = [a for a in (st.arms if i % 2 == 0 else tuple(reversed(st.arms))) if (a, n) not in done]
+        done = {(r["arm"], r["clients"], rep_of(r)) for r in rows}
+        arms = [a for a in (tuple(reversed(st.arms)) if flip else st.arms) if (a, n, rep) not in done]
         if not arms:
+            continue
+        if not fits(st, point_seconds(st) * len(arms)):
+            skipped.append(f"{condition} {m:g}x run {rep + 1}")
+            log(f"skipping {condition} {m:g}x run {rep + 1}: it would end after the deadline")
             continue
         lock.need(point_seconds(st) * len(arms))
         for arm in arms:
-            row = run_point(st, cal, condition, arm, n, m)
+            row = run_point(st, cal, condition, arm, n, m, rep)
             row["scale"], row["cache"] = st.scale, st.cache.as_dict()
-            rows = [r for r in rows if (r["arm"], r["clients"]) != (arm, n)] + [row]
+            rows = [r for r in rows if (r["arm"], r["clients"], rep_of(r)) != (arm, n, rep)] + [row]
             path.write_text(json.dumps(rows, indent=1))
             log(progress(row))
+    return skipped
+
+
+OVERHEAD_S = 150.0  # wall time of the overhead step, about
+
+
+def fits(st: Settings, seconds: float, now: float | None = None) -> bool:
+    """Whether a step of ``seconds`` ends before ``st.deadline`` (always, without one)."""
+    return st.deadline is None or (time.time() if now is None else now) + seconds <= st.deadline
 
 
 # ---------------------------------------------------------------- overhead
@@ -408,10 +433,12 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
              ceiling_s: float = 5.0) -> dict[str, Any]:
     """Added latency at ``rate`` req/s (proxy vs app alone, alternating blocks) and the ceiling.
 
-    Three paths: ``static`` (exempt), ``page`` (a session page through the proxy with its shipped
-    defaults) and ``page_unbound`` (the same page through a second proxy whose page limit starts
-    at 64, :data:`UNBOUND`): the difference between the last two is the page scheduler queueing
-    bursts at its initial limit of 4, not the cost of the proxy's code."""
+    Four paths: ``static`` (exempt), ``page`` (a session page through the proxy with its shipped
+    defaults), ``page_unbound`` (the same page through a second proxy whose page limit starts
+    at 64, :data:`UNBOUND`): the difference between the two is the page scheduler queueing
+    bursts at its initial limit of 4, not the cost of the proxy's code; and ``page_inline``
+    (the session page answered without the app's process pool, see
+    :mod:`bench.admission.overhead`)."""
     stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0, cache=CacheModel(budget_mb=0),
                      proxy_overrides={"page_scheduler.timeout": 10.0, **st.proxy_overrides}).start()
     results: dict[str, dict[str, Any]] = {}
@@ -419,8 +446,12 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
     try:
         unbound_port, unbound_control = stack.add_proxy("proxy-unbound", UNBOUND)
         paths = {"static": (STATIC_PATH, None, stack.proxy_port), "page": (PAGES[1].path, PAGES[0].path, stack.proxy_port),
-                 "page_unbound": (PAGES[1].path, PAGES[0].path, unbound_port)}
+                 "page_unbound": (PAGES[1].path, PAGES[0].path, unbound_port),
+                 "page_inline": (PAGES[1].path + "?inline=1", PAGES[0].path, stack.proxy_port)}
         controls = {"page": stack.control_url, "page_unbound": f"http://127.0.0.1:{unbound_control}"}
+        pids = stack.pids()
+        proxy_pid_of = {stack.proxy_port: pids["proxy"][0], unbound_port: pids["proxy-unbound"][0]}
+        conditions: dict[str, list[dict[str, Any]]] = {}
         with HostSampler(groups=stack.pid_sources()) as host:
             for path, login, proxy_port in paths.values():  # warm every path
                 for port in (stack.app_port, proxy_port):
@@ -431,15 +462,23 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
                 for name, (path, login, proxy_port) in paths.items():
                     order = [("direct", stack.app_port), ("proxy", proxy_port)]
                     for via, port in (order if r % 2 == 0 else order[::-1]):
-                        res = asyncio.run(open_loop("127.0.0.1", port, path, rate, block_s,
-                                                    login=login if via == "proxy" else None))
+                        procs = {"generator": os.getpid(), "app": pids["app"][0]}
+                        if via == "proxy":
+                            procs["proxy"] = proxy_pid_of[proxy_port]
+                        with CpuMeter(procs, alone={"generator"}) as meter:
+                            res = asyncio.run(open_loop("127.0.0.1", port, path, rate, block_s,
+                                                        login=login if via == "proxy" else None))
                         pooled.setdefault((name, via), []).extend(res.latencies)
                         key = f"{name}/{via}"
                         acc = results.setdefault(key, {"sent": 0, "errors": 0, "seconds": 0.0})
                         acc["sent"] += res.sent
                         acc["errors"] += res.errors
                         acc["seconds"] += res.seconds
-                        log(f"overhead round {r + 1}/{rounds} {key}: {res.summary()}")
+                        conditions.setdefault(key, []).append({"cores": meter.cores, "busy_pct": meter.busy_pct,
+                                                               "runq_ms_per_s": meter.runq_ms_per_s})
+                        log(f"overhead round {r + 1}/{rounds} {key}: {res.summary()}; CPU cores "
+                            + ", ".join(f"{k} {v:.2f}" for k, v in meter.cores.items()) + f", host busy {meter.busy_pct:.0f}%"
+                            + "; waiting for a CPU (ms/s) " + ", ".join(f"{k} {v:.0f}" for k, v in meter.runq_ms_per_s.items()))
             from bench.admission.counting import percentile
 
             for name, url in controls.items():
@@ -452,10 +491,11 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
                 acc["rate"] = round(len(lat) / acc["seconds"], 1) if acc["seconds"] else 0.0
                 acc["p50_ms"] = _ms(percentile(lat, 50))
                 acc["p99_ms"] = _ms(percentile(lat, 99))
+                acc["conditions"] = mean_conditions(conditions.get(f"{name}/{via}", []))
             ceiling = {}
             proxy_pid = stack.pids()["proxy"][0]
             for name, (path, login, _) in paths.items():
-                if name == "page_unbound":
+                if name in ("page_unbound", "page_inline"):
                     continue
                 before = cpu_seconds(proxy_pid)
                 res = asyncio.run(closed_loop("127.0.0.1", stack.proxy_port, path, ceiling_s, conns=64, login=login))
@@ -483,28 +523,39 @@ def _ms(v: float | None) -> float | None:
 def targets(base_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's targets, from the base condition: at the largest count (4x), the full scheme
     keeps >= 90 % of its peak completed sessions/s (and of the best arm's peak), and fails
-    sessions only at their first page."""
+    sessions only at their first page. With repeated points every figure is the mean of the
+    runs (:func:`bench.admission.repeats.aggregate`), the peak is the highest mean, the ratios'
+    spread is each run at the top count over that peak, and a mid-session failure in any run
+    counts."""
     out: dict[str, Any] = {}
     if not base_rows:
         return out
-    top = max(r["multiple"] for r in base_rows)
-    best_peak = max(r["completed_per_s"] for r in base_rows)
+    means = aggregate(base_rows)
+    top = max(r["multiple"] for r in means)
+    best_peak = max(r["completed_per_s"] for r in means)
     for arm in ARMS:
-        rows = [r for r in base_rows if r["arm"] == arm]
+        rows = [r for r in means if r["arm"] == arm]
         at_top = [r for r in rows if r["multiple"] == top]
         if not rows or not at_top:
             continue
-        peak = max(r["completed_per_s"] for r in rows)
+        peak_row = max(rows, key=lambda r: r["completed_per_s"])
+        peak = peak_row["completed_per_s"]
         t = at_top[0]
+        c = t["completed"]
         out[arm] = {"multiple": top, "clients": t["clients"], "completed_per_s": round(t["completed_per_s"], 2),
-                    "peak_per_s": round(peak, 2), "of_own_peak": round(t["completed_per_s"] / peak, 3) if peak else None,
+                    "runs": c["n"], "sd_per_s": round(c["sd"], 2), "min_per_s": round(c["min"], 2),
+                    "max_per_s": round(c["max"], 2),
+                    "peak_per_s": round(peak, 2), "peak_multiple": peak_row["multiple"],
+                    "of_own_peak": round(t["completed_per_s"] / peak, 3) if peak else None,
+                    "of_own_peak_runs": [round(v / peak, 3) for v in t["runs"]] if peak else None,
                     "of_best_peak": round(t["completed_per_s"] / best_peak, 3) if best_peak else None,
-                    "failed_start": t["failed_by_page"].get("1", 0), "failed_mid": t["abandoned"]}
+                    "failed_start": round(t["failed_by_page"].get("1", 0), 1), "failed_mid": round(t["abandoned"], 1),
+                    "failed_mid_max": t["abandoned_max"]}
     full = out.get("full")
     if full:
         out["verdict"] = {"keeps_90pct_of_own_peak": bool(full["of_own_peak"] and full["of_own_peak"] >= 0.9),
                           "keeps_90pct_of_best_peak": bool(full["of_best_peak"] and full["of_best_peak"] >= 0.9),
-                          "failures_only_at_start": full["failed_mid"] == 0}
+                          "failures_only_at_start": full["failed_mid_max"] == 0}
     return out
 
 
@@ -513,7 +564,8 @@ def compact(row: dict[str, Any]) -> dict[str, Any]:
             "failed_by_page", "failed_by_group", "failed_by_reason", "abandoned", "ok_per_s", "wasted_share",
             "app_wasted_cpu_share", "app_contention_share", "rt_ok_p50_s", "rt_ok_p90_s", "rt_ok_p99_s",
             "rt_all_p99_s", "rt_by_page", "session_p50_s", "proxy", "rt_timeline")
-    out = {k: _rounded(row.get(k)) for k in keep}
+    out = {k: _rounded(row.get(k)) for k in keep if not (k == "rt_timeline" and rep_of(row))}  # (figures: run 1's)
+    out["rep"] = rep_of(row)
     h = row.get("host") or {}
     out["cpu_busy_pct"], out["cpu_steal_pct"] = h.get("cpu_busy_pct"), h.get("cpu_steal_pct")
     out["cores_used"] = {g: v["cores"] for g, v in (h.get("groups") or {}).items()}
@@ -530,7 +582,7 @@ def _rounded(v: Any) -> Any:
     return v
 
 
-def report(st: Settings, command: str) -> dict[str, Any]:
+def report(st: Settings, command: str, skipped: list[str] | None = None) -> dict[str, Any]:
     cal = load_json(_raw_path(st, "calibration"))
     rows = {c: sorted((r for r in load_json(_raw_path(st, c)) or []  # this app and time scale only
                        if r.get("scale") == st.scale and r.get("cache") == st.cache.as_dict()),
@@ -550,13 +602,18 @@ def report(st: Settings, command: str) -> dict[str, Any]:
         "nginx_limits": asdict(nginx_limits(cal, st)) if cal else None,
         "proxy_config": proxy_config(0, 0, 0, st.scale, True, st.proxy_overrides)["admission"],
         "points": {c: [compact(r) for r in rs] for c, rs in rows.items() if rs},
+        "repeat": max((len(r["runs"]) for rs in rows.values() for r in aggregate(rs)), default=0),
+        "means": {c: [_rounded({k: v for k, v in r.items() if k != "rt_timeline"}) for r in aggregate(rs)]
+                  for c, rs in rows.items() if rs},
         "targets": targets(rows["base"]),
+        "skipped": skipped or [],
         "overhead": ov,
         "hosts": {c: _hosts([r.get("host") or {} for r in rs]) for c, rs in rows.items() if rs},
     }
     st.out.mkdir(parents=True, exist_ok=True)
     (st.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    pngs = plot.write(st.out, summary)
+    # the figures from the means (one run per point: the run itself), timelines from the first run
+    pngs = plot.write(st.out, {**summary, "points": {c: aggregate(rs) for c, rs in rows.items() if rs}})
     md = markdown(summary, pngs)
     (st.out / "summary.md").write_text(md)
     print(md)
@@ -611,13 +668,16 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
                   f"`session.max_queue_wait` {eff.session.max_queue_wait:g} s, `session_scheduler.page_wait_target` "
                   f"{eff.session_scheduler.page_wait_target:g} s. Keys the bench sets (every other key is the "
                   f"proxy's default): {bench_keys(px)}.", ""]
-    for cond, rows in s["points"].items():
+    repeated = any((r.get("completed") or {}).get("n", 1) > 1 for rs in (s.get("means") or {}).values() for r in rs)
+    for cond, rows in (s.get("means") or s["points"]).items():
         c = s["conditions"][cond]
         arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
         lines += [f"## {cond}: think {c['paper_think_s']:g} s, timeout {c['paper_timeout_s']:g} s "
                   f"(scaled: {c['think_s']:g} s / {c['timeout_s']:g} s)", "",
-                  "Completed sessions/s (failed at page 1 / failed at pages 2-7, in the window; p99 response time of "
-                  "answered requests):", "",
+                  ("Completed sessions/s, mean of the runs ±sd (min-max of the runs; failed at page 1 / failed at "
+                   "pages 2-7 per run, means; p99 response time of answered requests, mean):" if repeated else
+                   "Completed sessions/s (failed at page 1 / failed at pages 2-7, in the window; p99 response time of "
+                   "answered requests):"), "",
                   "| clients | " + " | ".join(ARM_LABELS[a] for a in arms) + " |",
                   "|---|" + "---|" * len(arms)]
         for n in sorted({r["clients"] for r in rows}):
@@ -625,9 +685,7 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
             mult = next(r["multiple"] for r in rows if r["clients"] == n)
             for a in arms:
                 r = next((r for r in rows if r["clients"] == n and r["arm"] == a), None)
-                cells.append("-" if r is None else
-                             f"**{r['completed_per_s']:.2f}** ({r['failed_by_page']['1']}/{r['abandoned']}; "
-                             f"{fmt_s(r['rt_ok_p99_s']).strip()})")
+                cells.append("-" if r is None else point_cell(r))
             lines.append(f"| {n} ({mult:g}x) | " + " | ".join(cells) + " |")
         host = s["hosts"].get(cond) or {}
         lines += ["", f"Conditions: CPU busy {host.get('cpu_busy_pct')}% (steal {host.get('cpu_steal_pct')}%) "
@@ -635,19 +693,32 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
     t = s.get("targets") or {}
     if t:
         lines += ["## Targets (base condition, largest client count)", "",
+                  *(["Means of the runs: completed/s ±sd (min-max), the peak is the highest mean (at the multiple "
+                     "shown), of own peak per run in brackets; failures are means per run (worst run).", ""]
+                    if repeated else []),
                   "| arm | clients | completed/s | its peak | of own peak | of best arm's peak | failed at start | failed mid-session |",
                   "|---|---|---|---|---|---|---|---|"]
         for a in ARMS:
             if a in t:
                 r = t[a]
-                lines.append(f"| {ARM_LABELS[a]} | {r['clients']} ({r['multiple']:g}x) | {r['completed_per_s']} | "
-                             f"{r['peak_per_s']} | {r['of_own_peak']:.0%} | {r['of_best_peak']:.0%} | "
-                             f"{r['failed_start']} | {r['failed_mid']} |")
+                if repeated:
+                    lines.append(f"| {ARM_LABELS[a]} | {r['clients']} ({r['multiple']:g}x) | {r['completed_per_s']} "
+                                 f"±{r['sd_per_s']} ({r['min_per_s']}-{r['max_per_s']}, {r['runs']} runs) | "
+                                 f"{r['peak_per_s']} ({r['peak_multiple']:g}x) | {r['of_own_peak']:.0%} ("
+                                 + ", ".join(f"{v:.0%}" for v in r["of_own_peak_runs"] or []) + ") | "
+                                 f"{r['of_best_peak']:.0%} | {r['failed_start']:g} | {r['failed_mid']:g} "
+                                 f"({r['failed_mid_max']}) |")
+                else:
+                    lines.append(f"| {ARM_LABELS[a]} | {r['clients']} ({r['multiple']:g}x) | {r['completed_per_s']} | "
+                                 f"{r['peak_per_s']} | {r['of_own_peak']:.0%} | {r['of_best_peak']:.0%} | "
+                                 f"{r['failed_start']:g} | {r['failed_mid']:g} |")
         v = t.get("verdict")
         if v:
             lines += ["", f"Full scheme keeps >= 90 % of its own peak: **{'yes' if v['keeps_90pct_of_own_peak'] else 'no'}**; "
                       f"of the best arm's peak: **{'yes' if v['keeps_90pct_of_best_peak'] else 'no'}**; failures only "
                       f"at session start: **{'yes' if v['failures_only_at_start'] else 'no'}**.", ""]
+    if s.get("skipped"):
+        lines += ["Not run (they would have ended after `--deadline`): " + ", ".join(s["skipped"]) + ".", ""]
     ov = s.get("overhead")
     if ov:
         lines += [f"## Proxy overhead at {ov['rate']:g} req/s (open loop, {ov['rounds']} alternating rounds of "
@@ -661,6 +732,20 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
                          f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | "
                          + (f"{ceil.get('per_core')} ({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |"
                             if ceil else "- |"))
+        if any((ov["runs"].get(f"{n}/direct") or {}).get("conditions") for n in ov["paths"]):
+            lines += ["", "Conditions of the blocks (CPU used during the blocks, in cores, mean per block; the host's "
+                      "busy share of all its cores, mean and worst block): the generator, the app (with its worker "
+                      "processes) and the proxy share the machine, so a side whose processes need all of it queues "
+                      "in the kernel, not in the proxy.", "",
+                      "| path | side | generator | app | proxy | host busy | waiting for a CPU, ms/s: generator / app / proxy |",
+                      "|---|---|---|---|---|---|---|"]
+            for name in ov["paths"]:
+                for via in ("direct", "proxy"):
+                    c = ov["runs"][f"{name}/{via}"].get("conditions") or {}
+                    cores, runq = c.get("cores") or {}, c.get("runq_ms_per_s") or {}
+                    lines.append(f"| {name} | {via} | {cores.get('generator', '-')} | {cores.get('app', '-')} | "
+                                 f"{cores.get('proxy', '-')} | {c.get('busy_pct', '-')} % (max {c.get('busy_pct_max', '-')} %) | "
+                                 + " / ".join(str(runq.get(k, "-")) for k in ("generator", "app", "proxy")) + " |")
         waits = ov.get("page_queue_waits") or {}
         if waits:
             lines += ["", "Session pages that waited more than 1 ms in their page queue: " + "; ".join(
@@ -668,10 +753,28 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
                 for name, w in waits.items()) + f". `page_unbound` runs with {ov.get('unbound_overrides')} (the "
                 "page limit above any burst of this load), `page` with the default initial limit of 4: the "
                 "difference between the two rows is what holding bursts in the page queue costs."]
+        if "page_inline" in ov["paths"]:
+            lines += ["", "`page_inline`: the same session page, the app answering it in its main process instead of "
+                      "through its worker pool (the app does no page work here): the proxy's own cost on a session "
+                      "page. `page` adds what the pool's hop (the app's loop, its executor thread, a worker process "
+                      "and back) pays for sharing the cores with one more busy process: see the waits for a CPU above."]
         lines += ["", f"Conditions: {describe(ov['host'])}.", ""]
     if pngs:
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in pngs), ""]
     return "\n".join(lines) + "\n"
+
+
+def point_cell(r: dict[str, Any]) -> str:
+    """One point of the markdown table (a row of :func:`bench.admission.repeats.aggregate`):
+    ``**22.20** (152/0; 2.9s)`` for one run, ``**22.40** ±0.80 (21.60-23.20, 3 runs; 150/0; 2.9s)``
+    for several."""
+    c = r.get("completed") or {"n": 1}
+    p99 = fmt_s(r.get("rt_ok_p99_s")).strip()
+    fails = f"{r['failed_by_page']['1']:.0f}/{r['abandoned']:.0f}"
+    if c["n"] == 1:
+        return f"**{r['completed_per_s']:.2f}** ({fails}; {p99})"
+    return (f"**{r['completed_per_s']:.2f}** ±{c['sd']:.2f} ({c['min']:.2f}-{c['max']:.2f}, {c['n']} runs; "
+            f"{fails}; {p99})")
 
 
 # ---------------------------------------------------------------- the demo
@@ -748,8 +851,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--multiples", default="0.5,1,2,3,4", help="client counts for base, x saturation")
     ap.add_argument("--var-multiples", default="1,4", help="client counts for the variations, x saturation")
-    ap.add_argument("--window", type=float, default=200.0, help="counting window, paper seconds (x scale)")
-    ap.add_argument("--warmup", type=float, default=80.0, help="warm-up before the window, paper seconds (x scale)")
+    ap.add_argument("--window", type=float, default=None,
+                    help="counting window, paper seconds (x scale; default 200, with --report-only the measured one)")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="warm-up before the window, paper seconds (x scale; default 80, with --report-only the measured one)")
     contention.add_arguments(ap)
     ap.add_argument("--proxy-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the proxy's admission: section (dotted, YAML value)")
@@ -759,6 +864,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--lock", type=Path, default=None, help="heavy-job lock taken per client count (flock)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of every point, interleaved (repetition after repetition of the plan); the report "
+                         "and the targets use their means, with the spread beside them")
+    ap.add_argument("--deadline", type=parse_deadline, default=None, metavar="HH:MM",
+                    help="UTC (or Unix seconds): no step starts that would end after it (the report says which)")
     args = ap.parse_args(argv)
     import yaml
 
@@ -778,11 +888,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown condition or arm: {', '.join(bad)} (conditions {', '.join(CONDITIONS)}; arms {', '.join(ARMS)})")
     if not 0.01 <= args.scale <= 1.0:
         ap.error("--scale must be in [0.01, 1]")
+    if not 1 <= args.repeat <= 20:
+        ap.error("--repeat must be 1..20")
     cache = contention.from_arguments(ap, args)
-    st = Settings(scale=args.scale, workers=args.workers, warmup_paper_s=args.warmup, window_paper_s=args.window,
+    ran = (load_json(args.out / "raw" / "command.json") or {}) if args.report_only else {}
+    warmup = args.warmup if args.warmup is not None else ran.get("warmup_paper_s", Settings.warmup_paper_s)
+    window = args.window if args.window is not None else ran.get("window_paper_s", Settings.window_paper_s)
+    st = Settings(scale=args.scale, workers=args.workers, warmup_paper_s=warmup, window_paper_s=window,
                   conditions=conditions, arms=arms, multiples=_floats(args.multiples),
                   var_multiples=_floats(args.var_multiples), proxy_overrides=overrides, cache=cache, out=args.out,
-                  lock=args.lock)
+                  lock=args.lock, repeat=args.repeat, deadline=args.deadline)
     given = sys.argv[1:] if argv is None else argv
     command = "uv run --frozen python -m bench.admission" + (" " + " ".join(given) if given else "")
     if args.demo:
@@ -792,10 +907,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         for c in CONDITIONS:
             _raw_path(st, c).unlink(missing_ok=True)
+    skipped: list[str] = []
+    measured = {"command": command, "warmup_paper_s": st.warmup_paper_s, "window_paper_s": st.window_paper_s}
     if args.report_only:  # the command that measured the points, when known
-        command = (load_json(_raw_path(st, "command")) or {}).get("command", command)
+        command, skipped = ran.get("command", command), ran.get("skipped", [])
     else:
-        _raw_path(st, "command").write_text(json.dumps({"command": command}))
+        _raw_path(st, "command").write_text(json.dumps(measured))
         with ChunkedLock(st.lock, max_s=690.0, log=log) as lock:  # chunks <= 11.5 min
             cal = None
             if args.overhead != "only":
@@ -810,10 +927,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"sessions/s by requests in the app: {curve_text(cal)}")
                 log(f"capacity {cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s), "
                     f"saturation N_sat = {cal['n_sat']} clients; {describe(cal['host'])}")
-                steps = plan(st, args.overhead == "yes")
+                steps = schedule(plan(st, args.overhead == "yes"), st.repeat)
             else:
-                steps = [("overhead", 0.0)]
-            log("plan: " + ", ".join(c if c == "overhead" else f"{c} {m:g}x" for c, m in steps))
-            sweep(st, cal, lock, steps)
-    report(st, command)
+                steps = schedule([("overhead", 0.0)], 1)
+            log("plan: " + ", ".join(c if c == "overhead" else f"{c} {m:g}x" + (f" (run {r + 1})" if st.repeat > 1 else "")
+                                     for c, m, r, _ in steps))
+            skipped = sweep(st, cal, lock, steps)
+            _raw_path(st, "command").write_text(json.dumps({**measured, "skipped": skipped}))
+    report(st, command, skipped)
     return 0

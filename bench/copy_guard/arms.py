@@ -10,6 +10,12 @@ route's params (THROTTLE's interface, /work/notes/throttle-interface.md at the t
 - ``throttle-*``: the same throttle at other settings, for the Pareto of saved vs copy delay
   (``throttle-asked``: the floor compares the visitors asking, as the alerts do, not the demand
   that counts requests in flight, i.e. pages the copy made slow);
+- ``paper-crowd`` / ``throttle-crowd``: the route also matches ``CopyGuardSiteCrowded`` (visitors
+  arriving faster than the threshold, or a crowd's backlog still waiting: the rules'
+  ``site:promreflex_copy_guard_crowd:bool``): the paper's rule then pauses from the crowd's
+  first scrape until its queue drained; the throttle (``crowd: pause``) likewise, and runs the
+  copy free at once after it if the shop is asked for less than its floor;
+  ``throttle-crowd-hold``: the throttle with ``crowd: hold`` (no probing up while it lasts);
 - ``quiet``: no visitors at all, only our exporters, the shipped route: the copy must never be
   paused or slowed.
 """
@@ -29,6 +35,7 @@ class Arm:
     params: dict[str, Any] | None = None  # None: no copy-guard route (no guard)
     shipped: bool = False  # the shipped route's params as they are (plus registry_dir)
     throttle: bool = field(default=False)  # a point of the Pareto
+    crowd: bool = False  # the route also matches CopyGuardSiteCrowded
 
     @property
     def guarded(self) -> bool:
@@ -51,12 +58,20 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         {"mode": "adaptive", "severe": 0, "emergency_after": "0s"}, throttle=True),
     Arm("throttle-hard", "throttle: decrease 0.3", True, True,
         {"mode": "adaptive", "decrease": 0.3, "increase": 0.1}, throttle=True),
+    Arm("paper-crowd", "paper's rule + crowd alert (pause from the crowd's arrival until its queue drained)",
+        True, True, {"mode": "pause", "min_pause": "0s"}, crowd=True),
+    Arm("throttle-crowd", "throttle + crowd alert, crowd: pause", True, True,
+        {"mode": "adaptive", "crowd": "pause"}, throttle=True, crowd=True),
+    Arm("throttle-crowd-hold", "throttle + crowd alert, crowd: hold (no probing up)", True, True,
+        {"mode": "adaptive", "crowd": "hold"}, throttle=True, crowd=True),
     Arm("quiet", "quiet shop (no visitors), shipped route", False, True, {}, shipped=True),
 )}
 #: The loaded arms a full run measures, in order (a round alternates the direction).
 DEFAULT_LOADED = ["load-only", "no-guard", "paper", "min-pause-20s", "throttle", "throttle-gentle",
                   "throttle-nopause"]
 BASELINE, UNGUARDED = "load-only", "no-guard"
+#: The crowd arms' matcher: the shipped route's two alerts and the crowd alert.
+CROWD_MATCHER = 'alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"'
 
 
 def shipped_route() -> dict[str, Any]:
@@ -75,7 +90,10 @@ def route_for(arm: Arm, registry_dir: str) -> list[dict[str, Any]]:
     params = dict(base["params"]) if arm.shipped else {k: v for k, v in base["params"].items() if k == "max_pause"}
     params.update(arm.params or {})
     params["registry_dir"] = registry_dir
-    return [{**base, "name": f"copy-guard-{arm.name}", "params": params}]
+    matchers = list(base["matchers"])
+    if arm.crowd:
+        matchers = [CROWD_MATCHER]
+    return [{**base, "name": f"copy-guard-{arm.name}", "matchers": matchers, "params": params}]
 
 
 def plan(arms: list[str], rounds: int, reverse_first: bool = False, quiet: bool = True) -> list[tuple[int, str]]:

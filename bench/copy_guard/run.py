@@ -71,7 +71,7 @@ from typing import Any
 import psutil
 
 from bench.blkio import EmulatedDisk
-from bench.conditions import ChunkedLock, HostSampler, describe
+from bench.conditions import ChunkedLock, HostSampler, describe, parse_deadline
 from bench.copy_guard.analysis import (
     RunResult,
     Window,
@@ -94,7 +94,7 @@ from promreflex.proc import free_port, wait_until
 from promreflex.stack import Stack
 
 SITE = "shop"
-ALERTS = "CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"
+ALERTS = "CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"
 PAPER = {"saved_share": 0.623, "slowdown": 129 / 92 - 1}
 TARGET = {"saved_share": 0.80, "slowdown": 0.40, "quiet_pauses": 0}
 # copy_solo_seconds: the unguarded copy's length at the shop's normal demand (the flash crowd's
@@ -147,6 +147,7 @@ class Bench:
         self.profile: tuple[list[Any], dict[str, list[Any]]] | None = None
         self.rebuilt = ""
         self.skipped: list[str] = []  # runs or scenarios left out to end before --deadline
+        self.solo_measured: float | None = None  # --copy-solo-seconds 0: the unguarded copy's measured length
 
     # ------------------------------------------------------------------ setup
     def stack_config(self, routes: list[dict[str, Any]]) -> Stack:
@@ -259,8 +260,30 @@ class Bench:
         rt = "unknown" if cal.response_s is None else f"{cal.response_s * 1000:.0f} ms"
         log(f"threshold {self.threshold:.1f} req/s, demand floor {cal.floor:.1f}, healthy response time {rt}, capacity "
             f"(median served at the knee) {self.capacity:.1f} req/s, {self.users} users: {cal.describe()}")
-        for name in self.a.scenarios:
+        for name in self.a.scenarios if self.a.copy_solo_seconds > 0 else ():
             log("  scenario " + SCENARIOS[name].describe(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds))
+
+    def measure_copy_solo(self) -> None:
+        """``--copy-solo-seconds 0``: time the flash crowd on THIS run's unguarded copy at the
+        shop's normal demand (the moderate scenario's load, no guard, a ``--solo-load-seconds``
+        load), measured after calibrating and before any arm; reported as scenario ``solo``."""
+        a = self.a
+        seconds, a.load_seconds = a.load_seconds, a.solo_load_seconds
+        try:
+            self.lock.before(self.expected_seconds(UNGUARDED))
+            self.settle()
+            r = self.one_run(0, UNGUARDED, "moderate")
+        finally:
+            a.load_seconds = seconds
+        self.timelines[("solo", 0, r.name)] = self.timelines.pop(("moderate", 0, r.name))
+        r.scenario = "solo"
+        self.results.append(r)
+        if r.copy_seconds is None:
+            raise RuntimeError("the solo copy did not finish: cannot time the flash crowd")
+        a.copy_solo_seconds = self.solo_measured = round(r.copy_seconds, 1)
+        log(f"unguarded copy at normal demand: {a.copy_solo_seconds:g}s (times the flash crowd)")
+        for name in a.scenarios:
+            log("  scenario " + SCENARIOS[name].describe(self.capacity, a.copy_delay, a.copy_solo_seconds))
 
     # ------------------------------------------------------------------ one run
     def one_run(self, rnd: int, name: str, scenario: str = "closed") -> RunResult:
@@ -435,6 +458,8 @@ class Bench:
             prom = self.stack.url("prometheus")
             wait_until(lambda: _prom_value(prom, 'up{job="accesslog"} == 1'), timeout=60, what="access-log exporter scraped")
             self.calibrate()
+            if a.copy_solo_seconds <= 0:
+                self.measure_copy_solo()
             runs = [(sc, rnd, name) for sc in a.scenarios
                     for rnd, name in plan(self.arms_of(sc), a.rounds, a.reverse, quiet=False)]
             runs += [] if a.no_quiet else [("quiet", 0, "quiet")]
@@ -505,9 +530,12 @@ class Bench:
         return out + quiet
 
     def arms_of(self, scenario: str) -> list[str]:
-        """The scenario's arms; ``--arms`` replaces those of ``flash`` and ``closed``."""
+        """The scenario's arms; ``--arms`` replaces those of ``flash`` and ``closed``,
+        ``--moderate-arms`` those of ``moderate``."""
         if self.a.arms is not None and scenario in ("flash", "closed"):
             return list(self.a.arms)
+        if self.a.moderate_arms is not None and scenario == "moderate":
+            return list(self.a.moderate_arms)
         return list(SCENARIOS[scenario].arms)
 
     def quiet_run(self) -> RunResult:
@@ -544,7 +572,8 @@ class Bench:
         def value(v: Any) -> str:
             return "" if v is True else " " + (",".join(v) if isinstance(v, list) else str(v))
 
-        flags = [f"--{k.replace('_', '-')}{value(v)}" for k, v in vars(self.a).items()
+        given = {**vars(self.a), **({"copy_solo_seconds": 0.0} if self.solo_measured else {})}
+        flags = [f"--{k.replace('_', '-')}{value(v)}" for k, v in given.items()
                  if k not in ("shop", "lock", "quick", "report_from", "deadline") and v != defaults.get(k) and v is not False]
         return " ".join(["uv run python -m bench.copy_guard --shop", self.a.shop, *(["--quick"] if self.a.quick else []), *flags,
                          *(["--lock", str(self.a.lock)] if self.a.lock else [])])
@@ -674,6 +703,7 @@ class Bench:
                    "scenarios": {n: SCENARIOS[n].describe(self.capacity, self.a.copy_delay, self.a.copy_solo_seconds)
                                  for n in self.a.scenarios},
                    "rows": rows, "target": TARGET, "skipped": self.skipped,
+                   "copy_solo_seconds": self.a.copy_solo_seconds, "copy_solo_measured": self.solo_measured is not None,
                    "paper": PAPER, "verdict": verdict, "legend": legend,
                    "calibration": {k: (self.calibration or {}).get(k) for k in ("threshold", "method", "users", "spread",
                                                                                "floor", "response_s", "ramp", "discarded")}}
@@ -715,19 +745,6 @@ def _interrupt_once(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def parse_deadline(text: str, now: float | None = None) -> float:
-    """``HH:MM`` (UTC, the next such time from ``now``) or Unix seconds -> Unix seconds."""
-    now = time.time() if now is None else now
-    if ":" not in text:
-        return float(text)
-    hh, mm = (int(x) for x in text.split(":", 1))
-    if not (0 <= hh < 24 and 0 <= mm < 60):
-        raise argparse.ArgumentTypeError(f"not a time of day: {text!r}")
-    day = now - now % 86400
-    at = day + hh * 3600 + mm * 60
-    return at if at > now - 12 * 3600 else at + 86400
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.copy_guard", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -766,11 +783,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--arms", type=lambda v: [x for x in v.split(",") if x], default=None,
                     help=f"loaded arms of the flash and closed scenarios, comma-separated (default: the scenario's, "
                          f"scenario.py; all: {','.join(n for n, a in ARMS.items() if a.load)})")
+    ap.add_argument("--moderate-arms", type=lambda v: [x for x in v.split(",") if x], default=None,
+                    help="arms of the moderate scenario (default: the shipped throttle alone)")
     ap.add_argument("--scenarios", type=lambda v: [x for x in v.split(",") if x], default=["flash", "overload", "moderate"],
                     help=f"load scenarios, in order (default flash,overload,moderate; all: {','.join(SCENARIOS)})")
     ap.add_argument("--copy-solo-seconds", type=float, default=None,
                     help="the unguarded copy's length at the shop's normal demand: times the flash crowd (scenario.py; "
-                         "default per shop, from the smoke run)")
+                         "default per shop, from the smoke run; 0: measure it in this run first, see --solo-load-seconds)")
+    ap.add_argument("--solo-load-seconds", type=float, default=30.0,
+                    help="with --copy-solo-seconds 0: the load of the run that times the unguarded copy")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--reverse", action="store_true", help="start with the arms in reverse order")
     ap.add_argument("--no-quiet", action="store_true", help="skip the quiet-shop arm")
@@ -787,7 +808,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "is stopped, and the report is written from what was measured")
     a = ap.parse_args(argv)
     a.shop = a.shop or ("builtin" if a.quick else "wordpress")
-    bad = [x for x in a.arms or [] if x not in ARMS or not ARMS[x].load]
+    bad = [x for x in (a.arms or []) + (a.moderate_arms or []) if x not in ARMS or not ARMS[x].load]
     bad += [f"scenario {x}" for x in a.scenarios if x not in SCENARIOS]
     if bad:
         ap.error(f"--arms: unknown {', '.join(bad)} (choose from {', '.join(n for n, x in ARMS.items() if x.load)})")

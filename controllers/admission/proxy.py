@@ -52,6 +52,7 @@ from controllers.admission.sched import (
     Clock,
     Hold,
     Holds,
+    Mark,
     PageClass,
     QueueFull,
     QueueIntegral,
@@ -175,6 +176,9 @@ class AdmissionProxy:
         self._timeouts = {name: aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=page.timeout)
                           for name, page in self.pages.items()}
         self._tasks: list[asyncio.Task[None]] = []
+        # Requests whose client left while the app worked on them: they keep their page slot
+        # until the app answers (or its page timeout ends the wait), see through_page.
+        self._lingering: set[asyncio.Future[Any]] = set()
         self._own_cookie = cfg.session.cookie_name + "="
         # Labelled children looked up once (a labels() call per use costs more than the count).
         self._requests = {(p, o): self.metrics.requests.labels(p, o) for p in self.pages for o in OUTCOMES}
@@ -193,9 +197,9 @@ class AdmissionProxy:
         self._tasks = [loop.create_task(self._dispatch()), loop.create_task(self._sweep())]
 
     async def close(self) -> None:
-        for t in self._tasks:
+        for t in [*self._tasks, *self._lingering]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._lingering, return_exceptions=True)
         if self.client is not None:
             await self.client.close()
 
@@ -439,7 +443,9 @@ class AdmissionProxy:
             self.scheduler.page_waited(waited)
 
         def extra(status: int) -> list[tuple[str, str]]:
-            out = []
+            out: list[tuple[str, str]] = []
+            if lingering:  # the client left before the answer: no cookie, no completed session
+                return out
             if cookie is not None:
                 out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
             if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
@@ -448,20 +454,36 @@ class AdmissionProxy:
                 out = [("Set-Cookie", self._cookie_header("", 0))]
             return out
 
-        served = False
+        served = lingering = False
         mark = page.begin()
+        # Most requests neither carry a new cookie nor end the session: nothing to add.
+        fwd = asyncio.ensure_future(self.forward(request, page, body,
+                                                 extra if cookie is not None or page.logout else None))
         try:
-            # Most requests neither carry a new cookie nor end the session: nothing to add.
-            resp, outcome = await self.forward(request, page, body,
-                                               extra if cookie is not None or page.logout else None)
+            resp, outcome = await asyncio.shield(fwd)
             served = outcome == "served"
             self._requests[page.name, outcome].inc()
             return resp
         except asyncio.CancelledError:
             self._requests[page.name, "client_gone"].inc()
+            if not fwd.done():
+                # The client left, the app's work on the page goes on: so does its slot, or the
+                # page limit would stop counting work the app is doing. Released when the app
+                # answers (the answer is dropped) or its page timeout ends the wait.
+                lingering = True
+                self._lingering.add(fwd)
+                fwd.add_done_callback(partial(self._app_answered, page, mark))
             raise
         finally:
-            page.release(served, mark)
+            if not lingering:
+                page.release(served, mark)
+
+    def _app_answered(self, page: PageClass, mark: Mark, fwd: asyncio.Future[Any]) -> None:
+        """A request whose client left is over at the app: its page slot is free."""
+        self._lingering.discard(fwd)
+        # (exception() also retrieves it: a streamed answer to no one may fail)
+        served = not fwd.cancelled() and fwd.exception() is None and fwd.result()[1] == "served"
+        page.release(served, mark)  # served: the app did the page's work, progress for the regulator
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
@@ -562,10 +584,11 @@ class AdmissionProxy:
                     async for chunk in up.content.iter_any():
                         await resp.write(chunk)
                 except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                    if request.transport is None or request.transport.is_closing():
+                        return done(resp, "client_gone")  # the client left mid-stream (counted where it left)
                     # Headers are gone: the only honest signal left is to cut the connection.
                     log.warning("upstream %s broke off a streamed response: %r", self.upstream, e)
-                    if request.transport is not None:
-                        request.transport.abort()
+                    request.transport.abort()
                     return done(resp, "upstream_error")
             await resp.write_eof()
             return done(resp, outcome)

@@ -92,7 +92,7 @@ log = logging.getLogger("promreflex.action.copy-guard")
 
 STATE_NAME = "copy-guard.state"
 RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
-VERDICTS = ("below", "severe", "hold", "above", "quiet", "max_pause")
+VERDICTS = ("below", "severe", "hold", "above", "light", "quiet", "crowd", "max_pause")
 HTTP_TIMEOUT = 2.0
 SIGNAL_TIMEOUT = 2.0
 _HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
@@ -109,6 +109,7 @@ or label_replace(site:promreflex_copy_guard_threshold:rps, "promreflex_q", "thre
 or label_replace(site:promreflex_copy_guard_demand:rps, "promreflex_q", "demand", "", "")
 or label_replace(site:promreflex_copy_guard_asked:rps, "promreflex_q", "asked", "", "")
 or label_replace(site:promreflex_copy_guard_demand_floor:rps, "promreflex_q", "floor", "", "")
+or label_replace(site:promreflex_copy_guard_crowd:bool, "promreflex_q", "crowd", "", "")
 or label_replace(site:promreflex_copy_guard_rate_window:seconds, "promreflex_q", "window", "", "")
 or label_replace(
   max by (site) (1 + 0 * (count_over_time(promreflex_http_requests_total[1s]) >= 4))
@@ -139,6 +140,7 @@ class CopyGuardParams(BaseModel):
     emergency_after: Duration = Field(default=10.0, ge=0)
     period: Duration | None = Field(default=None, gt=0)  # None ("auto"): the signal's rate window
     demand_signal: Literal["demand", "asked"] = "demand"  # throttle.Settings.demand_signal
+    crowd: Literal["ignore", "hold", "pause"] = "ignore"  # throttle.Settings.crowd
     duty_period: Duration = Field(default=1.0, ge=0.1, le=60)
     adopt_methods: list[Literal["cgroup2", "cgroup1", "signal"]] | None = None  # default: what the host offers
     watchdog: bool = True  # start the lease keeper (and duty cycler) for adopted copies
@@ -180,7 +182,8 @@ class CopyGuardParams(BaseModel):
     def settings(self) -> Settings:
         return Settings(decrease=self.decrease, increase=self.increase, min_share=self.min_share, band=self.band,
                         severe=self.severe, emergency_after=self.emergency_after, period=self.period,
-                        min_pause=self.min_pause, max_pause=self.max_pause, demand_signal=self.demand_signal)
+                        min_pause=self.min_pause, max_pause=self.max_pause, demand_signal=self.demand_signal,
+                        crowd=self.crowd)
 
 
 @dataclass
@@ -354,7 +357,8 @@ def parse_signals(result: list[dict[str, Any]]) -> dict[str, Signal]:
         if isinstance(site, str) and isinstance(q, str) and math.isfinite(value):
             values.setdefault(site, {})[q] = value
     return {site: Signal(served=v.get("served"), threshold=v.get("threshold"), demand=v.get("demand"),
-                         floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0), asked=v.get("asked"))
+                         floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0), asked=v.get("asked"),
+                         crowd=v.get("crowd"))
             for site, v in values.items()}
 
 

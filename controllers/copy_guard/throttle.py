@@ -29,6 +29,23 @@ counts requests in flight (a crowd's backlog keeps the copy slow until it is ser
 pages the copy itself made slow: on WordPress at half its capacity 6 requests in flight read as
 76 req/s against a floor of 71.5); "asked" compares what visitors ask (arrivals, completions: the
 alerts' own gate), so a shop that keeps up with its arrivals gets its copy back.
+A crowd (``Settings.crowd``, issue 16's third bench; the rules' ``site:promreflex_copy_guard_crowd:bool``:
+visitors arriving faster than the threshold, or requests waiting that a crowd left behind):
+"ignore" (the default) judges as above; "hold" never probes upward while it lasts (below the
+line still halves the share): a crowd's queue drains with the served rate back above the line,
+and a copy climbing back then made the queued visitors wait past their patience; "pause" pauses
+the copies while it lasts (an emergency pause, reason "crowd") and, the crowd and its queue gone,
+gives them back the share they had before it (1 when the crowd opened the episode), not
+``min_share``: the crowd, not the copy's speed, made the shop suffer, and a copy that climbed
+back from ``min_share`` by a tenth a decision doubled its length in the queue model
+(tests/unit/test_copy_guard_throttle.py). If that share is too much, the line says so and AIMD
+backs off as usual.
+With "hold" or "pause" the throttle judges on what visitors ask (as ``demand_signal: asked``):
+the crowd flag holds the copy through a crowd's backlog, which is what the in-flight term of
+the rules' demand was for, and a crowd's pause counted in flight as demand ended only once
+fewer than threshold x healthy response time (10 on WordPress) waited: on a shop whose normal
+demand sits under its threshold (served < threshold always) the copy stayed paused 19.8 s where
+the paper's rule with the crowd alert let it go after 13.8 s (third bench, WordPress).
 Why AIMD: the guard does not know how much of the copy the shop can afford (it depends on the
 copy's I/O mode, the disk, the shop's cache, the load), the signal is noisy and lagged, and the
 only feedback is one bit (below or not) plus a magnitude. AIMD needs no model of the plant:
@@ -64,11 +81,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Verdict = Literal["below", "severe", "hold", "above", "quiet"]
+Verdict = Literal["below", "severe", "hold", "above", "light", "quiet", "crowd"]
 FALLBACK_PERIOD = 2.0
 STALE_AFTER = 10.0  # a served sample older than this (and 4 windows) is no signal: rules stopped
 QUIET_RATIO = 0.5  # demand under this share of the floor: quiet, the copy runs free at once
-EMERGENCY_REASONS = ("severe", "floor")
+EMERGENCY_REASONS = ("severe", "floor", "crowd")
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,9 @@ class Settings:
     # Which demand the floor and the band compare: "demand" (requests in flight count: a backlog,
     # or pages the copy made slow) or "asked" (visitors arriving, the alerts' own gate).
     demand_signal: Literal["demand", "asked"] = "demand"
+    # What a crowd (Signal.crowd) does: nothing more ("ignore"), no probing up ("hold"), or a
+    # pause while it lasts ("pause"; module doc).
+    crowd: Literal["ignore", "hold", "pause"] = "ignore"
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class Signal:
     at: float = 0.0
     window: float = 1.0
     asked: float | None = None  # visitors arriving (rules: site:promreflex_copy_guard_asked:rps)
+    crowd: float | None = None  # 1: a crowd arrives or its backlog waits (site:promreflex_copy_guard_crowd:bool)
 
     def usable(self) -> bool:
         return (self.served is not None and self.threshold is not None and math.isfinite(self.served)
@@ -108,12 +129,21 @@ class Signal:
 def judge(sig: Signal, s: Settings) -> Verdict:
     """Where the site stands against its line (call only for a usable signal; module doc)."""
     assert sig.served is not None and sig.threshold is not None
-    demand = sig.asked if s.demand_signal == "asked" and sig.asked is not None else sig.demand
+    # With a crowd setting the crowd flag holds the copy through a backlog, the reason the
+    # in-flight term is in the demand: the rest is judged on what visitors ask (module doc).
+    asked = s.demand_signal == "asked" or s.crowd != "ignore"
+    demand = sig.asked if asked and sig.asked is not None else sig.demand
+    if s.crowd != "ignore" and sig.crowd is not None and sig.crowd > 0:
+        if s.crowd == "pause":
+            return "crowd"
+        if sig.served < s.severe * sig.threshold:
+            return "severe"
+        return "below" if sig.served < sig.threshold else "hold"  # never probe up while a crowd waits
     if demand is not None and sig.floor is not None:
         if demand < QUIET_RATIO * sig.floor:
             return "quiet"  # a quiet site is slow because nobody shops: the copy may run
         if demand < sig.floor:
-            return "above"  # asked for less than a healthy shop serves: it keeps up, nothing to save
+            return "light"  # asked for less than a healthy shop serves: it keeps up, nothing to save
     if sig.served < s.severe * sig.threshold:
         return "severe"
     if sig.served < sig.threshold:
@@ -142,6 +172,8 @@ class Throttle:
     emergencies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EMERGENCY_REASONS, 0))
     forced: int = 0
     last_verdict: str = ""
+    paused_by: str = ""  # the reason of the current (or last) emergency pause
+    before_crowd: float | None = None  # the share a crowd's pause interrupted
     verdicts: dict[str, int] = field(default_factory=dict)  # decisions, by what the signal said
 
     @property
@@ -161,7 +193,7 @@ class Throttle:
             self.last_sample = sig.at
         else:
             verdict = "below"
-        self._apply(now, "below" if verdict in ("hold", "above", "quiet") else verdict)
+        self._apply(now, "below" if verdict in ("hold", "above", "light", "quiet") else verdict)
 
     def step(self, now: float, sig: Signal | None, alert_below: bool) -> bool:
         """One look at the signal; returns True when the share changed."""
@@ -200,12 +232,19 @@ class Throttle:
         self.last_verdict = verdict
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         if self.paused:
-            if verdict in ("hold", "above", "quiet") and now - self._paused_at(now) >= s.min_pause:
-                self._set(now, 1.0 if verdict == "quiet" else s.min_share)
+            if verdict in ("hold", "above", "light", "quiet") and now - self._paused_at(now) >= s.min_pause:
+                # After a crowd's pause: the share from before the crowd (module doc).
+                after_crowd = self.before_crowd if self.paused_by == "crowd" else None
+                self._set(now, 1.0 if verdict == "quiet" else after_crowd or s.min_share)
             return
         if verdict == "severe" and s.severe > 0 and not self.no_emergency:
             self._pause(now, "severe")
             return
+        if verdict == "crowd":
+            if not self.no_emergency:
+                self._pause(now, "crowd")
+                return
+            verdict = "below"  # a pause reached max_pause in this episode: throttle instead
         if verdict in ("below", "severe"):
             if self.share > s.min_share + 1e-9:
                 self.decreases += 1
@@ -219,7 +258,7 @@ class Throttle:
                 self._pause(now, "floor")
             return
         self.below_min_since = None
-        if verdict in ("above", "quiet") and not self.free:
+        if verdict in ("above", "light", "quiet") and not self.free:
             self.increases += 1
             # A quiet site (demand under its floor) has nobody to protect: the copy runs free.
             self._set(now, 1.0 if verdict == "quiet" else min(1.0, self.share + s.increase))
@@ -228,7 +267,9 @@ class Throttle:
         return now if self.paused_since is None else self.paused_since
 
     def _pause(self, now: float, reason: str) -> None:
+        self.before_crowd = max(self.share, self.settings.min_share) if reason == "crowd" else None
         self.emergencies[reason] += 1
+        self.paused_by = reason
         self.paused_since = now
         self.below_min_since = None
         self._set(now, 0.0)

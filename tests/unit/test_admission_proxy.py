@@ -28,6 +28,7 @@ COOKIE = "promreflex_session"
 def upstream_app() -> web.Application:
     async def echo(request: web.Request) -> web.Response:
         body = await request.read()
+        await asyncio.sleep(float(request.query.get("s", "0")))
         resp = web.json_response({"path": request.raw_path, "method": request.method, "body": body.decode(),
                                   "headers": [[k, v] for k, v in request.headers.items()]})
         resp.headers.add("Set-Cookie", "a=1; Path=/")
@@ -282,6 +283,55 @@ async def test_a_waiting_request_whose_client_left_is_dropped_not_served():
         await until(lambda: r.proxy.pages["slow"].in_flight == 0)
         # One served (the slow one); the one that left never reached the app.
         assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
+
+
+async def test_a_client_that_leaves_while_the_app_works_keeps_its_page_slot_until_the_app_answers():
+    async with rig(page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        page = r.proxy.pages["slow"]
+        gone = asyncio.ensure_future(c.get(f"{r.url}/slow?s=0.6"))
+        await until(lambda: page.in_flight == 1)
+        gone.cancel()  # the client leaves; the app is still working on its page
+        await until(lambda: r.value("promreflex_admission_requests_total", page="slow", outcome="client_gone") == 1)
+        assert page.in_flight == 1 and len(r.proxy._lingering) == 1  # the slot still counts the app's work
+        nxt = asyncio.ensure_future(c.get(f"{r.url}/slow?s=0"))
+        await until(lambda: len(page.queue) == 1)  # so the next request waits for it
+        resp = await nxt
+        assert resp.status == 200 and await resp.text() == "slow done"
+        resp.release()
+        await until(lambda: page.in_flight == 0)
+        assert not r.proxy._lingering and not page.queue
+        # the left one's answer was dropped, not counted as served to a client
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
+
+
+async def test_a_logout_whose_client_left_does_not_complete_the_session():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        (sid,) = r.proxy.sessions.active
+        gone = asyncio.ensure_future(c.get(f"{r.url}/logout?s=0.4"))
+        await until(lambda: r.proxy.pages["logout"].in_flight == 1)
+        gone.cancel()
+        await until(lambda: len(r.proxy._lingering) == 1)
+        await until(lambda: not r.proxy._lingering)  # the app answered the logout: dropped
+        assert r.proxy.pages["logout"].in_flight == 0
+        assert r.value("promreflex_admission_sessions_completed_total") == 0
+        assert sid in r.proxy.sessions.active  # left to the idle timeout, as before
+
+
+async def test_a_client_that_leaves_mid_stream_frees_the_slot_without_an_upstream_warning(caplog):
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login"):
+            pass
+        resp = await c.get(f"{r.url}/stream")
+        assert len(await resp.content.read(5000)) == 5000
+        resp.close()  # the client goes while the app still streams
+        await until(lambda: r.proxy.pages["other"].in_flight == 0 and not r.proxy._lingering)
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="client_gone") == 1
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="upstream_error") == 0
+        assert "broke off" not in caplog.text
 
 
 async def test_app_errors_hangs_and_absence_get_clear_answers():

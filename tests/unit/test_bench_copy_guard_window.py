@@ -8,6 +8,7 @@ import pytest
 from bench.copy_guard import analysis
 from bench.copy_guard.analysis import RunResult
 from bench.copy_guard.run import Bench, parse_args
+from bench.copy_guard.scenario import SCENARIOS
 
 BIN = 0.1
 
@@ -85,7 +86,7 @@ def test_the_share_is_counted_over_the_common_window() -> None:
 
 
 def test_every_guarded_arm_is_the_shipped_route_with_its_own_params() -> None:
-    from bench.copy_guard.arms import ARMS, route_for, shipped_route
+    from bench.copy_guard.arms import ARMS, CROWD_MATCHER, route_for, shipped_route
 
     shipped = shipped_route()
     assert route_for(ARMS["no-guard"], "/r") == [] and route_for(ARMS["load-only"], "/r") == []
@@ -93,8 +94,14 @@ def test_every_guarded_arm_is_the_shipped_route_with_its_own_params() -> None:
         if not arm.guarded:
             continue
         (route,) = route_for(arm, "/r")
-        assert route["matchers"] == shipped["matchers"] and route["action"] == "copy-guard", name
+        # the crowd arms add the crowd alert to the shipped route's two, nothing else
+        want = [CROWD_MATCHER] if arm.crowd else shipped["matchers"]
+        assert route["matchers"] == want and route["action"] == "copy-guard", name
         assert route["params"]["registry_dir"] == "/r"
+    (crowd_matcher,) = shipped["matchers"]
+    assert crowd_matcher[:-1] + '|CopyGuardSiteCrowded"' == CROWD_MATCHER
+    assert route_for(ARMS["throttle-crowd"], "/r")[0]["params"]["crowd"] == "pause"
+    assert route_for(ARMS["paper-crowd"], "/r")[0]["params"]["mode"] == "pause"
     assert route_for(ARMS["paper"], "/r")[0]["params"]["mode"] == "pause"
     assert route_for(ARMS["paper"], "/r")[0]["params"]["min_pause"] == "0s"
     assert route_for(ARMS["min-pause-20s"], "/r")[0]["params"]["min_pause"] == "20s"
@@ -210,3 +217,22 @@ def test_the_second_interrupt_is_ignored_so_the_clean_up_finishes() -> None:
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_measured_solo_copy_times_the_crowd_and_the_command_asks_to_measure_it_again() -> None:
+    b = Bench(parse_args(["--shop", "wordpress", "--copy-solo-seconds", "0"]))
+    assert b.a.copy_solo_seconds == 0 and b.solo_measured is None
+    assert "--copy-solo-seconds 0" in b.command()
+    # what measure_copy_solo leaves behind: the measured length times the crowd ...
+    b.a.copy_solo_seconds = b.solo_measured = 11.3
+    assert SCENARIOS["flash"].schedule(50.0, b.a.copy_delay, b.a.copy_solo_seconds)[1][0] == pytest.approx(5 + 11.3 / 3, abs=0.1)
+    # ... and the command still measures it (a rerun times its crowd on its own copy)
+    assert "--copy-solo-seconds 0.0" in b.command() and "11.3" not in b.command()
+
+
+def test_the_moderate_scenario_can_measure_other_arms() -> None:
+    assert Bench(parse_args(["--shop", "builtin"])).arms_of("moderate") == ["throttle"]
+    b = Bench(parse_args(["--shop", "builtin", "--moderate-arms", "throttle,throttle-crowd", "--arms", "paper"]))
+    assert b.arms_of("moderate") == ["throttle", "throttle-crowd"] and b.arms_of("flash") == ["paper"]
+    with pytest.raises(SystemExit):
+        parse_args(["--shop", "builtin", "--moderate-arms", "nonsense"])

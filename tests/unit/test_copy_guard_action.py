@@ -682,3 +682,17 @@ def test_signals_carry_what_visitors_ask_and_the_route_chooses_which_demand_the_
     assert action_mod.CopyGuardParams().settings().demand_signal == "demand"
     with pytest.raises(ValueError):
         action_mod.CopyGuardParams(demand_signal="latency")
+
+
+def test_signals_carry_the_crowd_flag_and_the_route_chooses_what_a_crowd_does():
+    sigs = action_mod.parse_signals([
+        {"metric": {"site": "shop", "promreflex_q": q}, "value": [0, str(v)]}
+        for q, v in (("served", 28), ("threshold", 26), ("crowd", 1))])
+    assert sigs["shop"].crowd == 1
+    assert action_mod.parse_signals([{"metric": {"site": "shop", "promreflex_q": "served"}, "value": [0, "28"]}])[
+        "shop"].crowd is None
+    assert "site:promreflex_copy_guard_crowd:bool" in action_mod.SIGNAL_QUERY
+    assert action_mod.CopyGuardParams(crowd="pause").settings().crowd == "pause"
+    assert action_mod.CopyGuardParams().settings().crowd == "ignore"
+    with pytest.raises(ValueError):
+        action_mod.CopyGuardParams(crowd="always")

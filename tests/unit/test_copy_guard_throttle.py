@@ -90,6 +90,19 @@ class Outcome:
     throttle: Throttle | None
 
 
+def episode_step(t: Throttle | None, settings: Settings, now: float, sig: Signal | None,
+                 firing: bool) -> Throttle | None:
+    """What the action does with one look: an alert opens the episode, a step follows it, the
+    episode ends when no alert holds it and the share is back at 1."""
+    if t is None:
+        if firing:
+            t = Throttle(settings)
+            t.open(now, sig)
+        return t
+    t.step(now, sig, alert_below=firing)
+    return None if not firing and t.free else t
+
+
 def simulate(guard: str, *, scrape: float = 0.2, evaluation: float | None = None, load_s: float = 90.0,
              copy_work_s: float = 60.0, copy_start: float = 8.0, threshold: float = 90.0, floor: float = 20.0,
              settings: Settings | None = None, seed: int = 1, shop: Shop | None = None, poll: float = 0.2,
@@ -130,13 +143,7 @@ def simulate(guard: str, *, scrape: float = 0.2, evaluation: float | None = None
             if guard == "paper":
                 share = 0.0 if firing else 1.0
             elif guard == "throttle":
-                if throttle is None and firing:
-                    throttle = Throttle(settings or Settings())
-                    throttle.open(now, sig)
-                elif throttle is not None:
-                    throttle.step(now, sig, alert_below=firing)
-                    if not firing and throttle.free:
-                        throttle = None
+                throttle = episode_step(throttle, settings or Settings(), now, sig, firing)
                 share = throttle.share if throttle is not None else 1.0
             if copying and before > 0 and share == 0:
                 pauses += 1
@@ -164,8 +171,9 @@ S = Settings()
     (100, 100, "above"), (93, 100, "hold"), (89, 100, "below"), (40, 100, "severe"), (5, 8, "quiet"),
     # within the band but serving what it is asked (demand <= served * 1.05): probe, do not hold
     (93, 95, "above"),
-    # moderately busy (demand 15 under the floor 20, over half of it): keeps up, probe; never below
-    (5, 15, "above"), (15, 15, "above"),
+    # moderately busy (demand 15 under the floor 20, over half of it): keeps up, probe ("light",
+    # probed like "above"); never below
+    (5, 15, "light"), (15, 15, "light"),
     # no demand series: the old rule (served alone)
     (93, None, "hold"), (89, None, "below"),
 ])
@@ -195,7 +203,7 @@ def test_after_a_flash_crowd_a_moderately_busy_shop_gets_its_copy_back():
     t = Throttle(S, share=0.1)
     for i in range(1, 12):
         t.step(float(i), Signal(34.0, 67.6, 34.0, 67.6, at=float(i), window=1.0), alert_below=False)
-    assert t.free and t.decreases == 0 and t.verdicts["above"] >= 9
+    assert t.free and t.decreases == 0 and t.verdicts["light"] >= 9
 
 
 def test_decisions_wait_for_a_sample_that_holds_only_data_from_after_the_change():
@@ -231,7 +239,7 @@ def test_still_below_at_min_share_for_emergency_after_pauses():
         t.step(now, Signal(80, 90, 100, 20, at=now, window=1.0), alert_below=True)
         assert now < 30
     # 0.5 -> 0.25 -> 0.125 -> 0.1 (min) at 3 s, then 10 s at the minimum.
-    assert now == pytest.approx(13.0) and t.emergencies == {"severe": 0, "floor": 1}
+    assert now == pytest.approx(13.0) and t.emergencies == {"severe": 0, "floor": 1, "crowd": 0}
 
 
 def test_a_pause_that_reaches_max_pause_ends_and_no_emergency_follows():
@@ -358,9 +366,212 @@ def test_demand_signal_asked_compares_the_visitors_arriving_not_the_requests_in_
     On `demand` that is "below" (the copy is held); on `asked` the shop keeps up: probe."""
     sig = Signal(served=40, threshold=71.5, demand=76, floor=71.5, asked=40)
     assert judge(sig, S) == "below"
-    assert judge(sig, Settings(demand_signal="asked")) == "above"
+    assert judge(sig, Settings(demand_signal="asked")) == "light"
     # a crowd: visitors ask more than the floor, the same verdict on either
     crowd = Signal(served=40, threshold=71.5, demand=900, floor=71.5, asked=360)
     assert judge(crowd, Settings(demand_signal="asked")) == judge(crowd, S) == "below"
     # no asked series (older rules): the demand decides
     assert judge(Signal(served=40, threshold=71.5, demand=76, floor=71.5), Settings(demand_signal="asked")) == "below"
+
+
+# ---------------------------------------------------------------------- a crowd (issue 16, third bench)
+def crowd_sig(served: float, at: float, crowd: float = 1.0, demand: float = 300.0) -> Signal:
+    """Threshold and floor 26 (the built-in shop), asked = demand."""
+    return Signal(served=served, threshold=26, demand=demand, floor=26, at=at, window=1.0, asked=demand, crowd=crowd)
+
+
+@pytest.mark.parametrize("served, crowd, want", [
+    (28, "ignore", "above"), (28, "hold", "hold"), (28, "pause", "crowd"),
+    (20, "ignore", "below"), (20, "hold", "below"), (20, "pause", "crowd"),
+    (10, "hold", "severe"), (10, "pause", "crowd"),
+])
+def test_judge_a_crowd_by_the_crowd_setting(served, crowd, want):
+    """A crowd waiting while the shop serves above its line (the drain): the old rule probes up."""
+    assert judge(crowd_sig(served, 0.0, demand=27.0), Settings(crowd=crowd)) == want
+    # no crowd (0, or no series from older rules): the same verdict as without the setting
+    for flag in (0.0, None):
+        sig = Signal(served=served, threshold=26, demand=27.0, floor=26, asked=27.0, crowd=flag)
+        assert judge(sig, Settings(crowd=crowd)) == judge(sig, S)
+
+
+def test_crowd_pause_holds_the_copy_through_the_drain_then_gives_back_its_share():
+    """Built-in shop, second bench: the crowd arrives (the crowd alert opens the episode before
+    the served rate falls), its queue drains with the copy held and the served rate back above
+    the line (28 > 26): the copy stays paused. The queue gone, the copy runs at the share it had
+    before the crowd (free: the crowd opened the episode), not from min_share up."""
+    t = Throttle(Settings(crowd="pause"))
+    t.open(0.0, crowd_sig(14, 0.0))
+    assert t.paused and t.emergencies["crowd"] == 1
+    for i in range(1, 12):
+        t.step(float(i), crowd_sig(28, float(i)), alert_below=True)
+        assert t.paused, i
+    assert t.step(12.0, crowd_sig(14, 12.0, crowd=0.0, demand=14.0), alert_below=False)
+    assert t.free
+
+
+def test_after_a_crowd_the_throttle_judges_on_what_visitors_ask():
+    """WordPress, third bench: normal demand 39 < threshold 69 (served below it all the time),
+    the crowd's queue down to 30 waiting (crowd flag off: under floor x window): the rules'
+    demand counts them (30 / 0.14 s = 214 >= floor) and kept the copy paused; what visitors ask
+    (39 < floor 69) lets it go at once, to the share the crowd interrupted."""
+    sig = Signal(served=39, threshold=69, demand=214, floor=69, at=1.0, window=1.0, asked=39, crowd=0.0)
+    assert judge(sig, S) == "below"
+    assert judge(sig, Settings(crowd="pause")) == judge(sig, Settings(crowd="hold")) == "light"
+    t = Throttle(Settings(crowd="pause"))
+    t.open(0.0, Signal(served=39, threshold=69, demand=900, floor=69, at=0.0, window=1.0, asked=300, crowd=1.0))
+    assert t.paused
+    t.step(1.0, sig, alert_below=True)
+    assert t.free
+
+
+def test_crowd_pause_resumes_at_the_share_the_crowd_interrupted():
+    """An episode already throttling (share 0.3) meets a crowd: paused while it lasts, back to
+    0.3 after it (then AIMD as usual: the shop above its line, +0.1). Other emergency pauses
+    still end at min_share."""
+    t = Throttle(Settings(crowd="pause"), share=0.3)
+    t.step(1.0, crowd_sig(20, 1.0), alert_below=True)
+    assert t.paused
+    t.step(2.0, crowd_sig(28, 2.0, crowd=0.0, demand=28.0), alert_below=False)
+    assert t.share == 0.3
+    t.step(3.0, crowd_sig(28, 3.0, crowd=0.0, demand=28.0), alert_below=False)
+    assert t.share == pytest.approx(0.4)
+    t = Throttle(Settings(crowd="pause"))
+    t.open(0.0, crowd_sig(10, 0.0, crowd=0.0))  # severe, no crowd
+    t.step(1.0, crowd_sig(28, 1.0, crowd=0.0, demand=28.0), alert_below=False)
+    assert t.share == S.min_share
+
+
+def test_a_crowd_pause_at_max_pause_ends_and_the_crowd_then_throttles():
+    t = Throttle(Settings(crowd="pause", max_pause=30))
+    t.open(0.0, crowd_sig(20, 0.0))
+    for now in range(1, 31):
+        t.step(float(now), crowd_sig(20, float(now)), alert_below=True)
+    assert t.forced == 1 and t.share == S.min_share
+    for now in range(31, 60):
+        t.step(float(now), crowd_sig(20, float(now)), alert_below=True)
+        assert not t.paused
+    assert t.emergencies["crowd"] == 1
+
+
+def test_crowd_hold_does_not_probe_up_while_the_queue_drains():
+    """crowd: hold: below the line halves as before; above it (the drain) the share holds; the
+    crowd gone, the share climbs again."""
+    t = Throttle(Settings(crowd="hold"))
+    t.open(0.0, crowd_sig(20, 0.0))
+    assert t.share == 0.5
+    t.step(1.0, crowd_sig(20, 1.0), alert_below=True)
+    assert t.share == 0.25
+    for i in range(2, 10):
+        t.step(float(i), crowd_sig(28, float(i)), alert_below=False)
+    assert t.share == 0.25 and t.increases == 0
+    t.step(10.0, crowd_sig(28, 10.0, crowd=0.0, demand=28.0), alert_below=False)
+    assert t.share == pytest.approx(0.35) and t.increases == 1
+
+
+@dataclass
+class QueueShop:
+    """An OPEN-loop shop (the bench's flash scenario, in units of the built-in shop): visitors
+    arrive at `rate(t)`, at most `cap` wait (beyond, an arrival is lost at the door), a visitor
+    waiting longer than `patience` gives up (lost); the shop serves FIFO at `capacity` minus
+    `cost` x the copy's share."""
+
+    capacity: float = 28.0
+    cost: float = 14.0
+    cap: int = 125
+    patience: float = 10.0
+    queue: list[float] = field(default_factory=list)  # arrival times of the waiting visitors
+    credit: float = 0.0
+    arrived_credit: float = 0.0
+    lost: int = 0
+    served: int = 0
+
+    def advance(self, now: float, dt: float, rate: float, share: float) -> tuple[int, int]:
+        """One step: returns (arrived at nginx, served)."""
+        self.arrived_credit += rate * dt
+        arrived = 0
+        while self.arrived_credit >= 1:
+            self.arrived_credit -= 1
+            if len(self.queue) < self.cap:
+                self.queue.append(now)
+                arrived += 1
+            else:
+                self.lost += 1
+        while self.queue and now - self.queue[0] > self.patience:
+            self.queue.pop(0)
+            self.lost += 1
+        self.credit += (self.capacity - self.cost * share) * dt
+        done = 0
+        while self.credit >= 1 and self.queue:
+            self.credit -= 1
+            self.queue.pop(0)
+            done += 1
+        if not self.queue:
+            self.credit = min(self.credit, 1.0)
+        self.served += done
+        return arrived, done
+
+
+def simulate_crowd(crowd: str | None, *, copy_work_s: float = 20.0, threshold: float = 26.0) -> tuple[int, float]:
+    """The flash crowd (14 req/s, 125 from 11.7 s to 18.3 s), a copy of `copy_work_s` from 5 s;
+    the rules' signals recorded once a second (served and arrivals over 1 s and 3 s, in flight
+    averaged over 3 s), read by the throttle 1 s late (scrape, evaluation, delivery). crowd: None
+    = no guard, else the throttle's `crowd` setting. Returns (lost visitors, copy seconds)."""
+    shop, dt = QueueShop(), 0.05
+    now, done, share = 0.0, 0.0, 1.0
+    copy_end: float | None = None
+    t: Throttle | None = None
+    served_s: list[int] = []
+    arrived_s: list[int] = []
+    waiting_s: list[int] = []
+    sec_served = sec_arrived = 0
+    while now < 60.0:
+        rate = 125.0 if 11.7 <= now < 18.3 else 14.0
+        copying = now >= 5.0 and copy_end is None
+        a, s = shop.advance(now, dt, rate, share if copying else 0.0)
+        sec_arrived, sec_served = sec_arrived + a, sec_served + s
+        if copying:
+            done += share * dt
+            if done >= copy_work_s:
+                copy_end = now
+        if abs(now - round(now)) < dt / 2 and now > 0.5:  # a scrape, once a second
+            served_s.append(sec_served)
+            arrived_s.append(sec_arrived)
+            waiting_s.append(len(shop.queue))
+            sec_served = sec_arrived = 0
+            if crowd is not None and len(served_s) >= 4:
+                # what the throttle reads one second later: the previous second's recorded series
+                srv, arr3 = served_s[-2], sum(arrived_s[-4:-1]) / 3
+                recent = min(arr3, arrived_s[-2])
+                inflight = sum(waiting_s[-4:-1]) / 3
+                crowded = recent > threshold or (inflight > threshold * 1.0 and max(
+                    sum(arrived_s[max(0, i - 3):i]) / 3 for i in range(1, len(arrived_s))) >= threshold)
+                asked = max(srv, recent, inflight / 0.1 if inflight > threshold else 0.0)
+                sig = Signal(served=srv, threshold=threshold, demand=max(srv, arr3, inflight / 0.1), floor=threshold,
+                             at=now, window=1.0, asked=asked, crowd=1.0 if crowded else 0.0)
+                alert = crowded or (srv < threshold and asked >= threshold)
+                t = episode_step(t, Settings(crowd=crowd), now, sig, alert)  # type: ignore[arg-type]
+                share = t.share if t is not None else 1.0
+        now += dt
+    assert copy_end is not None
+    return shop.lost, copy_end - 5.0
+
+
+def test_in_the_queue_model_a_crowd_pause_dominates_the_shipped_throttle():
+    """The model of the flash crowd: lost visitors with the copy unguarded, with the shipped
+    throttle, with `crowd: hold` and with `crowd: pause`, against the shop without a copy. The
+    shipped throttle throttles to min_share and climbs back from there a tenth at a time once
+    the crowd is gone; `pause` holds the copy from the crowd's first second until its queue
+    drained and then gives it back its whole share: fewer visitors lost AND a shorter copy. It
+    costs the copy the crowd and its drain (+75% here: the model's copy halves the shop, so a
+    queue does not drain while it runs). In this model the shop at min_share already sits in the
+    band during the drain (hold), so `hold` and the shipped throttle coincide."""
+    base, _ = simulate_crowd(None, copy_work_s=1e-3)
+    none, solo = simulate_crowd(None)
+    ignore, ignore_s = simulate_crowd("ignore")
+    pause, pause_s = simulate_crowd("pause")
+    hold, _ = simulate_crowd("hold")
+    assert none > base + 20  # the copy costs the crowd's visitors
+    assert pause < ignore and pause_s < ignore_s
+    assert hold <= ignore
+    assert (none - pause) / (none - base) >= 0.75
+    assert solo < pause_s < 2 * solo
