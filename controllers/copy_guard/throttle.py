@@ -86,6 +86,7 @@ FALLBACK_PERIOD = 2.0
 STALE_AFTER = 10.0  # a served sample older than this (and 4 windows) is no signal: rules stopped
 QUIET_RATIO = 0.5  # demand under this share of the floor: quiet, the copy runs free at once
 EMERGENCY_REASONS = ("severe", "floor", "crowd")
+KEEPS_UP: tuple[Verdict, ...] = ("hold", "above", "light", "quiet")  # a pause may end on these
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ class Throttle:
             self.last_sample = sig.at
         else:
             verdict = "below"
-        self._apply(now, "below" if verdict in ("hold", "above", "light", "quiet") else verdict)
+        self._apply(now, "below" if verdict in KEEPS_UP else verdict)
 
     def step(self, now: float, sig: Signal | None, alert_below: bool) -> bool:
         """One look at the signal; returns True when the share changed."""
@@ -232,7 +233,7 @@ class Throttle:
         self.last_verdict = verdict
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         if self.paused:
-            if verdict in ("hold", "above", "light", "quiet") and now - self._paused_at(now) >= s.min_pause:
+            if verdict in KEEPS_UP and now - self._paused_at(now) >= s.min_pause:
                 # After a crowd's pause: the share from before the crowd (module doc).
                 after_crowd = self.before_crowd if self.paused_by == "crowd" else None
                 self._set(now, 1.0 if verdict == "quiet" else after_crowd or s.min_share)
