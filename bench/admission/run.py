@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -352,9 +353,13 @@ def sweep(st: Settings, cal: dict[str, Any] | None, lock: ChunkedLock, steps: li
                 skipped.append("overhead")
                 continue
             lock.need(OVERHEAD_S)
-            log("overhead: 1,000 req/s direct vs through the proxy (four paths), then the proxy's ceiling")
+            log("overhead: 1,000 req/s direct vs through the proxy (four paths), then the proxy's ceiling"
+                + (f" (run {rep + 1})" if rep else ""))
+            if rep == 0:  # a new series of runs: none of an older one's stays in the report
+                for old in (st.out / "raw").glob("overhead-r*.json"):
+                    old.unlink()
             ov = overhead(st)
-            _raw_path(st, "overhead").write_text(json.dumps(ov, indent=1))
+            _raw_path(st, "overhead" + (f"-r{rep}" if rep else "")).write_text(json.dumps(ov, indent=1))
             continue
         assert cal is not None
         path = _raw_path(st, condition)
@@ -400,6 +405,16 @@ def fits(st: Settings, seconds: float, now: float | None = None) -> bool:
 UNBOUND = {"page_scheduler.initial_limit": 64}
 
 
+def event_loop_of(proxy_log: Path) -> str:
+    """The event loop a proxy runs on, from its start line (``... event loop uvloop``): what
+    it really used, the fallback to asyncio included."""
+    try:
+        m = re.search(r"event loop (\S+)", proxy_log.read_text(errors="replace"))
+    except OSError:
+        return "unknown"
+    return m.group(1) if m else "unknown"
+
+
 def page_waits(control_url: str, page: str) -> dict[str, float]:
     """How many requests of ``page`` the proxy counted in its page-queue wait histogram, and how
     many of them waited more than 1 ms (prometheus_client's parser)."""
@@ -439,12 +454,14 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
     bursts at its initial limit of 4, not the cost of the proxy's code; and ``page_inline``
     (the session page answered without the app's process pool, see
     :mod:`bench.admission.overhead`)."""
+    started = time.strftime("%H:%M:%S", time.gmtime())
     stack = ArmStack("full", st.scale, st.workers, 1.0, with_nginx=False, app_scale=0.0, cache=CacheModel(budget_mb=0),
                      proxy_overrides={"page_scheduler.timeout": 10.0, **st.proxy_overrides}).start()
     results: dict[str, dict[str, Any]] = {}
     waits: dict[str, dict[str, float]] = {}
     try:
         unbound_port, unbound_control = stack.add_proxy("proxy-unbound", UNBOUND)
+        loop_name = event_loop_of(stack.workdir / "proxy.log")
         paths = {"static": (STATIC_PATH, None, stack.proxy_port), "page": (PAGES[1].path, PAGES[0].path, stack.proxy_port),
                  "page_unbound": (PAGES[1].path, PAGES[0].path, unbound_port),
                  "page_inline": (PAGES[1].path + "?inline=1", PAGES[0].path, stack.proxy_port)}
@@ -495,7 +512,7 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
             ceiling = {}
             proxy_pid = stack.pids()["proxy"][0]
             for name, (path, login, _) in paths.items():
-                if name in ("page_unbound", "page_inline"):
+                if name == "page_unbound":  # the same proxy code as page
                     continue
                 before = cpu_seconds(proxy_pid)
                 res = asyncio.run(closed_loop("127.0.0.1", stack.proxy_port, path, ceiling_s, conns=64, login=login))
@@ -509,7 +526,8 @@ def overhead(st: Settings, rate: float = 1000.0, block_s: float = 5.0, rounds: i
         stack.stop()
         stack.cleanup()
     return {"rate": rate, "block_s": block_s, "rounds": rounds, "paths": {k: v[0] for k, v in paths.items()},
-            "runs": results, "page_queue_waits": waits, "unbound_overrides": UNBOUND,
+            "started_utc": started, "ended_utc": time.strftime("%H:%M:%S", time.gmtime()),
+            "event_loop": loop_name, "runs": results, "page_queue_waits": waits, "unbound_overrides": UNBOUND,
             "added": {name: added(results[f"{name}/direct"], results[f"{name}/proxy"]) for name in paths},
             "ceiling": ceiling, "host": host.summary()}
 
@@ -589,6 +607,8 @@ def report(st: Settings, command: str, skipped: list[str] | None = None) -> dict
                       key=lambda r: (r["clients"], ARMS.index(r["arm"])))
             for c in CONDITIONS}
     ov = load_json(_raw_path(st, "overhead"))
+    more = sorted(st.out.glob("raw/overhead-r*.json"), key=lambda p: int(p.stem.rsplit("-r", 1)[1]))
+    ov_runs = [ov, *(load_json(p) for p in more)] if ov else []
     summary: dict[str, Any] = {
         "command": command,
         "scale": st.scale,
@@ -608,6 +628,7 @@ def report(st: Settings, command: str, skipped: list[str] | None = None) -> dict
         "targets": targets(rows["base"]),
         "skipped": skipped or [],
         "overhead": ov,
+        "overhead_runs": ov_runs[1:],
         "hosts": {c: _hosts([r.get("host") or {} for r in rs]) for c, rs in rows.items() if rs},
     }
     st.out.mkdir(parents=True, exist_ok=True)
@@ -721,47 +742,80 @@ def markdown(s: dict[str, Any], pngs: list[str]) -> str:
         lines += ["Not run (they would have ended after `--deadline`): " + ", ".join(s["skipped"]) + ".", ""]
     ov = s.get("overhead")
     if ov:
+        runs = [ov, *(s.get("overhead_runs") or [])]
         lines += [f"## Proxy overhead at {ov['rate']:g} req/s (open loop, {ov['rounds']} alternating rounds of "
-                  f"{ov['block_s']:g} s per path and side)", "",
-                  "| path | direct p50 | direct p99 | proxy p50 | proxy p99 | added p50 | added p99 | ceiling req/s per proxy core |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for name in ov["paths"]:
-            d, p, a = ov["runs"][f"{name}/direct"], ov["runs"][f"{name}/proxy"], ov["added"][name]
-            ceil = ov["ceiling"].get(name)
-            lines.append(f"| {name} (`{ov['paths'][name]}`) | {d['p50_ms']} ms | {d['p99_ms']} ms | {p['p50_ms']} ms | "
-                         f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | "
-                         + (f"{ceil.get('per_core')} ({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |"
-                            if ceil else "- |"))
-        if any((ov["runs"].get(f"{n}/direct") or {}).get("conditions") for n in ov["paths"]):
-            lines += ["", "Conditions of the blocks (CPU used during the blocks, in cores, mean per block; the host's "
-                      "busy share of all its cores, mean and worst block): the generator, the app (with its worker "
-                      "processes) and the proxy share the machine, so a side whose processes need all of it queues "
-                      "in the kernel, not in the proxy.", "",
-                      "| path | side | generator | app | proxy | host busy | waiting for a CPU, ms/s: generator / app / proxy |",
-                      "|---|---|---|---|---|---|---|"]
-            for name in ov["paths"]:
-                for via in ("direct", "proxy"):
-                    c = ov["runs"][f"{name}/{via}"].get("conditions") or {}
-                    cores, runq = c.get("cores") or {}, c.get("runq_ms_per_s") or {}
-                    lines.append(f"| {name} | {via} | {cores.get('generator', '-')} | {cores.get('app', '-')} | "
-                                 f"{cores.get('proxy', '-')} | {c.get('busy_pct', '-')} % (max {c.get('busy_pct_max', '-')} %) | "
-                                 + " / ".join(str(runq.get(k, "-")) for k in ("generator", "app", "proxy")) + " |")
-        waits = ov.get("page_queue_waits") or {}
-        if waits:
-            lines += ["", "Session pages that waited more than 1 ms in their page queue: " + "; ".join(
-                f"{name} {w['waited_over_1ms']:.0f} of {w['requests']:.0f} ({w['waited_share']:.1%})"
-                for name, w in waits.items()) + f". `page_unbound` runs with {ov.get('unbound_overrides')} (the "
-                "page limit above any burst of this load), `page` with the default initial limit of 4: the "
-                "difference between the two rows is what holding bursts in the page queue costs."]
-        if "page_inline" in ov["paths"]:
-            lines += ["", "`page_inline`: the same session page, the app answering it in its main process instead of "
-                      "through its worker pool (the app does no page work here): the proxy's own cost on a session "
-                      "page. `page` adds what the pool's hop (the app's loop, its executor thread, a worker process "
-                      "and back) pays for sharing the cores with one more busy process: see the waits for a CPU above."]
-        lines += ["", f"Conditions: {describe(ov['host'])}.", ""]
+                  f"{ov['block_s']:g} s per path and side" + (f"; {len(runs)} runs" if len(runs) > 1 else "") + ")", ""]
+        if len(runs) > 1:
+            lines += overhead_runs_md(runs)
+        for k, run in enumerate(runs):
+            if len(runs) > 1:
+                lines += [f"### Run {k + 1} ({run.get('started_utc', '?')}-{run.get('ended_utc', '?')} UTC)", ""]
+            lines += overhead_md(run)
     if pngs:
         lines += ["Plots: " + ", ".join(f"`{p}`" for p in pngs), ""]
     return "\n".join(lines) + "\n"
+
+
+def overhead_md(ov: dict[str, Any]) -> list[str]:
+    """The markdown of one run of the overhead step: the table, its conditions, the page waits."""
+    lines: list[str] = []
+    lines += [*([f"The proxies' event loop: {ov['event_loop']}.", ""] if ov.get("event_loop") else []),
+              "| path | direct p50 | direct p99 | proxy p50 | proxy p99 | added p50 | added p99 | ceiling req/s per proxy core |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name in ov["paths"]:
+        d, p, a = ov["runs"][f"{name}/direct"], ov["runs"][f"{name}/proxy"], ov["added"][name]
+        ceil = ov["ceiling"].get(name)
+        lines.append(f"| {name} (`{ov['paths'][name]}`) | {d['p50_ms']} ms | {d['p99_ms']} ms | {p['p50_ms']} ms | "
+                     f"{p['p99_ms']} ms | {a['p50_ms']} ms | {a['p99_ms']} ms | "
+                     + (f"{ceil.get('per_core')} ({ceil.get('rate')} req/s at {ceil.get('proxy_cores')} cores) |"
+                        if ceil else "- |"))
+    if any((ov["runs"].get(f"{n}/direct") or {}).get("conditions") for n in ov["paths"]):
+        lines += ["", "Conditions of the blocks (CPU used during the blocks, in cores, mean per block; the host's "
+                  "busy share of all its cores, mean and worst block): the generator, the app (with its worker "
+                  "processes) and the proxy share the machine, so a side whose processes need all of it queues "
+                  "in the kernel, not in the proxy.", "",
+                  "| path | side | generator | app | proxy | host busy | waiting for a CPU, ms/s: generator / app / proxy |",
+                  "|---|---|---|---|---|---|---|"]
+        for name in ov["paths"]:
+            for via in ("direct", "proxy"):
+                c = ov["runs"][f"{name}/{via}"].get("conditions") or {}
+                cores, runq = c.get("cores") or {}, c.get("runq_ms_per_s") or {}
+                lines.append(f"| {name} | {via} | {cores.get('generator', '-')} | {cores.get('app', '-')} | "
+                             f"{cores.get('proxy', '-')} | {c.get('busy_pct', '-')} % (max {c.get('busy_pct_max', '-')} %) | "
+                             + " / ".join(str(runq.get(k, "-")) for k in ("generator", "app", "proxy")) + " |")
+    waits = ov.get("page_queue_waits") or {}
+    if waits:
+        lines += ["", "Session pages that waited more than 1 ms in their page queue: " + "; ".join(
+            f"{name} {w['waited_over_1ms']:.0f} of {w['requests']:.0f} ({w['waited_share']:.1%})"
+            for name, w in waits.items()) + f". `page_unbound` runs with {ov.get('unbound_overrides')} (the "
+            "page limit above any burst of this load), `page` with the default initial limit of 4: the "
+            "difference between the two rows is what holding bursts in the page queue costs."]
+    if "page_inline" in ov["paths"]:
+        lines += ["", "`page_inline`: the same session page, the app answering it in its main process instead of "
+                  "through its worker pool (the app does no page work here): the proxy's own cost on a session "
+                  "page. `page` adds what the pool's hop (the app's loop, its executor thread, a worker process "
+                  "and back) pays for sharing the cores with one more busy process: see the waits for a CPU above."]
+    lines += ["", f"Conditions: {describe(ov['host'])}.", ""]
+    return lines
+
+
+def overhead_runs_md(runs: list[dict[str, Any]]) -> list[str]:
+    """Added p50 / p99 per path in each run of the overhead step, and each run's ceilings: the
+    spread between runs beside any single figure."""
+    names = list(runs[0]["paths"])
+    lines = ["Added latency (proxy minus direct, ms) p50 / p99 in each run, and the ceiling (req/s per proxy core):",
+             "", "| path | " + " | ".join(f"run {k + 1} ({r.get('started_utc', '?')})" for k, r in enumerate(runs))
+             + " | ceilings |", "|---|" + "---|" * len(runs) + "---|"]
+    for name in names:
+        cells = []
+        for r in runs:
+            a = (r.get("added") or {}).get(name) or {}
+            cells.append(f"{a['p50_ms']:+.3f} / {a['p99_ms']:+.3f}" if a.get("p50_ms") is not None
+                         and a.get("p99_ms") is not None else "-")
+        ceils = [str(((r.get("ceiling") or {}).get(name) or {}).get("per_core", "-")) for r in runs]
+        lines.append(f"| {name} | " + " | ".join(cells) + " | " + (", ".join(ceils) if any(c != "-" for c in ceils) else "-")
+                     + " |")
+    return [*lines, ""]
 
 
 def point_cell(r: dict[str, Any]) -> str:
@@ -928,8 +982,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"capacity {cal['capacity_sessions_per_s']} sessions/s ({cal['capacity_requests_per_s']} req/s), "
                     f"saturation N_sat = {cal['n_sat']} clients; {describe(cal['host'])}")
                 steps = schedule(plan(st, args.overhead == "yes"), st.repeat)
-            else:
-                steps = schedule([("overhead", 0.0)], 1)
+            else:  # --repeat N: the overhead step N times, each run reported
+                steps = schedule([("overhead", 0.0)], st.repeat, first_only=())
             log("plan: " + ", ".join(c if c == "overhead" else f"{c} {m:g}x" + (f" (run {r + 1})" if st.repeat > 1 else "")
                                      for c, m, r, _ in steps))
             skipped = sweep(st, cal, lock, steps)

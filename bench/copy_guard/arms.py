@@ -16,6 +16,10 @@ route's params (THROTTLE's interface, /work/notes/throttle-interface.md at the t
   first scrape until its queue drained; the throttle (``crowd: pause``) likewise, and runs the
   copy free at once after it if the shop is asked for less than its floor;
   ``throttle-crowd-hold``: the throttle with ``crowd: hold`` (no probing up while it lasts);
+- ``oracle``: no guard; the bench itself stops the copy (SIGSTOP to its process group) from the
+  flash crowd's arrival until its backlog drained (``scenario.oracle_hold``, known to the bench in
+  advance, no reaction time) and lets it go on then: the best a guard that pauses for the crowd
+  can do, and on a CPU-bound copy the least delay it costs (a yardstick, not a product);
 - ``quiet``: no visitors at all, only our exporters, the shipped route: the copy must never be
   paused or slowed.
 """
@@ -36,6 +40,7 @@ class Arm:
     shipped: bool = False  # the shipped route's params as they are (plus registry_dir)
     throttle: bool = field(default=False)  # a point of the Pareto
     crowd: bool = False  # the route also matches CopyGuardSiteCrowded
+    oracle: bool = False  # the bench pauses the copy exactly for the flash crowd and its drain
 
     @property
     def guarded(self) -> bool:
@@ -64,6 +69,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         {"mode": "adaptive", "crowd": "pause"}, throttle=True, crowd=True),
     Arm("throttle-crowd-hold", "throttle + crowd alert, crowd: hold (no probing up)", True, True,
         {"mode": "adaptive", "crowd": "hold"}, throttle=True, crowd=True),
+    Arm("oracle", "oracle: the bench pauses the copy from the crowd's arrival until its backlog drained",
+        True, True, oracle=True),
     Arm("quiet", "quiet shop (no visitors), shipped route", False, True, {}, shipped=True),
 )}
 #: The loaded arms a full run measures, in order (a round alternates the direction).

@@ -109,6 +109,18 @@ class _Copy:
             return None
         return self.ended - self.started
 
+    def hold(self, on: bool) -> bool:
+        """Stop (SIGSTOP) or continue (SIGCONT) the copy's process group, as the oracle arm does;
+        False if the copy is no longer running."""
+        if not self.running():
+            return False
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGSTOP if on else signal.SIGCONT)
+        except ProcessLookupError:
+            return False
+        return True
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:

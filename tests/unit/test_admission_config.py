@@ -111,3 +111,36 @@ def test_a_bad_client_timeout_is_named_once(tmp_path: Path):
         load_section(f)
     assert err.value.problems == [p for p in err.value.problems if "client_timeout" in p]
     assert len(err.value.problems) == 1
+
+
+def test_event_loop_is_uvloop_unless_turned_off():
+    import argparse
+    import asyncio
+
+    from controllers.admission.cli import loop_factory
+
+    assert load_section(None).event_loop == "uvloop"
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    assert load_section(None, _overrides(parser.parse_args(["admission", "proxy", "--no-uvloop"]))).event_loop == "asyncio"
+    with pytest.raises(ConfigError, match="event_loop"):
+        load_section(None, {"event_loop": "trio"})
+    assert loop_factory("asyncio") is None
+    factory = loop_factory("uvloop")
+    assert factory is not None
+    loop = factory()
+    try:
+        assert type(loop).__module__.startswith("uvloop") and isinstance(loop, asyncio.AbstractEventLoop)
+    finally:
+        loop.close()
+
+
+def test_without_uvloop_installed_the_proxy_falls_back_to_asyncio(monkeypatch, caplog):
+    import sys
+
+    from controllers.admission.cli import loop_factory
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop -> ImportError
+    with caplog.at_level("WARNING", logger="promreflex.admission"):
+        assert loop_factory("uvloop") is None
+    assert "uvloop is not installed" in caplog.text

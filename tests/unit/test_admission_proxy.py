@@ -167,6 +167,39 @@ async def test_streaming_response_and_keep_alive():
         assert r.value("promreflex_admission_requests_total", page="other", outcome="served") == 3
 
 
+def test_the_proxy_on_uvloop_passes_pages_through_and_drops_a_client_that_left():
+    """The proxy's default loop (``admission.event_loop: uvloop``; the other tests run on the
+    test runner's asyncio loop): sessions, streaming, an exempt path, a queued request whose
+    client left (handler cancellation) and one that lingers while the app works."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        async with rig(page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, client() as c:
+            async with c.get(f"{r.url}/login") as resp:
+                assert resp.status == 200 and COOKIE in resp.cookies
+            async with c.get(f"{r.url}/stream") as resp:
+                assert len(await resp.read()) == 200_000
+            async with c.get(f"{r.url}/static/x.css") as resp:
+                assert resp.status == 200
+            page = r.proxy.pages["slow"]
+            gone = asyncio.ensure_future(c.get(f"{r.url}/slow?s=0.6"))
+            await until(lambda: page.in_flight == 1)
+            with pytest.raises(asyncio.TimeoutError):  # queued behind it, then leaves: dropped
+                await c.get(f"{r.url}/slow?s=0", timeout=aiohttp.ClientTimeout(total=0.2))
+            gone.cancel()  # leaves while the app works: the slot stays until the app answers
+            await until(lambda: r.value("promreflex_admission_requests_total", page="slow",
+                                        outcome="client_gone") == 2)
+            assert page.in_flight == 1 and len(r.proxy._lingering) == 1
+            await until(lambda: page.in_flight == 0 and not page.queue and not r.proxy._lingering)
+            async with c.get(f"{r.url}/slow?s=0") as resp:
+                assert resp.status == 200 and await resp.text() == "slow done"
+            assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
+
+
 async def test_exempt_paths_need_no_session():
     async with rig(session__queue_capacity=0) as r, client() as c:
         async with c.get(f"{r.url}/static/app.css") as resp:

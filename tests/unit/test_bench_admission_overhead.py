@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bench.admission.run import waits_in
+from bench.admission.run import event_loop_of, waits_in
 from controllers.admission.metrics import AdmissionMetrics
 
 
@@ -80,3 +80,13 @@ def test_run_delay_reads_this_process_schedstat() -> None:
         pytest.skip("no /proc schedstat here")
     assert run_delay(os.getpid(), children=False) >= 0.0
     assert run_delay(2**22 + 12345) == 0.0  # no such process: nothing waited
+
+
+def test_event_loop_of_reads_the_proxys_start_line(tmp_path) -> None:
+    log = tmp_path / "proxy.log"
+    log.write_text("2026-11-26 INFO promreflex.admission: admission proxy on http://127.0.0.1:1 -> http://127.0.0.1:2; "
+                   "control and /metrics on http://127.0.0.1:3; event loop uvloop\n")
+    assert event_loop_of(log) == "uvloop"
+    log.write_text("WARNING ... uvloop is not installed: running on asyncio's loop\n... event loop asyncio\n")
+    assert event_loop_of(log) == "asyncio"
+    assert event_loop_of(tmp_path / "missing.log") == "unknown"

@@ -173,3 +173,37 @@ def test_report_only_takes_the_window_the_points_were_measured_with(tmp_path: Pa
     assert "Not run (they would have ended after `--deadline`): base 4x run 3." in (tmp_path / "summary.md").read_text()
     assert run.main(["--report-only", "--out", str(tmp_path), "--window", "200"]) == 0  # a flag given still wins
     assert json.loads((tmp_path / "summary.json").read_text())["window"]["seconds"] == pytest.approx(20.0)
+
+
+def _overhead_run(added_p99: float, started: str) -> dict[str, Any]:
+    side = {"p50_ms": 1.0, "p99_ms": 2.0}
+    return {"rate": 1000.0, "block_s": 5.0, "rounds": 3, "paths": {"static": "/s", "page_inline": "/p?inline=1"},
+            "started_utc": started, "ended_utc": started, "event_loop": "uvloop",
+            "runs": {f"{n}/{v}": side for n in ("static", "page_inline") for v in ("direct", "proxy")},
+            "added": {"static": {"p50_ms": 0.2, "p99_ms": added_p99}, "page_inline": {"p50_ms": -0.01, "p99_ms": 0.5}},
+            "ceiling": {"static": {"per_core": 6000}, "page_inline": {"per_core": 4000}},
+            "page_queue_waits": {}, "host": {}}
+
+
+def test_overhead_only_with_repeat_runs_the_step_n_times_and_reports_every_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = iter([_overhead_run(0.7, "18:33:00"), _overhead_run(0.9, "18:36:00"), _overhead_run(1.1, "18:39:00")])
+    monkeypatch.setattr(run, "overhead", lambda st: next(runs))
+    monkeypatch.setattr(run, "describe", lambda host: "2 cores")
+    st = _sweep_settings(tmp_path, repeat=3)
+    (tmp_path / "raw").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "raw" / "overhead-r5.json").write_text("{}")  # an older series': not reported
+    steps = schedule([("overhead", 0.0)], 3, first_only=())
+    assert [(c, r) for c, _, r, _ in steps] == [("overhead", 0), ("overhead", 1), ("overhead", 2)]
+    assert run.sweep(st, None, ChunkedLock(None), steps) == []
+    assert sorted(p.name for p in (tmp_path / "raw").glob("overhead*.json")) == [
+        "overhead-r1.json", "overhead-r2.json", "overhead.json"]
+    md = "\n".join(run.overhead_runs_md([json.loads((tmp_path / "raw" / n).read_text())
+                                         for n in ("overhead.json", "overhead-r1.json", "overhead-r2.json")]))
+    assert "| static | +0.200 / +0.700 | +0.200 / +0.900 | +0.200 / +1.100 | 6000, 6000, 6000 |" in md
+    assert "| page_inline | -0.010 / +0.500 |" in md
+    monkeypatch.setattr(run.plot, "write", lambda out, summary: [])
+    s = run.report(st, "uv run --frozen python -m bench.admission --overhead only --repeat 3")
+    assert [r["started_utc"] for r in [s["overhead"], *s["overhead_runs"]]] == ["18:33:00", "18:36:00", "18:39:00"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "; 3 runs)" in text and "### Run 3 (18:39:00-18:39:00 UTC)" in text and "event loop: uvloop" in text

@@ -1,0 +1,126 @@
+"""Pool several rounds of the copy-guard bench (each its own ``summary.json``) into one table.
+
+One round's "lost responses saved" rests on a few dozen responses (the built-in shop's flash
+crowd loses 31-42): the same arm read 57% and 106% in two rounds. Each round is fair on its
+own (one calibration, one common window holding every copy, arms in one order), so rounds are
+pooled per arm as ``sum(saved) / sum(lost)`` over the rounds in which the arm ran, never by
+mixing runs of different rounds; the copy's delay is the mean of the rounds' ``copy slower``.
+The verdict is the bench's target on the pooled figures, and the table keeps every round's own
+share next to it, so the spread stays in sight.
+
+    uv run python -m bench.copy_guard.pool bench/results/copy_guard/builtin-crowd \\
+        bench/results/copy_guard/builtin-crowd/round2 bench/results/copy_guard/builtin-crowd/round3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.copy_guard.arms import ARMS
+
+
+@dataclass
+class Pooled:
+    arm: str
+    label: str
+    shares: list[float | None] = field(default_factory=list)  # per round, None: not counted
+    saved: int = 0
+    lost: int = 0
+    slower: list[float] = field(default_factory=list)
+
+    @property
+    def share(self) -> float | None:
+        return self.saved / self.lost if self.lost > 0 else None
+
+    @property
+    def mean_slower(self) -> float | None:
+        return statistics.mean(self.slower) if self.slower else None
+
+
+def load(dirs: list[Path], scenario: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The summaries of ``dirs`` (a directory or its summary.json), and their common target."""
+    sums, target = [], None
+    for d in dirs:
+        path = d / "summary.json" if d.is_dir() else d
+        try:
+            s = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"pool: cannot read {path}: {e}") from None
+        if not any(r.get("scenario") == scenario for r in s.get("rows", [])):
+            raise SystemExit(f"pool: {path} has no {scenario!r} runs")
+        if target is not None and s.get("target") != target:
+            raise SystemExit(f"pool: {path} has another target ({s.get('target')} vs {target})")
+        target = s.get("target")
+        sums.append(s)
+    return sums, target or {}
+
+
+def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
+    """Per arm, in the order first met: each round's share, and the pooled one."""
+    out: dict[str, Pooled] = {}
+    for i, s in enumerate(sums):
+        for r in s["rows"]:
+            if r.get("scenario") != scenario or r.get("lost_responses") is None:
+                continue
+            p = out.setdefault(r["arm"], Pooled(r["arm"], r["label"]))
+            p.shares += [None] * (i - len(p.shares))
+            p.shares.append(r.get("saved_share"))
+            if r.get("saved_share") is not None:  # counted: the round's window held its copy
+                p.saved += r["saved_responses"]
+                p.lost += r["lost_responses"]
+                if r.get("copy_slower") is not None:
+                    p.slower.append(r["copy_slower"])
+    for p in out.values():
+        p.shares += [None] * (len(sums) - len(p.shares))
+    return list(out.values())
+
+
+def render(dirs: list[Path], sums: list[dict[str, Any]], rows: list[Pooled], target: dict[str, float],
+           scenario: str) -> str:
+    def pct(v: float | None, sign: bool = False) -> str:
+        return "-" if v is None else (f"{v:+.0%}" if sign else f"{v:.0%}")
+
+    heads = [f"round {i + 1}" for i in range(len(sums))]
+    lines = [f"Pooled {scenario} rounds of the copy-guard bench ({sums[0].get('shop')} shop): "
+             + ", ".join(f"round {i + 1} = `{d}` ({s.get('when', '?')})" for i, (d, s) in enumerate(zip(dirs, sums))),
+             "",
+             "| arm | " + " | ".join(heads) + " | pooled saved (sum saved / sum lost) | copy slower, mean |",
+             "|---|" + "---|" * len(heads) + "---|---|"]
+    for p in rows:
+        if p.arm == "no-guard" or p.lost == 0:
+            continue
+        lines.append(f"| {p.label} | " + " | ".join(pct(s) for s in p.shares)
+                     + f" | {p.saved} of {p.lost} (**{pct(p.share)}**) | {pct(p.mean_slower, True)} |")
+    lines.append("")
+    meets = [p for p in rows if p.share is not None and p.mean_slower is not None
+             and p.share >= target.get("saved_share", 0.8) and p.mean_slower <= target.get("slowdown", 0.4)
+             and not (p.arm in ARMS and ARMS[p.arm].oracle)]
+    goal = f"saved >= {target.get('saved_share', 0.8):.0%} with the copy at most {target.get('slowdown', 0.4):+.0%}"
+    lines.append(f"**{scenario}, pooled over {len(sums)} rounds: target ({goal}) "
+                 + (("met by: " + ", ".join(f"{p.arm} ({pct(p.share)} at {pct(p.mean_slower, True)})" for p in meets))
+                    if meets else "NOT met by any arm") + "**")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.copy_guard.pool", description=__doc__.split("\n\n")[0])
+    ap.add_argument("rounds", nargs="+", type=Path, help="result directories (or summary.json files), one per round")
+    ap.add_argument("--scenario", default="flash")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    a = ap.parse_args(argv)
+    sums, target = load(a.rounds, a.scenario)
+    text = render(a.rounds, sums, pool(sums, a.scenario), target, a.scenario)
+    sys.stdout.write(text)
+    if a.out is not None:
+        a.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Pooling rounds of the copy-guard bench (bench/copy_guard/pool.py): sum saved / sum lost over
+the rounds an arm was counted in, the target judged on the pooled figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.copy_guard.pool import load, main, pool
+
+TARGET = {"saved_share": 0.8, "slowdown": 0.4, "quiet_pauses": 0}
+
+
+def _row(arm: str, lost: int | None, saved: int | None, slower: float | None, scenario: str = "flash") -> dict:
+    share = None if lost is None or saved is None else saved / lost
+    return {"scenario": scenario, "arm": arm, "label": arm, "lost_responses": lost, "saved_responses": saved,
+            "saved_share": share, "copy_slower": slower}
+
+
+def _round(tmp: Path, name: str, rows: list[dict]) -> Path:
+    d = tmp / name
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({"shop": "builtin", "when": name, "target": TARGET, "rows": rows}))
+    return d
+
+
+def test_rounds_pool_as_sum_saved_over_sum_lost_and_the_verdict_uses_the_pool(tmp_path, capsys):
+    r1 = _round(tmp_path, "r1", [_row("no-guard", 30, 0, 0.0), _row("throttle-crowd", 30, 32, 0.05),
+                                 _row("paper", 30, 20, 0.0)])
+    r2 = _round(tmp_path, "r2", [_row("throttle-crowd", 40, 22, 0.07), _row("paper", 40, 30, 0.9),
+                                 _row("oracle", 40, 40, 0.1), _row("throttle", None, None, None, "moderate")])
+    sums, target = load([r1, r2], "flash")
+    rows = {p.arm: p for p in pool(sums, "flash")}
+    tc = rows["throttle-crowd"]
+    assert tc.shares == pytest.approx([32 / 30, 22 / 40])
+    assert (tc.saved, tc.lost) == (54, 70) and tc.share == pytest.approx(54 / 70)  # not the mean of shares (0.81)
+    assert tc.mean_slower == pytest.approx(0.06)
+    assert rows["oracle"].shares == [None, 1.0]  # ran in round 2 only
+    assert "throttle" not in rows  # another scenario
+    assert main([str(r1), str(r2)]) == 0
+    out = capsys.readouterr().out
+    # 77% pooled: below 80% although round 1 read 107%; the paper's rule: 71% but +45% on average;
+    # the oracle is a yardstick, never a guard that meets the target
+    assert "NOT met by any arm" in out and "| throttle-crowd | 107% | 55% | 54 of 70 (**77%**) | +6% |" in out
+
+
+def test_an_uncounted_round_does_not_count_and_bad_input_is_a_clear_error(tmp_path):
+    r1 = _round(tmp_path, "r1", [_row("throttle-crowd", 30, 27, 0.05)])
+    r2 = _round(tmp_path, "r2", [_row("throttle-crowd", 40, None, None)])  # its copy outlived the window
+    sums, _ = load([r1, r2], "flash")
+    (tc,) = pool(sums, "flash")
+    assert (tc.saved, tc.lost, tc.shares) == (27, 30, [0.9, None])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot read"):
+        load([tmp_path / "bad"], "flash")
+    with pytest.raises(SystemExit, match="no 'overload' runs"):
+        load([r1], "overload")
+    other = _round(tmp_path, "r3", [_row("paper", 10, 5, 0.1)])
+    data = json.loads((other / "summary.json").read_text())
+    data["target"] = {"saved_share": 0.6, "slowdown": 0.4}
+    (other / "summary.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="another target"):
+        load([r1, other], "flash")
