@@ -20,6 +20,13 @@ How each situation is recognised, on every :meth:`LogFollower.poll`:
   readable through our descriptor, even when gzip already unlinked it) is read to its end first,
   then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds, because
   nginx keeps writing to the old inode until it gets ``USR1``. Then the new file is read from 0.
+* **two rotations between polls** (a writer that rotates faster than we poll, or a reader that
+  was stopped, e.g. by ``SIGSTOP`` or a starved CPU): the path names a file two rotations newer
+  than the one held, and the file between was rotated away, maybe gzipped, without a line read
+  from it. The held file is located among the rotated siblings (by inode, else by content) and
+  every sibling rotated after it is read from 0 before the new file. A sibling is read that way
+  only if it is ordered after the held file and was written after the held file's last write
+  (a file compressed later with a fresh timestamp is not taken for a new one).
 * **copytruncate**: the held file is now shorter than our position, or the bytes before our
   position changed (truncated and refilled before we polled, even with the same first bytes).
   The lines written between our last read and the truncation are in the copy: the newest
@@ -82,6 +89,7 @@ _MAGIC = (
 )
 _ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*?(?:\.(?:gz|bz2|xz|zst|lz4|zip))?")
 _NUMBERED_SUFFIX = re.compile(r"\.([0-9]+)(?:\.[a-z0-9]+)?")
+_COMPRESSED_SUFFIX = re.compile(r"\.(?:gz|bz2|xz|zst|lz4|zip)$")
 
 
 class NotTextError(UserError):
@@ -764,9 +772,57 @@ class LogFollower:
         log.info("%s rotated: inode %d -> %d", self.path, cur.ino, new.ino)
         cur.quiet_polls, cur.last_data = 0, time.monotonic()
         self._draining.append(cur)
+        for whole in self._rotated_unseen(cur, new):
+            self.stats.rotations += 1
+            log.info("%s: %s was rotated too before this poll saw it; reading it from offset 0", self.path, whole.name)
+            self._draining.append(whole)
         self._cur = new
         self._set_identity(new)
         return self._read(new, out, budget)
+
+    def _rotated_unseen(self, cur: _Handle, new: _Handle) -> list[_Handle]:
+        """The siblings rotated after ``cur`` that no poll saw as the current file (two
+        rotations between polls), opened at 0, oldest first. Empty when ``cur`` cannot be
+        located among the siblings (then nothing says which of them are newer)."""
+        siblings = self._siblings()
+        held = {h.ino for h in self._draining} | {cur.ino, new.ino}
+        idx = next((i for i in range(len(siblings) - 1, -1, -1) if _inode(siblings[i]) == cur.ino), None)
+        if idx is None and cur.fp_offset:  # renamed and gzipped: find it by what we read of it
+            found = self._find_content(_Saved(cur.ino, cur.fp_offset, cur.fp_offset, cur.fp), siblings, set())
+            if found is not None:
+                idx = found[0]
+                _close(found[1])
+        if idx is None:
+            return []
+        try:
+            cur_written = os.fstat(cur.fd).st_mtime_ns
+        except OSError:
+            return []
+        out = []
+        for p in siblings[idx + 1:]:
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if st.st_ino in held or st.st_mtime_ns < cur_written or not self._named_later(p, siblings[idx]):
+                continue
+            whole = self._open_whole(p)
+            if whole is not None:
+                out.append(whole)
+        return out
+
+    def _named_later(self, p: Path, than: Path) -> bool:
+        """``p``'s name says it was rotated after ``than``: a lower number (``.1`` after
+        ``.2``), else a later name once a compression suffix is dropped (``-20261125`` after
+        ``-20261124``). Siblings without numbers are ordered by time, and a file compressed
+        later gets a fresh one: the name must agree before a file is read as new."""
+        def rest(q: Path) -> str:
+            return q.name[len(self.path.name):] if q.name.startswith(self.path.name) else ""
+
+        mp, mt = _NUMBERED_SUFFIX.fullmatch(rest(p)), _NUMBERED_SUFFIX.fullmatch(rest(than))
+        if mp and mt:
+            return int(mp.group(1)) < int(mt.group(1))
+        return _COMPRESSED_SUFFIX.sub("", p.name) > _COMPRESSED_SUFFIX.sub("", than.name)
 
     def _finish_draining(self, h: _Handle, out: list[str]) -> None:
         """Close a rotated file that stayed quiet; a final unterminated line is still a line."""

@@ -53,6 +53,10 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("paper", "paper's rule: pause, resume at once", True, True, {"mode": "pause", "min_pause": "0s"}),
     Arm("min-pause-20s", "pause, min_pause 20 s", True, True, {"mode": "pause", "min_pause": "20s"}),
     Arm("throttle", "throttle, shipped defaults", True, True, {}, shipped=True, throttle=True),
+    # The shipped route until issue 16's fifth bench (results before 2026-11-27 call it "throttle"):
+    # the two overload alerts only, no crowd setting.
+    Arm("throttle-overload", "throttle, overload alerts only (shipped until the fifth bench)", True, True,
+        {"mode": "adaptive"}, throttle=True),
     Arm("throttle-gentle", "throttle: increase 0.05, min_share 0.05", True, True,
         {"mode": "adaptive", "increase": 0.05, "decrease": 0.5, "min_share": 0.05}, throttle=True),
     Arm("throttle-fast", "throttle: increase 0.2, decrease 0.7, min_share 0.2", True, True,
@@ -77,7 +81,9 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
 DEFAULT_LOADED = ["load-only", "no-guard", "paper", "min-pause-20s", "throttle", "throttle-gentle",
                   "throttle-nopause"]
 BASELINE, UNGUARDED = "load-only", "no-guard"
-#: The crowd arms' matcher: the shipped route's two alerts and the crowd alert.
+#: The arms' matchers: the two overload alerts, and those with the crowd alert (the shipped
+#: route's since the fifth bench; arms without ``crowd`` keep the overload alerts only).
+OVERLOAD_MATCHER = 'alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"'
 CROWD_MATCHER = 'alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"'
 
 
@@ -97,9 +103,7 @@ def route_for(arm: Arm, registry_dir: str) -> list[dict[str, Any]]:
     params = dict(base["params"]) if arm.shipped else {k: v for k, v in base["params"].items() if k == "max_pause"}
     params.update(arm.params or {})
     params["registry_dir"] = registry_dir
-    matchers = list(base["matchers"])
-    if arm.crowd:
-        matchers = [CROWD_MATCHER]
+    matchers = list(base["matchers"]) if arm.shipped else [CROWD_MATCHER if arm.crowd else OVERLOAD_MATCHER]
     return [{**base, "name": f"copy-guard-{arm.name}", "matchers": matchers, "params": params}]
 
 

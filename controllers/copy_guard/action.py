@@ -1,12 +1,13 @@
 """The ``copy-guard`` action: slow down or pause every registered copy of the alert's site while
 the site is overloaded, and make sure no copy stays stopped or throttled.
 
-Route it from ``CopyGuardSiteOverloaded`` (and, to act earlier, ``CopyGuardSiteOverloadPredicted``):
+Route it from ``CopyGuardSiteOverloaded`` (and, to act earlier, ``CopyGuardSiteOverloadPredicted``;
+the shipped route adds ``CopyGuardSiteCrowded`` with ``crowd: pause``, issue 16's fifth bench):
 
     - name: copy-guard
-      matchers: ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"']
+      matchers: ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"']
       action: copy-guard
-      params: {mode: adaptive, max_pause: 2m}
+      params: {mode: adaptive, crowd: pause, max_pause: 2m}
 
 Three modes:
 - ``adaptive`` (the default, and the shipped route): the alert opens an *episode*; from then on

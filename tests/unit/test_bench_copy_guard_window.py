@@ -86,7 +86,7 @@ def test_the_share_is_counted_over_the_common_window() -> None:
 
 
 def test_every_guarded_arm_is_the_shipped_route_with_its_own_params() -> None:
-    from bench.copy_guard.arms import ARMS, CROWD_MATCHER, route_for, shipped_route
+    from bench.copy_guard.arms import ARMS, CROWD_MATCHER, OVERLOAD_MATCHER, route_for, shipped_route
 
     shipped = shipped_route()
     assert route_for(ARMS["no-guard"], "/r") == [] and route_for(ARMS["load-only"], "/r") == []
@@ -94,12 +94,16 @@ def test_every_guarded_arm_is_the_shipped_route_with_its_own_params() -> None:
         if not arm.guarded:
             continue
         (route,) = route_for(arm, "/r")
-        # the crowd arms add the crowd alert to the shipped route's two, nothing else
-        want = [CROWD_MATCHER] if arm.crowd else shipped["matchers"]
+        # the shipped arms run the shipped matchers; the others the overload alerts, plus the
+        # crowd alert for the crowd arms, whatever the shipped route matches today
+        want = shipped["matchers"] if arm.shipped else [CROWD_MATCHER if arm.crowd else OVERLOAD_MATCHER]
         assert route["matchers"] == want and route["action"] == "copy-guard", name
         assert route["params"]["registry_dir"] == "/r"
-    (crowd_matcher,) = shipped["matchers"]
-    assert crowd_matcher[:-1] + '|CopyGuardSiteCrowded"' == CROWD_MATCHER
+    assert OVERLOAD_MATCHER[:-1] + '|CopyGuardSiteCrowded"' == CROWD_MATCHER
+    # shipped since the fifth bench: the crowd alert routed, crowd: pause (= the throttle-crowd arm)
+    assert shipped["matchers"] == [CROWD_MATCHER] and shipped["params"]["crowd"] == "pause"
+    assert route_for(ARMS["throttle-overload"], "/r")[0]["matchers"] == [OVERLOAD_MATCHER]
+    assert "crowd" not in route_for(ARMS["throttle-overload"], "/r")[0]["params"]
     assert route_for(ARMS["throttle-crowd"], "/r")[0]["params"]["crowd"] == "pause"
     assert route_for(ARMS["paper-crowd"], "/r")[0]["params"]["mode"] == "pause"
     assert route_for(ARMS["paper"], "/r")[0]["params"]["mode"] == "pause"

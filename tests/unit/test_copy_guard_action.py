@@ -696,3 +696,15 @@ def test_signals_carry_the_crowd_flag_and_the_route_chooses_what_a_crowd_does():
     assert action_mod.CopyGuardParams().settings().crowd == "ignore"
     with pytest.raises(ValueError):
         action_mod.CopyGuardParams(crowd="always")
+
+
+def test_the_shipped_route_routes_the_crowd_alert_and_pauses_for_a_crowd():
+    """Since issue 16's fifth bench: CopyGuardSiteCrowded with the two overload alerts, and
+    `crowd: pause`; the route as shipped validates and the throttle gets those settings."""
+    from controllers.copy_guard.manifest import CAPABILITY
+
+    (route,) = [r for r in CAPABILITY.routes if r["action"] == "copy-guard"]
+    assert route["matchers"] == [
+        'alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"']
+    s = CopyGuardParams(**route["params"]).settings()
+    assert (s.crowd, s.max_pause) == ("pause", 120.0)

@@ -620,3 +620,84 @@ def test_restart_half_way_through_a_gzip_rotated_while_down(tmp_path: Path) -> N
     got += h.poll() + h.poll()
     assert got == [f"{i:04d}" for i in range(1, 3000)] + ["new"]
     h.close()
+
+
+def _reading(log: Path, read: int, unread: int) -> tuple[_Writer, LogFollower, list[str]]:
+    """A writer and a follower that has read ``read`` lines, ``unread`` more written since."""
+    w = _Writer(log)
+    f = LogFollower(log, drain_grace=0)
+    w.write(read)
+    got = f.poll()
+    w.write(unread)
+    return w, f, got
+
+
+def _every_line_once(f: LogFollower, w: _Writer, got: list[str]) -> None:
+    """Poll until nothing is left (draining included), then: every line written, each once."""
+    for _ in range(4):
+        got += f.poll()
+    assert sorted(int(ln.split()[1]) for ln in got) == list(range(w.n))
+    f.close()
+    os.close(w.fd)
+
+
+@pytest.mark.parametrize("second", ["rename", "gzip", "copytruncate"])
+@pytest.mark.parametrize("first_gzip", [False, True])
+def test_two_rotations_between_polls_read_the_file_between(tmp_path: Path, first_gzip: bool, second: str) -> None:
+    """The torture test's failure (CI, 2026-11-26): a reader stopped (SIGSTOP, a starved CPU)
+    across two rotations saw only the newest file: the one between, rotated away and gzipped
+    without a line read from it, was lost (900 lines). Every line is read exactly once."""
+    log = tmp_path / "access.log"
+    w, f, got = _reading(log, 10, 5)  # in flight in the held file
+    # first rotation: rename (+ gzip at once), the writer reopens
+    log.rename(tmp_path / "access.log.1")
+    w.write(3)
+    w.reopen()
+    w.write(7)  # the file between: no poll ever holds it
+    if first_gzip:
+        gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    # second rotation, still no poll
+    for p in sorted(tmp_path.glob("access.log.*"), reverse=True):
+        n = int(p.name.split(".")[2])
+        p.rename(p.with_name(p.name.replace(f"access.log.{n}", f"access.log.{n + 1}", 1)))
+    if second == "copytruncate":
+        copytruncate(log, tmp_path / "access.log.1")
+    else:
+        log.rename(tmp_path / "access.log.1")
+        w.write(2)
+        w.reopen()
+        if second == "gzip":
+            gzip_file(tmp_path / "access.log.1", tmp_path / "access.log.1.gz")
+    w.write(4)
+    _every_line_once(f, w, got)
+
+
+def test_an_older_file_compressed_after_the_rotation_is_not_read_again(tmp_path: Path) -> None:
+    """Date-named rotations are ordered by modification time; a sibling rotated BEFORE the held
+    file but compressed after it (a fresh timestamp) must not count as a file rotated since."""
+    log = tmp_path / "access.log"
+    old = tmp_path / "access.log-20261124"
+    old.write_text("".join(f"line {i}\n" for i in range(100, 105)))  # read by an earlier reader
+    os.utime(old, ns=(1, 1))
+    w, f, got = _reading(log, 6, 2)
+    log.rename(tmp_path / "access.log-20261125")
+    w.reopen()
+    w.write(3)
+    held_written = (tmp_path / "access.log-20261125").stat().st_mtime_ns
+    gzip_file(old, tmp_path / "access.log-20261124.gz")  # delaycompress: the older one, now
+    os.utime(tmp_path / "access.log-20261124.gz", ns=(held_written + 10**9, held_written + 10**9))
+    _every_line_once(f, w, got)
+
+
+def test_two_rotations_between_polls_with_date_names(tmp_path: Path) -> None:
+    """The same with logrotate's ``dateext`` names (ordered by time, checked by name)."""
+    log = tmp_path / "access.log"
+    w, f, got = _reading(log, 4, 2)
+    log.rename(tmp_path / "access.log-20261125")
+    w.reopen()
+    w.write(5)
+    log.rename(tmp_path / "access.log-20261126")
+    w.reopen()
+    gzip_file(tmp_path / "access.log-20261126", tmp_path / "access.log-20261126.gz")
+    w.write(3)
+    _every_line_once(f, w, got)
