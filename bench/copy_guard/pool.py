@@ -118,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     text = render(a.rounds, sums, pool(sums, a.scenario), target, a.scenario)
     sys.stdout.write(text)
     if a.out is not None:
-        a.out.write_text(text)
+        try:  # a new directory for the pooled table is the usual case
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(text)
+        except OSError as e:
+            print(f"cannot write {a.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 0
 
 

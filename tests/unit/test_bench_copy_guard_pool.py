@@ -39,8 +39,13 @@ def test_rounds_pool_as_sum_saved_over_sum_lost_and_the_verdict_uses_the_pool(tm
     assert tc.mean_slower == pytest.approx(0.06)
     assert rows["oracle"].shares == [None, 1.0]  # ran in round 2 only
     assert "throttle" not in rows  # another scenario
-    assert main([str(r1), str(r2)]) == 0
+    out_file = tmp_path / "pooled" / "new-dir" / "summary.md"  # --out into a directory not made yet
+    assert main([str(r1), str(r2), "--out", str(out_file)]) == 0
     out = capsys.readouterr().out
+    assert out_file.read_text() == out
+    (tmp_path / "a-file").write_text("")
+    assert main([str(r1), str(r2), "--out", str(tmp_path / "a-file" / "summary.md")]) == 2  # an error, no traceback
+    assert "cannot write" in capsys.readouterr().err
     # 77% pooled: below 80% although round 1 read 107%; the paper's rule: 71% but +45% on average;
     # the oracle is a yardstick, never a guard that meets the target
     assert "NOT met by any arm" in out and "| throttle-crowd | 107% | 55% | 54 of 70 (**77%**) | +6% |" in out
