@@ -56,6 +56,7 @@ ordered oldest first by their number (``.2`` before ``.1``), else by modificatio
 from __future__ import annotations
 
 import asyncio
+import collections
 import glob
 import gzip
 import hashlib
@@ -88,7 +89,9 @@ _MAGIC = (
     (b"PK\x03\x04", "zip"),
 )
 _ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*?(?:\.(?:gz|bz2|xz|zst|lz4|zip))?")
-_NUMBERED_SUFFIX = re.compile(r"\.([0-9]+)(?:\.[a-z0-9]+)?")
+# A rotation number: at most 5 digits (``.20261125`` is logrotate's ``dateformat .%Y%m%d``, a
+# date: ordered by time like ``-20261125``, never by number, which would invert it).
+_NUMBERED_SUFFIX = re.compile(r"\.([0-9]{1,5})(?:\.[a-z0-9]+)?")
 _COMPRESSED_SUFFIX = re.compile(r"\.(?:gz|bz2|xz|zst|lz4|zip)$")
 
 
@@ -416,6 +419,9 @@ class LogFollower:
         self._draining: list[_Handle] = []
         self._last_state: str | None = None
         self._open_error_logged = False
+        # (n, hash of the first n bytes) of files this process held as current: a rotated file
+        # whose head is one of these was read already (an older file compressed later).
+        self._heads: collections.deque[tuple[int, str]] = collections.deque(maxlen=64)
         self._resume_info = self._start(from_start)
 
     # ------------------------------------------------------------------ public API
@@ -782,8 +788,15 @@ class LogFollower:
 
     def _rotated_unseen(self, cur: _Handle, new: _Handle) -> list[_Handle]:
         """The siblings rotated after ``cur`` that no poll saw as the current file (two
-        rotations between polls), opened at 0, oldest first. Empty when ``cur`` cannot be
-        located among the siblings (then nothing says which of them are newer)."""
+        rotations between polls), opened at 0, oldest first.
+
+        This runs at every rotation, so a false positive would count a file twice: a sibling
+        counts only if it was written after ``cur``'s last write, its name says it was rotated
+        after ``cur`` (``_named_later``) and its first bytes are not those of a file this
+        process held (an older file compressed later, with a fresh timestamp). When ``cur``
+        itself cannot be located (deleted, or empty when last polled), siblings written after
+        it are a possible loss: warned about and counted in ``stats.unrecovered``, not read."""
+        self._remember_head(cur)
         siblings = self._siblings()
         held = {h.ino for h in self._draining} | {cur.ino, new.ino}
         idx = next((i for i in range(len(siblings) - 1, -1, -1) if _inode(siblings[i]) == cur.ino), None)
@@ -792,30 +805,60 @@ class LogFollower:
             if found is not None:
                 idx = found[0]
                 _close(found[1])
-        if idx is None:
-            return []
         try:
             cur_written = os.fstat(cur.fd).st_mtime_ns
         except OSError:
             return []
-        out = []
-        for p in siblings[idx + 1:]:
+        written_after = []
+        for i, p in enumerate(siblings):
             try:
                 st = p.stat()
             except OSError:
                 continue
-            if st.st_ino in held or st.st_mtime_ns < cur_written or not self._named_later(p, siblings[idx]):
-                continue
-            whole = self._open_whole(p)
-            if whole is not None:
-                out.append(whole)
+            if i != idx and st.st_ino not in held and st.st_mtime_ns >= cur_written and not self._head_known(p):
+                written_after.append((i, p))
+        if idx is None:
+            if written_after:
+                self.stats.unrecovered += 1
+                log.warning("%s rotated while the file we held (inode %d) was rotated away unseen; %s written after "
+                            "it cannot be placed, so lines of a file between may not be counted", self.path, cur.ino,
+                            ", ".join(p.name for _, p in written_after))
+            return []
+        out = []
+        for _, p in written_after:
+            if self._named_later(p, siblings[idx]):
+                whole = self._open_whole(p)
+                if whole is not None:
+                    self._remember_head(whole)
+                    out.append(whole)
         return out
+
+    def _remember_head(self, h: _Handle) -> None:
+        """Remember the first KiB of a file that was current (see ``_head_known``)."""
+        try:
+            head = os.pread(h.fd, _FINGERPRINT_WINDOW, 0) if h.stream is None else b""
+        except OSError:
+            return
+        if head:
+            self._heads.append((len(head), hashlib.blake2b(head, digest_size=8).hexdigest()))
+
+    def _head_known(self, p: Path) -> bool:
+        """True when ``p`` starts with the first bytes of a file this process held as current."""
+        if not self._heads:
+            return False
+        try:
+            with gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb") as f:
+                head = f.read(_FINGERPRINT_WINDOW)
+        except (OSError, EOFError, zlib.error):
+            return False
+        return any(len(head) >= n and hashlib.blake2b(head[:n], digest_size=8).hexdigest() == hx
+                   for n, hx in self._heads)
 
     def _named_later(self, p: Path, than: Path) -> bool:
         """``p``'s name says it was rotated after ``than``: a lower number (``.1`` after
         ``.2``), else a later name once a compression suffix is dropped (``-20261125`` after
-        ``-20261124``). Siblings without numbers are ordered by time, and a file compressed
-        later gets a fresh one: the name must agree before a file is read as new."""
+        ``-20261124``; date formats that do not sort as text, such as ``-%d%m%Y``, can be
+        wrong at a month's end: the head check above is what keeps an older file out then)."""
         def rest(q: Path) -> str:
             return q.name[len(self.path.name):] if q.name.startswith(self.path.name) else ""
 

@@ -1,17 +1,20 @@
 """The arms of the copy-guard bench: what each run does, and the route it gives the controller.
 
-Every guarded arm uses the shipped route's matchers (``controllers/copy_guard/manifest.py``:
-both CopyGuardSiteOverloaded and CopyGuardSiteOverloadPredicted) and differs only in the
-route's params (THROTTLE's interface, /work/notes/throttle-interface.md at the time of writing):
+Every guarded arm is the shipped route (``controllers/copy_guard/manifest.py``) with its own
+params; the shipped arms keep the shipped matchers (since the fifth bench the two overload alerts
+and CopyGuardSiteCrowded), the others match CopyGuardSiteOverloaded and
+CopyGuardSiteOverloadPredicted, plus CopyGuardSiteCrowded for the crowd arms (``route_for``):
 
 - ``paper``: ``mode: pause``, resume as soon as the alert resolves (the paper's rule);
 - ``min-pause-20s``: ``mode: pause``, each pause held at least 20 s (the old README's advice);
-- ``throttle``: the shipped defaults (``mode: adaptive``, AIMD on the copy's share of its speed);
+- ``throttle``: the shipped defaults (``mode: adaptive``, AIMD on the copy's share of its speed;
+  since the fifth bench with the crowd alert and ``crowd: pause``); ``throttle-overload``: the
+  route shipped before (the two overload alerts, no crowd setting);
 - ``throttle-*``: the same throttle at other settings, for the Pareto of saved vs copy delay
   (``throttle-asked``: the floor compares the visitors asking, as the alerts do, not the demand
   that counts requests in flight, i.e. pages the copy made slow);
 - ``paper-crowd`` / ``throttle-crowd``: the route also matches ``CopyGuardSiteCrowded`` (visitors
-  arriving faster than the threshold, or a crowd's backlog still waiting: the rules'
+  arriving faster than 1.5x the threshold, or a crowd's backlog still waiting: the rules'
   ``site:promreflex_copy_guard_crowd:bool``): the paper's rule then pauses from the crowd's
   first scrape until its queue drained; the throttle (``crowd: pause``) likewise, and runs the
   copy free at once after it if the shop is asked for less than its floor;

@@ -14,9 +14,9 @@ CAPABILITY = Capability(
         # shop affords (AIMD on the served rate, read from Prometheus; pause only in an
         # emergency), and let it run free once the shop is back above its line and the share
         # has climbed back to 1. The registry is the absolute default (registry.default_dir).
-        # A crowd (CopyGuardSiteCrowded: visitors arriving at 1.5x the threshold or more, or the
+        # A crowd (CopyGuardSiteCrowded: visitors arriving faster than 1.5x the threshold, or the
         # backlog one left) pauses the copies until its queue has drained, then gives them back
-        # the share they had (`crowd: pause`). Shipped since issue 16's fourth bench (README
+        # the share they had (`crowd: pause`). Shipped since issue 16's fifth bench (README
         # "Copy guard", "Fifth bench"): the throttle without it saved 58% of the lost
         # responses on the built-in shop and held WordPress's backup past the window.
         {"name": "copy-guard",

@@ -30,7 +30,7 @@ pages the copy itself made slow: on WordPress at half its capacity 6 requests in
 76 req/s against a floor of 71.5); "asked" compares what visitors ask (arrivals, completions: the
 alerts' own gate), so a shop that keeps up with its arrivals gets its copy back.
 A crowd (``Settings.crowd``, issue 16's third bench; the rules' ``site:promreflex_copy_guard_crowd:bool``:
-visitors arriving faster than the threshold, or requests waiting that a crowd left behind):
+visitors arriving faster than 1.5x the threshold, or requests waiting that a crowd left behind):
 "ignore" (the default) judges as above; "hold" never probes upward while it lasts (below the
 line still halves the share): a crowd's queue drains with the served rate back above the line,
 and a copy climbing back then made the queued visitors wait past their patience; "pause" pauses

@@ -689,8 +689,11 @@ def test_an_older_file_compressed_after_the_rotation_is_not_read_again(tmp_path:
     _every_line_once(f, w, got)
 
 
-def test_two_rotations_between_polls_with_date_names(tmp_path: Path) -> None:
-    """The same with logrotate's ``dateext`` names (ordered by time, checked by name)."""
+@pytest.mark.parametrize("delaycompress", [False, True])
+def test_two_rotations_between_polls_with_date_names(tmp_path: Path, delaycompress: bool) -> None:
+    """The same with logrotate's ``dateext`` names (ordered by time, checked by name). With
+    ``delaycompress`` the held file is gzipped at the second rotation: it then has the newest
+    timestamp, and the file between is older than it by time but not by name."""
     log = tmp_path / "access.log"
     w, f, got = _reading(log, 4, 2)
     log.rename(tmp_path / "access.log-20261125")
@@ -698,6 +701,51 @@ def test_two_rotations_between_polls_with_date_names(tmp_path: Path) -> None:
     w.write(5)
     log.rename(tmp_path / "access.log-20261126")
     w.reopen()
-    gzip_file(tmp_path / "access.log-20261126", tmp_path / "access.log-20261126.gz")
+    if delaycompress:
+        gzip_file(tmp_path / "access.log-20261125", tmp_path / "access.log-20261125.gz")
+    else:
+        gzip_file(tmp_path / "access.log-20261126", tmp_path / "access.log-20261126.gz")
     w.write(3)
     _every_line_once(f, w, got)
+
+
+@pytest.mark.parametrize("names", [(".20261124", ".20261125", ".20261126"),  # dateformat .%Y%m%d
+                                   ("-29112026", "-30112026", "-01122026")])  # -%d%m%Y: not text order at a month's end
+def test_one_rotation_a_day_with_delaycompress_reads_each_line_once(tmp_path: Path, names: tuple[str, ...]) -> None:
+    """Daily rotations with ``delaycompress``: at each rotation the previous day's file is
+    gzipped (a fresh timestamp, a name that may sort after the new one): it was read already."""
+    log = tmp_path / "access.log"
+    w, f, got = _reading(log, 3, 2)
+    prev = None
+    for name in names:
+        got += f.poll()
+        log.rename(tmp_path / f"access.log{name}")
+        w.reopen()
+        if prev is not None:
+            gzip_file(tmp_path / f"access.log{prev}", tmp_path / f"access.log{prev}.gz")
+        prev = name
+        w.write(4)
+        got += f.poll()
+        w.write(1)
+    _every_line_once(f, w, got)
+
+
+def test_a_held_file_rotated_away_and_deleted_unseen_is_a_counted_loss(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """``rotate 1`` and two rotations between polls: the held file is deleted and the one
+    between is ``.1``. Nothing says which siblings are newer, so none is read: warned about and
+    counted in ``unrecovered``, never silent."""
+    log = tmp_path / "access.log"
+    w, f, got = _reading(log, 3, 0)
+    log.rename(tmp_path / "access.log.1")
+    w.reopen()
+    w.write(4)
+    (tmp_path / "access.log.1").unlink()  # rotate 1: the held file goes
+    log.rename(tmp_path / "access.log.1")
+    w.reopen()
+    w.write(2)
+    with caplog.at_level("WARNING"):
+        got += f.poll() + f.poll()
+    assert f.stats.unrecovered == 1 and "cannot be placed" in caplog.text
+    f.close()
+    os.close(w.fd)
