@@ -88,11 +88,12 @@ _MAGIC = (
     (b"\x04\x22\x4d\x18", "lz4"),
     (b"PK\x03\x04", "zip"),
 )
-_ROTATED_SUFFIX = re.compile(r"[._-][0-9][0-9._-]*?(?:\.(?:gz|bz2|xz|zst|lz4|zip))?")
+_COMPRESSED_EXT = r"\.(?:gz|bz2|xz|zst|lz4|zip)"
+_ROTATED_SUFFIX = re.compile(rf"[._-][0-9][0-9._-]*?(?:{_COMPRESSED_EXT})?")
 # A rotation number: at most 5 digits (``.20261125`` is logrotate's ``dateformat .%Y%m%d``, a
 # date: ordered by time like ``-20261125``, never by number, which would invert it).
 _NUMBERED_SUFFIX = re.compile(r"\.([0-9]{1,5})(?:\.[a-z0-9]+)?")
-_COMPRESSED_SUFFIX = re.compile(r"\.(?:gz|bz2|xz|zst|lz4|zip)$")
+_COMPRESSED_SUFFIX = re.compile(_COMPRESSED_EXT + "$")
 
 
 class NotTextError(UserError):
@@ -847,8 +848,14 @@ class LogFollower:
         if not self._heads:
             return False
         try:
-            with gzip.open(p, "rb") if p.suffix == ".gz" else open(p, "rb") as f:
-                head = f.read(_FINGERPRINT_WINDOW)
+            fd, stream, _ = _open_source(p)
+            try:
+                head = stream.read(_FINGERPRINT_WINDOW) if stream is not None else os.pread(fd, _FINGERPRINT_WINDOW, 0)
+            finally:
+                if stream is not None:
+                    stream.close()
+                else:
+                    _close_fd(fd)
         except (OSError, EOFError, zlib.error):
             return False
         return any(len(head) >= n and hashlib.blake2b(head[:n], digest_size=8).hexdigest() == hx

@@ -339,17 +339,15 @@ def check_alertmanager(t: Target) -> list[Check]:
     if not ours:
         return [Check(FAIL, "alertmanager", f"no receiver posts to {webhook}: add the promreflex receiver (README step 3)")]
     out = []
-    for alert in (*ALERTS, CROWD_ALERT):
-        severity = "info" if alert == CROWD_ALERT else "warning"
+    missing_overload = (FAIL, "warning", "add a sub-route with `continue: true` (README step 3)")
+    missing_crowd = (WARN, "info", "add it to the sub-route's matchers (README step 3): the shipped route pauses "
+                     "copies for a flash crowd from its first scrape")
+    for alert, (status, severity, fix) in [*((a, missing_overload) for a in ALERTS), (CROWD_ALERT, missing_crowd)]:
         got = _amtool_receivers(am, {"alertname": alert, "site": t.site, "severity": severity})
         if got is None:
             out.append(Check(WARN, "route", f"amtool missing or failed: cannot test where {alert} goes"))
         elif not set(got) & set(ours):
-            fix = ("add it to the sub-route's matchers (README step 3): the shipped route pauses copies for a flash "
-                   "crowd from its first scrape" if alert == CROWD_ALERT
-                   else "add a sub-route with `continue: true` (README step 3)")
-            out.append(Check(WARN if alert == CROWD_ALERT else FAIL, "route",
-                             f"{alert} goes to {', '.join(got) or 'nothing'}, not {', '.join(ours)}: {fix}"))
+            out.append(Check(status, "route", f"{alert} goes to {', '.join(got) or 'nothing'}, not {', '.join(ours)}: {fix}"))
         else:
             out.append(Check(OK, "route", f"{alert}{{site={t.site}}} -> {', '.join(got)}"))
     token_issue = _receiver_token(receivers, ours, webhook, t.token_file)
