@@ -70,6 +70,8 @@ def split_host_port(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"{address!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"{address!r}: port {port} is above 65535")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
@@ -349,6 +351,8 @@ def read_yaml_mapping(path: str | Path, top_level_hint: str) -> dict[str, Any]:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise ConfigError(source, [f"cannot read: {e.strerror}"]) from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, [f"not UTF-8 text (byte {e.start}: {e.reason})"]) from e
     except yaml.YAMLError as e:
         raise ConfigError(source, [f"not valid YAML: {e}"]) from e
     if raw is None:

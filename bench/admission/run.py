@@ -46,7 +46,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import sys
 import time
 import urllib.request
@@ -64,6 +63,7 @@ from bench.admission.overhead import CpuMeter, added, closed_loop, cpu_seconds, 
 from bench.admission.pages import PAGES, PAPER_THINK_S, PAPER_TIMEOUT_S, SESSION_PAPER_MS, STATIC_PATH
 from bench.admission.repeats import Step, aggregate, rep_of, schedule
 from bench.conditions import ChunkedLock, HostSampler, describe, heavy_lock, parse_deadline
+from bench.unwind import interrupt_once
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "admission"
 CONDITIONS: dict[str, tuple[float, float]] = {  # name: (think, timeout) in the paper's seconds
@@ -927,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     # a SIGTERM (timeout, flock's caller) unwinds like Ctrl-C, so every started process is stopped
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    interrupt_once()
 
     overrides = {}
     for item in args.proxy_set:

@@ -89,6 +89,7 @@ from bench.copy_guard.arms import ARMS, BASELINE, UNGUARDED, plan, route_for
 from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy, remove_destination
 from bench.copy_guard.scenario import CLIENT_TIMEOUT_S, CROWD_SHARE, SCENARIOS, crowd_window, max_outstanding, oracle_hold
 from bench.copy_guard.site import ensure_data_file, site_component
+from bench.unwind import interrupt_once
 from promreflex.config import Ports, load_config
 from promreflex.proc import free_port, wait_until
 from promreflex.stack import Stack
@@ -460,9 +461,10 @@ class Bench:
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         a = self.a
-        # The first interrupt stops the bench; a second one (uv forwards the signal a timeout sent
-        # its whole group) must not cut the clean-up short: it would leave a copy or the stack running.
-        signal.signal(signal.SIGINT, _interrupt_once)
+        # The first interrupt (Ctrl-C or SIGTERM) stops the bench and reports what was measured; a
+        # second one (uv forwards the signal a timeout sent its whole group) must not cut the
+        # clean-up short: it would leave a copy or the stack running (bench/unwind.py).
+        interrupt_once(term_interrupts=True)
         if a.disk_mbps > 0 and not EmulatedDisk.available():
             log("no cgroup v1 blkio hierarchy (or not root): run with --disk-mbps 0")
             return 2
@@ -502,7 +504,8 @@ class Bench:
                 self.skipped.append("interrupted: " + ", ".join(f"{sc}/{n}" for sc, _, n in runs if (sc, n) not in done))
                 log("interrupted: reporting the runs measured so far")
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
             self.lock.release()
             self.teardown()
         self.report()
@@ -764,11 +767,6 @@ class Bench:
 
 def _r(v: float | None, nd: int) -> float | None:
     return None if v is None else round(v, nd)
-
-
-def _interrupt_once(_signum: int, _frame: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,6 @@ import argparse
 import io
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from bench.rca.cases import (
 from bench.rca.faults import FAULT_KINDS
 from bench.rca.scoring import CaseOutcome, summarise
 from bench.rca.topology import CORE_SERVICES, SERVICES
+from bench.unwind import interrupt_once
 from promreflex.config import parse_duration
 
 QUICK_CASES: list[tuple[str, str] | Spec] = [("carts-db", "cpu"), ("carts", "latency"), ("payment", "memory"), ("catalogue", "disk")]
@@ -214,10 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--combine", type=Path, nargs="+", metavar="RESULTS_JSON",
                     help="only write one summary (summary.json/md, cases.png in --out) over several runs' results")
     args = ap.parse_args(argv)
-    # Stopped with SIGTERM, or SIGINT when started in the background (which ignores it), the
-    # run still stops its mesh, stack and load and removes its cgroups (the finally blocks).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Stopped with SIGTERM, or SIGINT even when started in the background (which ignores it),
+    # the run still stops its mesh, stack and load and removes its cgroups (the finally blocks).
+    interrupt_once()
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # progress shows through `| tee` and redirections
     if args.replot:

@@ -8,9 +8,9 @@ from controllers.admission.cookies import REASONS as COOKIE_REASONS
 
 #: What became of a request that reached a page class.
 OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "queue_full", "queue_timeout",
-            "client_gone", "session_busy")
+            "client_gone", "session_busy", "body_timeout")
 #: Why a new session was not admitted (answered with the waiting-room page, or gone).
-REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "client_gone")
+REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "sessions_full", "client_gone")
 #: Requests refused before they reached a page class (bad input at the proxy's door).
 REQUEST_REJECT_REASONS = ("header_too_large", "malformed", "bad_target", "body_too_large", "body_timeout")
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -56,7 +56,7 @@ class AdmissionMetrics:
                                  ["page"], registry=registry)
         self.rejected = Counter(p + "sessions_rejected_total",
                                 "New sessions not admitted: the waiting-room page (queue full, waiting-room mode, "
-                                "waited too long) or the client left the queue.", ["reason"], registry=registry)
+                                "waited too long, session.max_sessions active) or the client left the queue.", ["reason"], registry=registry)
         self.cookies = Counter(p + "cookie_rejections_total",
                                "Session cookies refused (the request is then a new session).", ["reason"],
                                registry=registry)

@@ -15,11 +15,17 @@ counted; a session is limited to ``max_in_flight`` requests at once (429).
 Forwarding: the method, raw path and query, body and headers pass through, minus the hop-by-hop
 headers (RFC 9110 7.6.1: Connection and every header it names, Keep-Alive, TE, Trailer,
 Transfer-Encoding, Upgrade, Proxy-*) and this proxy's own cookie; ``X-Forwarded-For`` gets the
-peer appended, ``X-Forwarded-Proto``/``-Host`` are set when absent. Bodies are not decoded
-(``auto_decompress=False``). A request body with a Content-Length up to 1 MiB is read before the
-request queues (a slow uploader holds no page slot); larger or chunked bodies stream. Responses
-up to 64 KiB are read whole (the slot is free before the client reads); larger ones stream
-(keep nginx's ``proxy_buffering on`` so a slow reader does not hold a slot).
+peer appended, ``X-Forwarded-Proto``/``-Host`` are set when absent. Bodies are not decoded,
+neither the request's nor the app's (``auto_decompress=False`` on both sides: a gzip request body
+reaches the app byte for byte). A request body up to 1 MiB (by Content-Length, or chunked) is
+read before the request queues, within the body timeout (else 408; a slow uploader holds no page
+slot); a larger one streams to the app after its first MiB, and a pause of more than the body
+timeout in it ends the request with 408 and frees its slot (nginx's ``client_body_timeout``
+semantics; outcome ``body_timeout``). There is no size limit of the proxy's own: nginx's
+``client_max_body_size`` (1m by default) is the limit. Responses up to 64 KiB are read whole (the
+slot is free before the client reads); larger ones stream (keep nginx's ``proxy_buffering on`` so
+a slow reader does not hold a slot). The app may not set this proxy's cookie: such a
+``Set-Cookie`` is dropped.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from controllers.admission.sched import (
     SessionState,
     Waiting,
 )
-from promreflex.httpd import BodyError, add_standard_routes, read_body
+from promreflex.httpd import LIMITS, BodyError, BodyTimeout, Limits, add_standard_routes, read_body
 
 log = logging.getLogger("promreflex.admission")
 
@@ -77,6 +83,11 @@ MAX_HEADER_BYTES = 32 << 10
 #: even these gets aiohttp's 400 (counted through :class:`CountingLogger`).
 PARSER_LIMITS: dict[str, int] = {"max_line_size": 4 * MAX_HEADER_LINE, "max_field_size": 4 * MAX_HEADER_LINE}
 HOLDER = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+#: Retry-After (s) of the waiting-room page while nobody is let in for an unknown time
+#: (waiting-room mode, a full shop with no session ending yet): what waiting rooms commonly use.
+CLOSED_RETRY = 30
+#: Set on a request whose connection the proxy cut because the app broke off its streamed answer.
+UPSTREAM_BROKE = web.RequestKey("promreflex_upstream_broke", bool)
 
 
 class HoldRequest(BaseModel):
@@ -92,9 +103,11 @@ def _connection_tokens(headers: Any) -> frozenset[str]:
     return frozenset(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
 
 
-def own_cookie(headers: Any, prefix: str) -> str | None:
-    """The value of the cookie ``prefix`` (``name=``) in the request's Cookie header(s), the first
-    if it is sent twice, or None; the other cookies are not parsed (they are the app's)."""
+def own_cookies(headers: Any, prefix: str) -> list[str]:
+    """The values of the cookie ``prefix`` (``name=``) in the request's Cookie header(s), in
+    order (a browser sends one per matching path/domain, a client may send junk before a valid
+    one); the other cookies are not parsed (they are the app's)."""
+    out = []
     for header in headers.getall("Cookie", ()):
         if prefix not in header:
             continue
@@ -102,8 +115,54 @@ def own_cookie(headers: Any, prefix: str) -> str | None:
             part = part.strip()
             if part.startswith(prefix):
                 value = part[len(prefix):]
-                return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
-    return None
+                out.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
+    return out
+
+
+class UploadStalled(Exception):
+    """The client paused a streamed request body longer than the body timeout."""
+
+
+async def read_head(request: web.Request, limit: int, timeout: float) -> tuple[bytes, bool]:
+    """Up to about ``limit`` bytes of the request body, read within ``timeout``: (the bytes, True
+    when that is the whole body). BodyTimeout / BodyError as :func:`promreflex.httpd.read_body`."""
+    buf = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            while len(buf) <= limit:
+                chunk = await request.content.readany()
+                if not chunk:
+                    return bytes(buf), True
+                buf += chunk
+    except TimeoutError:
+        raise BodyTimeout(f"the body was not received within {timeout:g}s ({len(buf)} bytes arrived)") from None
+    except web.RequestPayloadError as e:
+        raise BodyError(f"the body cannot be read: {str(e).strip()}") from None
+    return bytes(buf), False
+
+
+async def stream_rest(request: web.Request, head: bytes, idle: float) -> Any:
+    """The body for the app: ``head`` (already read), then the rest as it arrives; a pause longer
+    than ``idle`` raises UploadStalled (aiohttp ends the upstream request with it as the cause)."""
+    if head:
+        yield head
+    while True:
+        try:
+            async with asyncio.timeout(idle):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise UploadStalled(f"the body paused for more than {idle:g}s") from None
+        if not chunk:
+            return
+        yield chunk
+
+
+def describe_error(e: BaseException) -> str:
+    """An upstream error for the log, without the request it carried (a ClientResponseError's
+    repr holds the request's headers: cookies, Authorization)."""
+    if isinstance(e, aiohttp.ClientResponseError):
+        return f"{type(e).__name__}: {e.status} {e.message}"
+    return f"{type(e).__name__}: {e}"
 
 
 def header_problem(raw_headers: Any) -> str | None:
@@ -291,9 +350,11 @@ class AdmissionProxy:
 
     def server_kwargs(self) -> dict[str, Any]:
         """What the proxy's listener needs from aiohttp (``serving(..., **proxy.server_kwargs())``):
-        handler cancellation (a client that leaves drops its queued request), parser limits above
-        the proxy's own header limits, and a logger that counts what the parser refuses."""
-        return {"handler_cancellation": True, "logger": CountingLogger(self._count_bad), **PARSER_LIMITS}
+        handler cancellation (a client that leaves drops its queued request), bodies as sent (no
+        decompression), parser limits above the proxy's own header limits, and a logger that
+        counts what the parser refuses."""
+        return {"handler_cancellation": True, "logger": CountingLogger(self._count_bad), "auto_decompress": False,
+                **PARSER_LIMITS}
 
     def _count_bad(self, reason: str) -> None:
         self.metrics.bad_requests.labels(reason).inc()
@@ -314,13 +375,19 @@ class AdmissionProxy:
         if not request.raw_path.startswith("/"):
             self._count_bad("bad_target")
             return _plain(400, "bad request target: origin-form (/path) only")
-        body: bytes | None = None
-        if request.body_exists and request.content_length is not None and request.content_length <= MAX_BUFFERED_REQUEST:
-            try:
-                body = await read_body(request, MAX_BUFFERED_REQUEST)
-            except BodyError as e:
-                self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
-                return _plain(e.status, str(e))
+        body: bytes | Any = None
+        if request.body_exists:
+            timeout = request.app.get(LIMITS, Limits()).body_timeout
+            head, whole = b"", False
+            if request.content_length is None or request.content_length <= MAX_BUFFERED_REQUEST:
+                try:
+                    head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
+                except BodyError as e:
+                    self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
+                    resp = _plain(e.status, str(e))
+                    resp.force_close()
+                    return resp
+            body = head if whole else stream_rest(request, head, timeout)
         path = request.path
         for rx in self.exempt:
             if rx.search(path):
@@ -337,22 +404,31 @@ class AdmissionProxy:
         if session.in_flight >= self.cfg.session.max_in_flight:
             self._requests[page.name, "session_busy"].inc()
             return _plain(429, "too many requests of this session at once", retry_after=1)
-        session.in_flight += 1
         session.last_page = page.name
-        try:
-            return await self.through_page(request, page, session, cookie, body)
-        finally:
-            session.in_flight -= 1
-            session.last_seen = self.clock()
+        answer = await self.through_page(request, page, session, cookie, body)
+        if cookie is not None and not answer.prepared and not self._sets_own_cookie(answer):
+            # The proxy's own answer (a page queue full or too slow, the app down or silent) to a
+            # session's first request: the session was admitted, so it keeps its place. Without
+            # the cookie its retry would be one more new session and this one a phantom, active
+            # until its idle timeout and then counted as abandoned.
+            answer.headers.add("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age))
+        return answer
+
+    def _sets_own_cookie(self, resp: web.StreamResponse) -> bool:
+        return any(v.startswith(self._own_cookie) for v in resp.headers.getall("Set-Cookie", ()))
 
     def session_of(self, request: web.Request) -> SessionState | None:
-        value = own_cookie(request.headers, self._own_cookie)
-        if not value:
+        values = [v for v in own_cookies(request.headers, self._own_cookie) if v]  # "": a logout's blank
+        if not values:
             return None
-        try:
-            ticket = self.codec.verify(value, self.wall())
-        except CookieError as e:
-            self.metrics.cookies.labels(e.reason).inc()
+        ticket = None
+        for value in values:  # the first that verifies; each refused one is counted
+            try:
+                ticket = self.codec.verify(value, self.wall())
+                break
+            except CookieError as e:
+                self.metrics.cookies.labels(e.reason).inc()
+        if ticket is None:
             return None
         s = self.sessions.active.get(ticket.sid)
         if s is not None:
@@ -369,24 +445,26 @@ class AdmissionProxy:
         sched, m = self.scheduler, self.metrics
         if self.holds.waiting_room():
             m.rejected.labels("waiting_room_mode").inc()
-            return self.waiting_room(len(sched.queue) + 1)
+            return self.waiting_room("waiting_room_mode")
         if len(self.sessions.active) >= self.cfg.session.max_sessions:  # the memory bound
-            m.rejected.labels("queue_full").inc()
-            return self.waiting_room(len(sched.queue) + 1)
+            m.rejected.labels("sessions_full").inc()
+            return self.waiting_room("sessions_full")
         direct = not self.cfg.session_scheduler.enabled and self.holds.session_cap() is None
         if not direct:
             try:
                 w = sched.enqueue()
             except QueueFull:
                 m.rejected.labels("queue_full").inc()
-                return self.waiting_room(len(sched.queue) + 1)
-            if not await self._wait_session(w, request):
-                return self.waiting_room(len(sched.queue) + 1)
+                return self.waiting_room("queue_full")
+            reason = await self._wait_session(w, request)
+            if reason is not None:
+                return self.waiting_room(reason)
         m.admitted.inc()
         now = self.wall()
         return self.sessions.add(self.codec.new_sid(), now, now + self.cfg.session.max_age, page.name)
 
-    async def _wait_session(self, w: Waiting, request: web.Request) -> bool:
+    async def _wait_session(self, w: Waiting, request: web.Request) -> str | None:
+        """None: admitted; else why not (counted)."""
         sched, m = self.scheduler, self.metrics
         try:
             async with asyncio.timeout(self.cfg.session.max_queue_wait):
@@ -394,7 +472,7 @@ class AdmissionProxy:
         except TimeoutError:
             sched.withdraw(w)
             m.rejected.labels("queue_timeout").inc()
-            return False
+            return "queue_timeout"
         except asyncio.CancelledError:
             sched.withdraw(w)
             m.rejected.labels("client_gone").inc()
@@ -402,88 +480,137 @@ class AdmissionProxy:
         m.session_wait.observe(self.clock() - w.since)
         if not admitted:
             m.rejected.labels("waiting_room_mode").inc()
-        return bool(admitted)
+            return "waiting_room_mode"
+        return None
 
-    def waiting_room(self, position: int) -> web.Response:
-        est = self.scheduler.position_estimate(position)
-        retry = max(1, min(300, math.ceil(est)))
+    def waiting_room(self, reason: str) -> web.Response:
+        """The 503 page for a new session not let in. What it says depends on what holds the
+        door, so that its estimate and ``Retry-After`` are true:
+        - the session scheduler admits at its interval (queue full, waited too long): the place
+          the visitor would take (``X-Queue-Position``) and position x interval
+          (``X-Queue-Estimate-Seconds``);
+        - a session cap or ``max_sessions`` is reached: nobody goes in until a session ends, so
+          the estimate is the sessions to end before this one's turn over the rate sessions end;
+        - waiting-room mode: nobody goes in until the hold ends (its lease, renewed by whoever
+          set it): no position, a retry in ``CLOSED_RETRY`` seconds or the lease left if sooner.
+        """
+        now = self.clock()
+        queued = len(self.scheduler.queue)
+        headers = {"Cache-Control": "no-store"}
+        if reason == "waiting_room_mode":
+            left = [h.expires - now for h in self.holds.holds.values() if h.mode == "waiting_room"]
+            retry = max(1, min(CLOSED_RETRY, math.ceil(max(left, default=CLOSED_RETRY))))
+            text = "The shop lets no new visitors in for the moment."
+        else:
+            position = queued + 1
+            cap = self.holds.session_cap()
+            limit = min(self.cfg.session.max_sessions, cap) if cap is not None else self.cfg.session.max_sessions
+            full = len(self.sessions.active) >= limit
+            if full or reason == "sessions_full":
+                rate = self.scheduler.departure_rate or 0.0
+                ahead = len(self.sessions.active) - limit + position
+                est = ahead / rate if rate > 0 else None
+            else:
+                est = self.scheduler.position_estimate(position)
+            if est is None:
+                retry = CLOSED_RETRY
+                text = "The shop is full: a visitor is let in when another one leaves."
+            else:
+                retry = max(1, min(300, math.ceil(est)))
+                text = (f"{queued} visitor{'' if queued == 1 else 's'} ahead of you; you would be let in in "
+                        f"about {est:.0f} s.")
+                headers.update({"X-Queue-Position": str(position), "X-Queue-Estimate-Seconds": f"{est:.1f}"})
         html = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Waiting room</title>"
                 f"<meta http-equiv=\"refresh\" content=\"{retry}\"></head><body><h1>The shop is busy</h1>"
-                f"<p>You are number {position} in line, about {est:.0f} s from being let in. This page "
-                f"retries by itself in {retry} s.</p></body></html>\n")
+                f"<p>{text} This page retries by itself in {retry} s.</p></body></html>\n")
         return web.Response(status=503, text=html, content_type="text/html",
-                            headers={"Retry-After": str(retry), "Cache-Control": "no-store",
-                                     "X-Queue-Position": str(position), "X-Queue-Estimate-Seconds": f"{est:.1f}"})
+                            headers={"Retry-After": str(retry), **headers})
 
     async def through_page(self, request: web.Request, page: PageClass, session: SessionState, cookie: str | None,
-                           body: bytes | None) -> web.StreamResponse:
+                           body: bytes | Any) -> web.StreamResponse:
+        """Wait for a slot of ``page``, then forward. The session counts the request in flight
+        (``max_in_flight``) for as long as it holds or waits for a slot: a request whose client
+        left while the app works on it keeps both (``_app_answered`` gives them back), so
+        disconnecting does not let one session take every slot of a page."""
         m = self.metrics
+        session.in_flight += 1
+        lingering = False
         try:
-            fut = page.acquire()
-        except QueueFull:
-            self._requests[page.name, "queue_full"].inc()
-            return _plain(503, f"page {page.name} is saturated: try again", retry_after=1)
-        t0 = self.clock()
-        if fut is not None:
             try:
-                async with asyncio.timeout(self.cfg.page_scheduler.max_queue_wait):
-                    await fut
-            except TimeoutError:
-                page.withdraw(fut)
-                self._requests[page.name, "queue_timeout"].inc()
-                self._page_wait[page.name].observe(self.clock() - t0)
-                return _plain(503, f"page {page.name}: waited too long for a slot", retry_after=1)
-            except asyncio.CancelledError:
-                page.withdraw(fut)
-                self._requests[page.name, "client_gone"].inc()
-                raise
-        waited = self.clock() - t0
-        self._page_wait[page.name].observe(waited)
-        if fut is not None:
-            self.scheduler.page_waited(waited)
+                fut = page.acquire()
+            except QueueFull:
+                self._requests[page.name, "queue_full"].inc()
+                return _plain(503, f"page {page.name} is saturated: try again", retry_after=1)
+            t0 = self.clock()
+            if fut is not None:
+                try:
+                    async with asyncio.timeout(self.cfg.page_scheduler.max_queue_wait):
+                        await fut
+                except TimeoutError:
+                    page.withdraw(fut)
+                    self._requests[page.name, "queue_timeout"].inc()
+                    self._page_wait[page.name].observe(self.clock() - t0)
+                    return _plain(503, f"page {page.name}: waited too long for a slot", retry_after=1)
+                except asyncio.CancelledError:
+                    page.withdraw(fut)
+                    self._requests[page.name, "client_gone"].inc()
+                    raise
+            waited = self.clock() - t0
+            self._page_wait[page.name].observe(waited)
+            if fut is not None:
+                self.scheduler.page_waited(waited)
 
-        def extra(status: int) -> list[tuple[str, str]]:
-            out: list[tuple[str, str]] = []
-            if lingering:  # the client left before the answer: no cookie, no completed session
+            def extra(status: int) -> list[tuple[str, str]]:
+                out: list[tuple[str, str]] = []
+                if lingering:  # the client left before the answer: no cookie, no completed session
+                    return out
+                if cookie is not None:
+                    out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
+                if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
+                    m.completed.inc()
+                    self.scheduler.session_ended()
+                    out = [("Set-Cookie", self._cookie_header("", 0))]
                 return out
-            if cookie is not None:
-                out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
-            if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
-                m.completed.inc()
-                self.scheduler.session_ended()
-                out = [("Set-Cookie", self._cookie_header("", 0))]
-            return out
 
-        served = lingering = False
-        mark = page.begin()
-        # Most requests neither carry a new cookie nor end the session: nothing to add.
-        fwd = asyncio.ensure_future(self.forward(request, page, body,
-                                                 extra if cookie is not None or page.logout else None))
-        try:
-            resp, outcome = await asyncio.shield(fwd)
-            served = outcome == "served"
-            self._requests[page.name, outcome].inc()
-            return resp
-        except asyncio.CancelledError:
-            self._requests[page.name, "client_gone"].inc()
-            if not fwd.done():
-                # The client left, the app's work on the page goes on: so does its slot, or the
-                # page limit would stop counting work the app is doing. Released when the app
-                # answers (the answer is dropped) or its page timeout ends the wait.
-                lingering = True
-                self._lingering.add(fwd)
-                fwd.add_done_callback(partial(self._app_answered, page, mark))
-            raise
+            served = False
+            mark = page.begin()
+            # Most requests neither carry a new cookie nor end the session: nothing to add.
+            fwd = asyncio.ensure_future(self.forward(request, page, body,
+                                                     extra if cookie is not None or page.logout else None))
+            try:
+                resp, outcome = await asyncio.shield(fwd)
+                served = outcome == "served"
+                self._requests[page.name, outcome].inc()
+                return resp
+            except asyncio.CancelledError:
+                # forward cut the connection itself when the app broke off a streamed answer: the
+                # cancellation that follows is the app's failure, not a client that left
+                self._requests[page.name, "upstream_error" if request.get(UPSTREAM_BROKE) else "client_gone"].inc()
+                if not fwd.done():
+                    # The client left, the app's work on the page goes on: so does its slot, or the
+                    # page limit would stop counting work the app is doing. Released when the app
+                    # answers (the answer is dropped) or its page timeout ends the wait.
+                    lingering = True
+                    self._lingering.add(fwd)
+                    fwd.add_done_callback(partial(self._app_answered, page, mark, session))
+                raise
+            finally:
+                if not lingering:
+                    page.release(served, mark)
         finally:
             if not lingering:
-                page.release(served, mark)
+                session.in_flight -= 1
+                session.last_seen = self.clock()
 
-    def _app_answered(self, page: PageClass, mark: Mark, fwd: asyncio.Future[Any]) -> None:
-        """A request whose client left is over at the app: its page slot is free."""
+    def _app_answered(self, page: PageClass, mark: Mark, session: SessionState, fwd: asyncio.Future[Any]) -> None:
+        """A request whose client left is over at the app: its page slot is free, and its
+        session has one request fewer in flight."""
         self._lingering.discard(fwd)
         # (exception() also retrieves it: a streamed answer to no one may fail)
         served = not fwd.cancelled() and fwd.exception() is None and fwd.result()[1] == "served"
         page.release(served, mark)  # served: the app did the page's work, progress for the regulator
+        session.in_flight -= 1
+        session.last_seen = self.clock()
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
@@ -532,9 +659,6 @@ class AdmissionProxy:
         up to 64 KiB) are read whole, so the page slot is free before the client reads."""
         assert self.client is not None
         name = page.name if page is not None else self.cfg.default_page
-        data: Any = body
-        if body is None and request.body_exists:
-            data = request.content
         t0 = self.clock() if page is not None else 0.0
 
         def done(resp: web.StreamResponse, outcome: str) -> Any:
@@ -546,13 +670,19 @@ class AdmissionProxy:
         try:
             up = await self.client.request(
                 request.method, URL(self.upstream + request.raw_path, encoded=True),
-                headers=self.upstream_headers(request), data=data, allow_redirects=False,
+                headers=self.upstream_headers(request), data=body, allow_redirects=False,
                 timeout=self._timeouts[name], compress=None, chunked=None)
         except TimeoutError:
             timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
             return done(_plain(504, f"the app did not answer within {timeout:g}s"), "upstream_timeout")
         except (aiohttp.ClientError, OSError) as e:
-            log.warning("upstream %s: %r", self.upstream, e)
+            if isinstance(e.__cause__, UploadStalled):  # the client's upload paused: its fault, not the app's
+                stalled = _plain(408, f"request body: {e.__cause__}")
+                stalled.force_close()
+                return done(stalled, "body_timeout")
+            log.warning("upstream %s: %s", self.upstream, describe_error(e))
+            if isinstance(e, aiohttp.ClientResponseError):  # it answered, with something unreadable
+                return done(_plain(502, f"the app's response could not be read: {e.message}"), "upstream_error")
             return done(_plain(502, "the app cannot be reached"), "upstream_error")
         try:
             status = up.status
@@ -566,6 +696,8 @@ class AdmissionProxy:
                 lk = k.lower()
                 if lk in HOP_BY_HOP or lk in named or (buffered and lk == "content-length"):
                     continue
+                if lk == "set-cookie" and v.lstrip().startswith(self._own_cookie):
+                    continue  # only the proxy sets its session cookie
                 headers.add(k, v)
             outcome = "upstream_5xx" if status >= 500 else "served"
             if extra is not None:
@@ -574,8 +706,11 @@ class AdmissionProxy:
             if buffered:
                 try:
                     payload = await up.read()
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    return done(_plain(504, "the app's response did not complete"), "upstream_timeout")
+                except TimeoutError:
+                    return done(_plain(504, "the app's response did not complete in time"), "upstream_timeout")
+                except (aiohttp.ClientError, OSError) as e:  # it closed the connection mid-body
+                    log.warning("upstream %s broke off a response: %s", self.upstream, describe_error(e))
+                    return done(_plain(502, "the app's response was cut short"), "upstream_error")
                 return done(web.Response(status=status, reason=up.reason, body=payload, headers=headers), outcome)
             resp = web.StreamResponse(status=status, reason=up.reason, headers=headers)
             await resp.prepare(request)
@@ -587,7 +722,8 @@ class AdmissionProxy:
                     if request.transport is None or request.transport.is_closing():
                         return done(resp, "client_gone")  # the client left mid-stream (counted where it left)
                     # Headers are gone: the only honest signal left is to cut the connection.
-                    log.warning("upstream %s broke off a streamed response: %r", self.upstream, e)
+                    log.warning("upstream %s broke off a streamed response: %s", self.upstream, describe_error(e))
+                    request[UPSTREAM_BROKE] = True  # the cancellation that follows is not a client leaving
                     request.transport.abort()
                     return done(resp, "upstream_error")
             await resp.write_eof()

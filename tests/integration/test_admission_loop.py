@@ -143,7 +143,7 @@ def test_alert_tightens_admission_and_resolve_undoes_it(loop):
     wait_until(lambda: api(f"{control}/api/v1/state", token=TOKEN)["waiting_room"], timeout=60,
                what="the controller to put the proxy in waiting-room mode")
     status, headers, body = Visitor(nginx).get("/login")
-    assert status == 503 and "Retry-After" in headers and "in line" in body
+    assert status == 503 and "Retry-After" in headers and "lets no new visitors in" in body and "X-Queue-Position" not in headers
     # Admitted before: still served, and its session completes at logout.
     assert ann.get("/browse")[0] == 200
     wait_until(lambda: live.query('promreflex_admission_waiting_room_mode{job="admission"} == 1'), timeout=60,

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
+import hashlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +23,8 @@ from yarl import URL
 from controllers.admission.config import AdmissionSection
 from controllers.admission.cookies import CookieCodec, KeyRing
 from controllers.admission.proxy import AdmissionProxy
-from promreflex.httpd import ADDRESSES, serving
+from promreflex.config import ConfigError, read_yaml_mapping
+from promreflex.httpd import ADDRESSES, Limits, serving
 
 COOKIE = "promreflex_session"
 
@@ -58,7 +62,31 @@ def upstream_app() -> web.Application:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
+    async def raw(request: web.Request) -> web.Response:
+        body = await request.read()  # this app does not decompress: what the proxy sent, as sent
+        return web.json_response({"length": len(body), "sha256": hashlib.sha256(body).hexdigest(),
+                                  "encoding": request.headers.get("Content-Encoding", "")})
+
+    async def own(_: web.Request) -> web.Response:
+        resp = web.Response(text="app sets the proxy's cookie")
+        resp.headers.add("Set-Cookie", f"{COOKIE}=forged-by-app; Path=/")
+        resp.headers.add("Set-Cookie", "theirs=1; Path=/")
+        return resp
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        """Promises ``n`` bytes, sends 1000 and closes the connection."""
+        resp = web.StreamResponse(headers={"Content-Length": request.query.get("n", "200000")})
+        await resp.prepare(request)
+        await resp.write(b"x" * 1000)
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    app = web.Application(client_max_size=8 << 20, handler_args={"auto_decompress": False})
+    app.router.add_route("*", "/login/raw", raw)
+    app.router.add_get("/login/own", own)
+    app.router.add_get("/cut", cut)
     app.router.add_get("/fail", fail)
     app.router.add_get("/hang", hang)
     app.router.add_get("/slow", slow)
@@ -96,14 +124,15 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(ring: KeyRing | None = None, token: str = "", **over: Any) -> AsyncIterator[Rig]:
+async def rig(ring: KeyRing | None = None, token: str = "", limits: Limits | None = None,
+              **over: Any) -> AsyncIterator[Rig]:
     app = upstream_app()
     async with serving("127.0.0.1:0", app) as up:
         port = up[ADDRESSES][0][1]
         proxy = AdmissionProxy(section(f"http://127.0.0.1:{port}", **over), ring, token=token)
         await proxy.start()
         try:
-            async with serving("127.0.0.1:0", proxy.app(), **proxy.server_kwargs()) as papp, \
+            async with serving("127.0.0.1:0", proxy.app(), limits, **proxy.server_kwargs()) as papp, \
                     serving("127.0.0.1:0", proxy.control_app()) as capp:
                 yield Rig(proxy, f"http://127.0.0.1:{papp[ADDRESSES][0][1]}",
                           f"http://127.0.0.1:{capp[ADDRESSES][0][1]}")
@@ -261,7 +290,7 @@ async def test_waiting_room_when_the_session_queue_is_full():
             assert resp.status == 503
             assert 1 <= int(resp.headers["Retry-After"]) <= 300
             assert resp.headers["X-Queue-Position"] == "1"
-            assert "number 1 in line" in await resp.text()
+            assert "0 visitors ahead of you" in await resp.text()
         assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_full") == 1
 
 
@@ -271,7 +300,25 @@ async def test_tracked_sessions_are_bounded():
             assert resp.status == 200
         async with aiohttp.ClientSession() as other, other.get(f"{r.url}/login") as resp:
             assert resp.status == 503
-        assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_full") == 1
+            # nobody goes in before a session ends, and none has yet: no position, no "0 s"
+            assert "X-Queue-Position" not in resp.headers and resp.headers["Retry-After"] == "30"
+            assert "The shop is full" in await resp.text()
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="sessions_full") == 1
+        assert r.value("promreflex_admission_sessions_rejected_total", reason="queue_full") == 0
+
+
+async def test_waiting_room_mode_promises_no_place_in_line():
+    async with rig() as r, client() as c:
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 600}) as resp:
+            assert resp.status == 200
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 503
+            assert "X-Queue-Position" not in resp.headers and resp.headers["Retry-After"] == "30"
+            assert "lets no new visitors in" in await resp.text()
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 4}) as resp:
+            assert resp.status == 200
+        async with c.get(f"{r.url}/login") as resp:  # the lease ends sooner than 30 s: retry then
+            assert resp.status == 503 and 1 <= int(resp.headers["Retry-After"]) <= 4
 
 
 async def test_a_new_session_waits_its_turn_but_not_forever():
@@ -514,16 +561,178 @@ def test_metrics_names_are_prometheus_clean():
 def test_own_cookie_is_found_without_parsing_the_apps_cookies():
     from multidict import CIMultiDict
 
-    from controllers.admission.proxy import own_cookie
+    from controllers.admission.proxy import own_cookies
 
     def h(*values: str) -> CIMultiDict[str]:
         return CIMultiDict(("Cookie", v) for v in values)
 
     prefix = f"{COOKIE}="
-    assert own_cookie(h(f"theirs=1; {COOKIE}=v1.abc; other=2"), prefix) == "v1.abc"
-    assert own_cookie(h(f"{COOKIE}=v1.first", f"a=1;{COOKIE}=v1.second"), prefix) == "v1.first"
-    assert own_cookie(h(f'{COOKIE}="v1.quoted"'), prefix) == "v1.quoted"
-    assert own_cookie(h(f"x{COOKIE}=v1.not-ours; theirs=1"), prefix) is None  # a longer name is not ours
-    assert own_cookie(h("theirs=1"), prefix) is None
-    assert own_cookie(CIMultiDict(), prefix) is None
-    assert own_cookie(h(f"{COOKIE}="), prefix) == ""
+    assert own_cookies(h(f"theirs=1; {COOKIE}=v1.abc; other=2"), prefix) == ["v1.abc"]
+    assert own_cookies(h(f"{COOKIE}=v1.first", f"a=1;{COOKIE}=v1.second"), prefix) == ["v1.first", "v1.second"]
+    assert own_cookies(h(f'{COOKIE}="v1.quoted"'), prefix) == ["v1.quoted"]
+    assert own_cookies(h(f"x{COOKIE}=v1.not-ours; theirs=1"), prefix) == []  # a longer name is not ours
+    assert own_cookies(h("theirs=1"), prefix) == []
+    assert own_cookies(CIMultiDict(), prefix) == []
+    assert own_cookies(h(f"{COOKIE}="), prefix) == [""]
+
+
+# ---------------------------------------------------------------- a stranger's review (2026-11-26)
+async def test_a_compressed_request_body_reaches_the_app_byte_for_byte():
+    plain = b"hello world " * 500
+    for packed in (gzip.compress(plain), gzip.compress(b"hi")):  # the second decodes shorter than it is
+        async with rig() as r, client() as c:
+            t0 = time.monotonic()
+            async with c.post(f"{r.url}/login/raw", data=packed,
+                              headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"}) as resp:
+                assert resp.status == 200
+                got = await resp.json()
+            assert time.monotonic() - t0 < 5  # (a decoded body under the original length hung to the timeout)
+            assert got == {"length": len(packed), "sha256": hashlib.sha256(packed).hexdigest(), "encoding": "gzip"}
+
+
+async def _raw_request(url: str, head: bytes, body_part: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(URL(url).host, URL(url).port)
+    writer.write(head + body_part)
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("framing", ["large", "chunked-large", "chunked-small"])
+async def test_an_upload_that_stalls_is_answered_408_and_frees_its_page_slot(framing: str) -> None:
+    limits = Limits(body_timeout=0.5)
+    async with rig(limits=limits, page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:  # a session
+            assert resp.status == 200
+        cookie = next(v for v in resp.headers.getall("Set-Cookie") if v.startswith(COOKIE)).split(";")[0]
+        if framing == "large":  # declared above the 1 MiB read up front: streams after its first bytes
+            head = f"POST /login/raw HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nContent-Length: 2000000\r\n\r\n"
+            part = b"x" * 1000
+        else:
+            head = f"POST /login/raw HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            size = (1 << 20) + 5000 if framing == "chunked-large" else 1000
+            part = f"{size:x}\r\n".encode() + b"x" * size + b"\r\n"
+        reader, writer = await _raw_request(r.url, head.encode(), part)
+        try:
+            status = await asyncio.wait_for(reader.readline(), 10)
+            assert status.startswith(b"HTTP/1.1 408"), status
+        finally:
+            writer.close()
+        await until(lambda: r.proxy.pages["login"].in_flight == 0)
+        if framing == "chunked-small":  # read before it queued: counted at the door
+            assert r.value("promreflex_admission_request_rejections_total", reason="body_timeout") == 1
+        else:
+            assert r.value("promreflex_admission_requests_total", page="login", outcome="body_timeout") == 1
+        async with c.post(f"{r.url}/login/raw", data=b"after") as resp:  # the page serves again
+            assert resp.status == 200 and (await resp.json())["length"] == 5
+
+
+async def test_a_large_upload_streams_through_whole():
+    data = bytes(range(256)) * 8192  # 2 MiB, above what is read up front
+    async with rig() as r, client() as c, c.post(f"{r.url}/login/raw", data=data) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_a_session_cannot_take_every_slot_by_disconnecting():
+    async with rig(session__max_in_flight=2, page_scheduler__initial_limit=8, page_scheduler__max_limit=8) as r, \
+            client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        for _ in range(6):  # each leaves at once; the app goes on working for 2 s
+            with contextlib.suppress(TimeoutError):
+                async with c.get(f"{r.url}/slow?s=2", timeout=aiohttp.ClientTimeout(total=0.1)):
+                    pass
+        await asyncio.sleep(0.2)
+        # the two the session may have in flight linger; the rest were refused (429)
+        assert r.proxy.pages["slow"].in_flight == 2
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="session_busy") == 4
+        await until(lambda: r.proxy.pages["slow"].in_flight == 0)
+        session = next(iter(r.proxy.sessions.active.values()))
+        await until(lambda: session.in_flight == 0)
+
+
+async def test_a_first_request_the_proxy_answers_itself_carries_the_session_cookie():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/hang") as resp:  # the page's 0.3 s timeout: the proxy's own 504
+            assert resp.status == 504
+            assert any(v.startswith(f"{COOKIE}=v1.") for v in resp.headers.getall("Set-Cookie"))
+        async with c.get(f"{r.url}/login") as resp:  # the retry is the same session, not a new one
+            assert resp.status == 200
+        assert len(r.proxy.sessions.active) == 1
+        assert r.value("promreflex_admission_sessions_admitted_total") == 1
+
+
+async def test_junk_before_a_valid_cookie_keeps_the_session():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        value = next(v for v in resp.headers.getall("Set-Cookie") if v.startswith(COOKIE)).split(";")[0]
+        async with aiohttp.ClientSession() as raw, \
+                raw.get(f"{r.url}/login", headers={"Cookie": f"{COOKIE}=garbage; {value}"}) as resp:
+            assert resp.status == 200
+            assert not any(v.startswith(COOKIE) for v in resp.headers.getall("Set-Cookie", []))  # no new one
+        assert len(r.proxy.sessions.active) == 1
+        assert r.value("promreflex_admission_cookie_rejections_total", reason="malformed") == 1
+
+
+async def test_the_app_cannot_set_the_proxy_cookie():
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login/own") as resp:
+            assert resp.status == 200
+            values = resp.headers.getall("Set-Cookie")
+        assert "theirs=1; Path=/" in values
+        assert not any("forged-by-app" in v for v in values)
+        assert sum(v.startswith(f"{COOKIE}=v1.") for v in values) == 1
+
+
+@pytest.mark.parametrize(("n", "status"), [(200000, None), (20000, 502)])
+async def test_an_app_that_breaks_off_its_answer_is_an_upstream_error(n: int, status: int | None) -> None:
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        if status is None:  # streamed (above 64 KiB): headers already sent, the connection is cut
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async with c.get(f"{r.url}/cut?n={n}") as resp:
+                    await resp.read()
+        else:  # read whole before answering: a 502 of the proxy's own, not a 504
+            async with c.get(f"{r.url}/cut?n={n}") as resp:
+                assert resp.status == status
+        await until(lambda: r.value("promreflex_admission_requests_total", page="other",
+                                    outcome="upstream_error") == 1)
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="client_gone") == 0
+        assert r.value("promreflex_admission_requests_total", page="other", outcome="upstream_timeout") == 0
+
+
+async def test_the_log_never_holds_the_request_headers(caplog: pytest.LogCaptureFixture) -> None:
+    async def many(_: web.Request) -> web.Response:
+        return web.Response(text="x", headers={f"X-H{i}": "v" for i in range(300)})  # beyond the client's limit
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", many)
+    async with serving("127.0.0.1:0", app) as up:
+        port = up[ADDRESSES][0][1]
+        proxy = AdmissionProxy(section(f"http://127.0.0.1:{port}"))
+        await proxy.start()
+        try:
+            async with serving("127.0.0.1:0", proxy.app(), **proxy.server_kwargs()) as papp, client() as c:
+                url = f"http://127.0.0.1:{papp[ADDRESSES][0][1]}/login"
+                with caplog.at_level(logging.WARNING, logger="promreflex.admission"):
+                    async with c.get(url, headers={"Authorization": "Bearer TOPSECRET",
+                                                   "Cookie": "app_sess=SECRET123"}) as resp:
+                        assert resp.status == 502
+                        assert "could not be read" in await resp.text()
+        finally:
+            await proxy.close()
+    assert caplog.records and "TOPSECRET" not in caplog.text and "SECRET123" not in caplog.text
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_yaml_mapping(bad, "admission:")
+
+
+def test_a_port_above_65535_is_refused_when_the_configuration_loads() -> None:
+    with pytest.raises(ValueError, match="above 65535"):
+        section("http://127.0.0.1:8000", listen_address="127.0.0.1:99999")

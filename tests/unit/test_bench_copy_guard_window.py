@@ -209,20 +209,6 @@ def test_a_copy_left_by_an_interrupted_bench_is_removed_before_the_next_run(tmp_
     assert not any(p.exists() for p in left) and (tmp_path / "other").exists()
 
 
-def test_the_second_interrupt_is_ignored_so_the_clean_up_finishes() -> None:
-    import signal
-
-    from bench.copy_guard.run import _interrupt_once
-
-    before = signal.getsignal(signal.SIGINT)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _interrupt_once(signal.SIGINT, None)
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
 def test_a_measured_solo_copy_times_the_crowd_and_the_command_asks_to_measure_it_again() -> None:
     b = Bench(parse_args(["--shop", "wordpress", "--copy-solo-seconds", "0"]))
     assert b.a.copy_solo_seconds == 0 and b.solo_measured is None
