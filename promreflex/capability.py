@@ -163,6 +163,7 @@ class Capability:
     - ``rules`` / ``dashboards``: file names under ``rules/`` and ``dashboards/`` (or absolute
       paths for rules kept elsewhere); documentation and the ``config snippets`` command use
       them, a test checks each file in those folders belongs to exactly one manifest.
+    - ``preflight``: checks of its inputs that ``stack up`` runs first, printed as warnings.
     - ``host_actions``: which of its actions act on the host they run on (see the field).
     """
 
@@ -178,6 +179,9 @@ class Capability:
     inhibit_rules: Sequence[Mapping[str, Any]] = ()
     rules: Sequence[str | Path] = ()
     dashboards: Sequence[str] = ()
+    #: Checks of the capability's inputs before ``stack up`` starts anything: each takes the
+    #: Context and returns warnings (a guarded nginx's log in a format its exporter cannot read).
+    preflight: Sequence[Callable[[Context], list[str]]] = ()
     #: Actions (by name) that touch the host they run on (pause a copy, retune nginx): on more
     #: than one machine they run in each host's agent, for that host's alerts only; every other
     #: action runs once, in the central controller (``promreflex kube build``, the fleet).

@@ -104,6 +104,24 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
         print(f"  {'nginx (external)':<19} {'not ours':<11} {'':4}  {stack.site_url}  (guarded, not started by the stack)")
     for name, pid in alive.items():
         print(f"  {name:<19} pid {pid:<7} {'up' if pid_alive(pid) else 'down'}  {urls.get(name, '')}")
+    dead = stack.dead()
+    for name in dead:
+        print(f"  {name:<19} {'NOT RUNNING':<11}       log {stack.dir / 'logs' / (name + '.log')}")
+    if dead:
+        flags = "".join(f" --{flag} {value}" for flag, value in
+                        (("config.file", args.config_file), ("state.dir", args.state_dir)) if value)
+        print(f"{len(dead)} component(s) not running: start them again with `promreflex stack restart{flags}`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_stack_restart(args: argparse.Namespace) -> int:
+    from promreflex.stack import Stack
+
+    stack = Stack(_load(args), capabilities=args.capabilities)
+    started = stack.restart(args.names)
+    print(f"restarted {', '.join(started)} from {stack.dir}" if started else f"every component of {stack.dir} runs")
     return 0
 
 
@@ -216,7 +234,11 @@ def build_parser(capabilities: Sequence[Capability] | None = None) -> argparse.A
     stack_sub.add_parser("down", parents=[common], help="stop what `stack up` started").set_defaults(func=cmd_stack_down)
     stack_sub.add_parser("reload", parents=[common], help="apply a changed configuration (routes, rules, scrape jobs) "
                                                          "without a restart").set_defaults(func=cmd_stack_reload)
-    stack_sub.add_parser("status", parents=[common], help="show the running components").set_defaults(func=cmd_stack_status)
+    stack_sub.add_parser("status", parents=[common], help="show the components (exit 1 if any is not running)"
+                         ).set_defaults(func=cmd_stack_status)
+    rs = stack_sub.add_parser("restart", parents=[common], help="start components again (default: those not running)")
+    rs.add_argument("names", nargs="*", metavar="COMPONENT", help="a component, as `stack status` names it")
+    rs.set_defaults(func=cmd_stack_restart)
 
     st = sub.add_parser("selftest", parents=[common], help="flip the self-test alert of the local stack")
     st.add_argument("state", choices=["fire", "clear"], help="fire: PromreflexSelftest fires; clear: it resolves")

@@ -179,7 +179,20 @@ class ControllerConfig(Strict):
 
 
 class PortsBase(Strict):
-    """``stack.ports``: one field per named port of every process (see :func:`config_model`)."""
+    """``stack.ports``: one field per named port of every process (see :func:`config_model`).
+    Each must be its own: two components on one port start "ready" (the second's readiness
+    probe answered by the first) while the second cannot listen."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> PortsBase:
+        by_port: dict[int, list[str]] = {}
+        for name, port in self.model_dump().items():
+            if isinstance(port, int) and port > 0:
+                by_port.setdefault(port, []).append(name)
+        shared = [f"{port} ({', '.join(names)})" for port, names in by_port.items() if len(names) > 1]
+        if shared:
+            raise ValueError(f"each component needs its own port; shared: {'; '.join(shared)}")
+        return self
 
 
 class ScrapeJob(Strict):

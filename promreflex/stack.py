@@ -277,13 +277,22 @@ class Stack:
                 alive[name] = pid
         return alive
 
+    def dead(self) -> list[str]:
+        """Recorded components of a stack started from this state dir that are no longer alive."""
+        alive = self.running()
+        return [n for n in self._recorded() if n not in alive]
+
     def preflight(self) -> None:
         alive = self.running()
         if alive:
             listing = ", ".join(f"{n} pid {pid}" for n, pid in alive.items())
+            dead = self.dead()
+            restart = (f"\nNot running: {', '.join(dead)} (logs in {self.dir / 'logs'}); start them again with: "
+                       f"promreflex stack restart {' '.join(dead)} --state.dir {self.dir}") if dead else ""
             raise StackError(
                 f"a stack is already running from {self.dir} ({listing}).\n"
                 f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down --state.dir {self.dir}"
+                + restart
             )
         missing = [p.binary for p in self.processes if p.binary and not os.access(p.binary, os.X_OK)]
         if missing:
@@ -305,6 +314,11 @@ class Stack:
         if n.external and n.access_log is not None and not n.access_log.exists():
             progress(f"  warning: stack.nginx.access_log {n.access_log} does not exist (yet): its readers wait "
                      "for it; your nginx must write it (the capabilities' doctor commands check the chain)")
+        ctx = self.context()
+        for cap in self.capabilities:
+            for check in cap.preflight:
+                for warning in check(ctx):
+                    progress(f"  warning ({cap.name}): {warning}")
         try:
             for comp in self.components():
                 self.start_component(comp.name, timeout=timeout, progress=progress)
@@ -321,8 +335,8 @@ class Stack:
         comp = next(c for c in self.components() if c.name == name)
         child = Child(comp.name, comp.argv, self.dir / "logs" / f"{comp.name}.log").start()
         recorded = self._recorded()
-        recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "port": comp.port, "log": str(child.log_path),
-                               "url": self.urls.get(comp.name, "")}
+        recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "argv": comp.argv, "port": comp.port,
+                               "log": str(child.log_path), "url": self.urls.get(comp.name, "")}
         started = (read_json(self.pids_file, default={}) or {}).get("started", time.time())
         # Insertion order is start order: `down` stops in reverse.
         atomic_write_json(self.pids_file, {"started": started, "components": recorded}, sort_keys=False)
@@ -377,11 +391,14 @@ class Stack:
         return stopped
 
     def reload(self, progress=print) -> list[str]:
-        """Apply a changed configuration file without a restart: render every file again and
-        send SIGHUP to the components that re-read theirs (Prometheus: rules and scrape jobs;
-        Alertmanager: routes; the controller: its routes, keeping its state; the stack's nginx).
-        Ports and the set of processes are not reloaded (``stack down`` + ``stack up``).
-        Returns the components signalled; StackError when no stack runs from this state dir."""
+        """Apply a changed configuration file: render every file again and send SIGHUP to the
+        components that re-read theirs (Prometheus: rules and scrape jobs; Alertmanager: routes;
+        the controller: its routes, keeping its state; the stack's nginx), and restart the others
+        whose command line the change touched (the exporters: the guarded nginx's access log or
+        stub_status URL; the access-log exporter resumes where it stopped). A dead component is
+        left to ``stack restart``. Ports and the set of processes are not reloaded (``stack
+        down`` + ``stack up``). Returns the components signalled or restarted; StackError when no
+        stack runs from this state dir."""
         alive = self.running()
         if not alive:
             raise StackError(f"no stack running from {self.dir}: start it with `promreflex stack up`")
@@ -401,7 +418,33 @@ class Stack:
             progress(f"  reloaded {name} (SIGHUP to pid {pid})")
         if "controller" in signalled:
             progress(self._reload_outcome(audit_size))
+        for comp in self.components():
+            info = recorded.get(comp.name)
+            if comp.name in RELOADABLE or comp.name not in alive or not info or "argv" not in info:
+                continue
+            if info["argv"] != comp.argv:
+                progress(f"  {comp.name}: its command line changed, restarting it")
+                self.stop_component(comp.name)
+                self.start_component(comp.name, progress=progress)
+                signalled.append(comp.name)
         return signalled
+
+    def restart(self, names: Sequence[str] = (), progress=print) -> list[str]:
+        """Stop (if alive) and start again the named components of the running stack, with
+        the current configuration; none named: the dead ones. Returns those started."""
+        recorded = self._recorded()
+        if not recorded:
+            raise StackError(f"no stack started from {self.dir}: `promreflex stack up`")
+        known = [c.name for c in self.components()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise StackError(f"no component {', '.join(unknown)}; the stack's: {', '.join(known)}")
+        todo = list(names) or self.dead()
+        for name in todo:
+            if name in recorded:
+                self.stop_component(name)
+            self.start_component(name, progress=progress)
+        return todo
 
     def _reload_outcome(self, offset: int, timeout: float = 10.0) -> str:
         """What the controller made of the reload, from its audit log (its ``reload`` record):

@@ -238,9 +238,12 @@ def refusal(threshold: float, floor: float, min_floor: float = MIN_FLOOR_RPS, id
                 "an idle shop's own traffic (exporter scrapes, probes, bots) is of that order, the guard could not tell "
                 "a quiet shop from a suffering one")
     if idle_demand is not None and floor <= idle_demand:
-        return (f"the shop showed {idle_demand:.2f} req/s of demand in the minute before the load, at or above the "
-                f"floor {floor:.2f} req/s: at that traffic (bots, probes, or visitors) its copies would be paused; "
-                "raise --min-floor above it, or calibrate when the shop is quiet")
+        # A floor above the idle demand needs a threshold of at least twice it (the check above).
+        fix = ("raise --min-floor above it" if threshold >= 2 * idle_demand else
+               "that is more than half the threshold: calibrate when the shop is quieter")
+        return (f"the shop's demand peaked at {idle_demand:.2f} req/s (its busiest second) in the minute before the "
+                f"load, at or above the floor {floor:.2f} req/s: at that traffic (bots, probes, or visitors) its "
+                f"copies would be paused; {fix}")
     if own_rps is not None and floor <= own_rps:
         return (f"the nginx exporters' own stub_status requests make {own_rps:.2f} req/s, at or above the floor "
                 f"{floor:.2f} req/s; raise --min-floor above it")
@@ -567,8 +570,36 @@ def prometheus_series(base_url: str, query: str, start: float, end: float, step_
 
 #: The nginx exporters' own stub_status requests per second (one per scrape; see the rules).
 OWN_RPS_QUERY = "sum(irate(nginx_http_requests_total[1m]) / clamp_min(idelta(nginx_http_requests_total[1m]), 1))"
-IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[1m]) '
-              'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[1m:1s]))')
+IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
+              'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
+#: When this user's last calibration load ended (Unix s): the next baseline must not count it.
+LAST_LOAD = Path(tempfile.gettempdir()) / f"promreflex-calibrate-{os.getuid()}.last-load"
+#: The baseline window is the minute before the load, or the time since calibrate's own last load
+#: ended if that is shorter, but at least this long (calibrate waits for it).
+MIN_BASELINE_S = 15.0
+
+
+def note_load_ended(path: Path = LAST_LOAD) -> None:
+    """Remember that a calibration load just ended (or was interrupted): its requests stay in the
+    demand series for a minute, and a retry's baseline counted them as the shop's own demand."""
+    try:
+        path.write_text(f"{time.time():.3f}\n")
+    except OSError:
+        pass
+
+
+def baseline_window(now: float, path: Path = LAST_LOAD) -> tuple[float, float]:
+    """(seconds to wait, window in seconds) for the baseline: the last minute, or only the time
+    since calibrate's own last load ended (after waiting until that is MIN_BASELINE_S long)."""
+    try:
+        ended = float(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0.0, 60.0
+    since = now - ended
+    if not 0 <= since < 60.0:
+        return 0.0, 60.0
+    wait = max(0.0, MIN_BASELINE_S - since)
+    return wait, max(MIN_BASELINE_S, since) - 2.0  # 2 s: the load's last requests, a scrape late
 
 
 @dataclass(frozen=True)
@@ -578,19 +609,28 @@ class Baseline:
     note: str
 
 
-def measure_baseline(prometheus_url: str | None, site: str) -> Baseline:
-    """The shop's demand over the last minute and the exporters' own request rate, or why not."""
+def measure_baseline(prometheus_url: str | None, site: str, last_load: Path = LAST_LOAD,
+                     sleep: Callable[[float], None] = time.sleep) -> Baseline:
+    """The shop's demand over the last minute (or since calibrate's own last load ended) and
+    the exporters' own request rate, or why not."""
     if not prometheus_url:
         return Baseline(None, None, "no Prometheus given (--prometheus.url): idle demand and own traffic not checked")
+    wait, window = baseline_window(time.time(), last_load)
+    if wait > 0:
+        print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago, and the shop's demand "
+              "before this one must not count it", flush=True)
+        sleep(wait)
+    span = "the last minute" if window >= 60 else f"the {window:.0f}s since the last calibration load"
     try:
-        idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site))
+        idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site, window=f"{window:.0f}s"))
         own = prometheus_instant(prometheus_url, OWN_RPS_QUERY)
     except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError) as e:
         return Baseline(None, None, f"Prometheus at {prometheus_url} not usable ({e}): idle demand and own traffic not checked")
     idle_v = max((v for _, v in idle if math.isfinite(v)), default=None)
     own_v = max((v for _, v in own if math.isfinite(v)), default=None)
     return Baseline(idle_v, own_v, f"before the load (Prometheus {prometheus_url}): shop demand "
-                    f"{'unknown' if idle_v is None else f'{idle_v:.2f} req/s'} over the last minute, nginx exporters' "
+                    f"{'unknown' if idle_v is None else f'{idle_v:.2f} req/s'} at its busiest second over {span}, "
+                    "nginx exporters' "
                     f"own requests {'unknown' if own_v is None else f'{own_v:.2f} req/s'}")
 
 
@@ -864,6 +904,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     except (CalibrationError, ValueError, OSError) as e:
         print(f"calibrate: {e}", file=sys.stderr)
         return 1
+    finally:  # also on a signal (cleanup_on_signals raises SystemExit) and for a dry run
+        note_load_ended()
     print()
     print(cal.table())
     for line in cal.discarded:

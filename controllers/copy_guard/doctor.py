@@ -27,8 +27,10 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -46,6 +48,8 @@ CROWD_ALERT = "CopyGuardSiteCrowded"
 RULE_GROUPS = ("copy-guard.rules", "copy-guard.alerts")
 OWN_AGENTS = ("NGINX-Prometheus-Exporter", "nginx-prometheus-exporter")
 HTTP_TIMEOUT = 5.0
+#: A threshold sample older than this is not served any more (node_exporter is scraped every 15-60 s).
+THRESHOLD_STALE_S = 150.0
 
 
 @dataclass
@@ -70,6 +74,13 @@ class Target:
     registry_dir: Path | None
     min_floor: float
     extra: dict[str, Any] = field(default_factory=dict)
+    # The local stack, when the configuration's stack runs: its exporters are its components,
+    # so a missing series has a known cause (not running, not scraped yet) and a known fix.
+    stack_dir: Path | None = None
+    stack_alive: dict[str, int] = field(default_factory=dict)
+    stack_dead: list[str] = field(default_factory=list)
+    stack_started: float | None = None  # Unix s
+    probe_at: float | None = None  # when check_access_log sent its request to the site
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -121,15 +132,26 @@ def parse_stub_status(text: str) -> dict[str, int]:
         raise ValueError("not an nginx stub_status page") from None
 
 
+def _stub_location(t: Target) -> str:
+    path = urllib.parse.urlsplit(t.stub_status_url).path or "/stub_status"
+    return f"`location = {path} {{ stub_status; access_log off; allow 127.0.0.1; deny all; }}`"
+
+
 def check_stub_status(t: Target) -> Check:
     try:
         status, body, _ = http_get(t.stub_status_url)
     except (OSError, ValueError) as e:
-        return Check(FAIL, "stub_status", f"{t.stub_status_url} does not answer ({_why(e)}): add a `location = "
-                     "/stub_status { stub_status; access_log off; allow 127.0.0.1; deny all; }` (README)")
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} does not answer ({_why(e)}): nginx must listen there, "
+                     f"with {_stub_location(t)} in that server block (README)")
+    if status == 404:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} answers 404: no such location in that server block; "
+                     f"add {_stub_location(t)} and reload nginx")
+    if status == 403:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} answers 403: that location denies this host; allow the "
+                     "address the nginx exporter and this doctor connect from")
     if status != 200:
         return Check(FAIL, "stub_status", f"{t.stub_status_url} answers {status}, not the stub_status page "
-                     "(allow the exporter's address in that location)")
+                     f"({_stub_location(t)})")
     try:
         s = parse_stub_status(body.decode("utf-8", "replace"))
     except ValueError as e:
@@ -142,6 +164,10 @@ def _timed_parser() -> Callable[[str], bool]:
 
     regex = build_parser("nginx_timed").regex
     return lambda line: regex.match(line.rstrip("\n")) is not None
+
+
+#: The status field of a request line ("GET /x HTTP/1.1" 200 ...) when it is a 2xx or 3xx.
+_SERVED = re.compile(r'" [23]\d\d ')
 
 
 def _tail(path: Path, limit: int = 64 << 10) -> list[str]:
@@ -161,6 +187,7 @@ def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
         return [Check(FAIL, "access log", f"{p} is not readable by uid {os.geteuid()}: the access-log exporter runs as this "
                       "user (e.g. add it to group adm, or run the stack as root)")]
     size = p.stat().st_size
+    t.probe_at = time.time()
     try:
         http_get(t.site_url)
     except (OSError, ValueError):
@@ -185,16 +212,39 @@ def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
                          f"formats in the same file?): {bad[-1][:120]!r}"))
     else:
         out.append(Check(OK, "log format", f"the last {len(lines)} lines of {p} are in the promreflex format"))
-    own = [ln for ln in lines if "/stub_status" in ln or any(a in ln for a in OWN_AGENTS)]
+    stub_path = urllib.parse.urlsplit(t.stub_status_url).path or "/stub_status"
+    own = [ln for ln in lines if (f" {stub_path} " in ln or f" {stub_path}?" in ln or any(a in ln for a in OWN_AGENTS))
+           and _SERVED.search(ln)]  # a 404 or 403 there is not counted as served
     if own:
-        out.append(Check(WARN, "own traffic", f"{len(own)} of the last {len(lines)} lines of {p} are stub_status scrapes: "
-                         "they count as served requests; add `access_log off;` to the stub_status location"))
+        out.append(Check(WARN, "own traffic", f"{len(own)} of the last {len(lines)} lines of {p} are stub_status scrapes "
+                         "answered 2xx: they count as served requests; add `access_log off;` to the stub_status "
+                         "location"))
     if not any(c.link == "access log" for c in out):
         out.insert(0, Check(OK, "access log", f"{p} is readable and grows"))
     return out
 
 
-def check_prometheus(t: Target) -> list[Check]:
+#: (link, the stack's component, its scrape job, the series that proves it is scraped)
+EXPORTERS = (("nginx exporter", "nginx_exporter", "nginx", "nginx_http_requests_total"),
+             ("accesslog exporter", "accesslog_exporter", "accesslog", 'promreflex_http_requests_total{{site="{site}"}}'))
+#: A stack started this recently may not be scraped yet: the doctor waits for its series.
+FRESH_STACK_S = 60.0
+
+
+def _stack_fix(t: Target, comp: str) -> str | None:
+    """What is wrong with the stack's component ``comp`` and the fix, when the stack runs it."""
+    if t.stack_dir is None:
+        return None
+    if comp in t.stack_dead:
+        return (f"the stack's {comp} is not running (log {t.stack_dir / 'logs' / (comp + '.log')}): "
+                f"`promreflex stack restart {comp}`")
+    if comp in t.stack_alive:
+        return (f"the stack's {comp} runs (pid {t.stack_alive[comp]}) but is not scraped: see "
+                f"{t.prometheus_url}/targets and {t.stack_dir / 'logs' / (comp + '.log')}")
+    return None
+
+
+def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
     prom = t.prometheus_url
     try:
         prom_query(prom, "vector(1)")
@@ -202,28 +252,111 @@ def check_prometheus(t: Target) -> list[Check]:
         return [Check(FAIL, "prometheus", f"{prom} does not answer queries ({_why(e)}): --prometheus.url")]
     out = [Check(OK, "prometheus", f"{prom} answers")]
     site = t.site
-    for link, metric, how in (
-        ("nginx exporter", "nginx_http_requests_total", "run prometheus-nginx-exporter -nginx.scrape-uri="
-         f"{t.stub_status_url} and add it to scrape_configs (README)"),
-        ("accesslog exporter", f'promreflex_http_requests_total{{site="{site}"}}',
-         f"run `promreflex exporter-accesslog --log {site}={t.access_log}:nginx_timed` and add it to scrape_configs as job accesslog"),
-    ):
+    how = {"nginx_exporter": f"run prometheus-nginx-exporter -nginx.scrape-uri={t.stub_status_url} and add it to "
+                             "scrape_configs as job nginx (README)",
+           "accesslog_exporter": f"run `promreflex exporter-accesslog --log {site}={t.access_log}:nginx_timed` and add "
+                                 "it to scrape_configs as job accesslog (README)"}
+    fresh = t.stack_started is not None and time.time() - t.stack_started < FRESH_STACK_S
+    for link, comp, job, series in EXPORTERS:
+        metric = series.format(site=site)
         try:
-            up = prom_query(prom, f"max by (job, instance) (up) and on (job, instance) group by (job, instance) ({metric})")
             present = prom_query(prom, f"group by (job, instance) ({metric})")
+            if not present and fresh and comp in t.stack_alive:  # just started: its first scrapes
+                deadline = time.monotonic() + settle_s
+                while not present and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    present = prom_query(prom, f"group by (job, instance) ({metric})")
+            down = [lb for lb, v in prom_query(prom, f'up{{job="{job}"}}') if v != 1]
         except Exception as e:  # noqa: BLE001
             out.append(Check(FAIL, link, f"query failed: {_why(e)}"))
             continue
-        if not present:
-            out.append(Check(FAIL, link, f"Prometheus has no {metric}: {how}"))
-            continue
-        down = [lb for lb, v in up if v != 1]
-        targets = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb in (x for x, _ in present))
         if down:
-            out.append(Check(FAIL, link, f"target(s) down: {', '.join(lb.get('instance', '?') for lb in down)}"))
-        else:
-            out.append(Check(OK, link, f"scraped: {targets}"))
+            where = ", ".join(lb.get("instance", "?") for lb in down)
+            out.append(Check(FAIL, link, f"Prometheus cannot scrape job {job} ({where}: up 0)"
+                             + (f"; {_stack_fix(t, comp)}" if comp in t.stack_dead else ": is the exporter running?")))
+            continue
+        if not present:
+            out.append(Check(FAIL, link, f"Prometheus has no {metric}: {_stack_fix(t, comp) or how[comp]}"))
+            continue
+        targets = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb, _ in present)
+        if comp == "nginx_exporter":
+            try:
+                blind = [lb for lb, v in prom_query(prom, "nginx_up") if v != 1]
+            except Exception:  # noqa: BLE001 - the series check above stands
+                blind = []
+            if blind:
+                out.append(Check(FAIL, link, f"scraped ({targets}) but it cannot read stub_status (nginx_up 0): "
+                                 f"{t.stub_status_url} must answer it (the stub_status line above)"))
+                continue
+        if comp == "accesslog_exporter":
+            out.append(check_exporter_reads(t, [lb for lb, _ in present], targets))
+            continue
+        out.append(Check(OK, link, f"scraped: {targets}"))
     return out
+
+
+def _exporter_samples(instance: str, site: str) -> dict[str, float] | None:
+    """The access-log exporter's own /metrics for ``site``, summed by sample name (None: not
+    reachable from here)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        status, body, _ = http_get(f"http://{instance}/metrics", timeout=2.0)
+        if status != 200:
+            return None
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
+            for smp in fam.samples:
+                if smp.labels.get("site") == site:
+                    out[smp.name] = out.get(smp.name, 0.0) + smp.value
+    except (OSError, ValueError):
+        return None
+    return out
+
+
+def check_exporter_reads(t: Target, instances: list[dict[str, str]], targets: str, wait_s: float = 5.0) -> Check:
+    """The access-log exporter read the line of the doctor's own request to the site (end to
+    end: the right file, the right site label) and parses the log's lines. A series that exists
+    proves only that the exporter runs: one following another file (its log moved, the stack's
+    configuration changed without a restart) counts nothing and looked fine."""
+    link = "accesslog exporter"
+    if t.probe_at is None:
+        return Check(OK, link, f"scraped: {targets}")
+    addresses = [lb.get("instance", "") for lb in instances if lb.get("instance")]
+    deadline = time.monotonic() + wait_s
+    while True:
+        pages = [p for p in (_exporter_samples(a, t.site) for a in addresses) if p is not None]
+        stamps = [p["promreflex_accesslog_last_line_timestamp_seconds"] for p in pages
+                  if "promreflex_accesslog_last_line_timestamp_seconds" in p]
+        last = max(stamps) if stamps else None
+        if not pages or (last is not None and last >= t.probe_at - 1) or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    if not pages:
+        return Check(OK, link, f"scraped: {targets} (its /metrics not reachable from here: that it reads "
+                     f"{t.access_log} is not checked)")
+    lines = sum(p.get("promreflex_accesslog_lines_total", 0.0) for p in pages)
+    errors = sum(p.get("promreflex_accesslog_parse_errors_total", 0.0) for p in pages)
+    if last is None or last < t.probe_at - 1:
+        ago = "has read no line of it" if last is None else f"last read a line {_ago(time.time() - last)} ago"
+        restart = (" (`promreflex stack reload` restarts it with the configuration's log)" if t.stack_dir else "")
+        return Check(FAIL, link, f"scraped ({targets}) but it did not read the doctor's request to {t.site_url} from "
+                     f"{t.access_log} within {wait_s:g}s (it {ago}): it follows another file or another site label "
+                     f"than {t.site!r}{restart}")
+    if lines > 0 and errors >= lines:
+        return Check(FAIL, link, f"scraped ({targets}) and reading {t.access_log}, but it rejected every one of its "
+                     f"{lines:.0f} lines (promreflex_accesslog_parse_errors_total): not the promreflex format")
+    return Check(OK, link, f"scraped: {targets}; it read the doctor's request from {t.access_log}")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
 
 
 def check_rules(t: Target) -> Check:
@@ -262,6 +395,9 @@ def check_threshold(t: Target) -> list[Check]:
         floor = _one(prom, f'site:promreflex_copy_guard_demand_floor:rps{{site="{site}"}}')
         response = _one(prom, f'site:promreflex_copy_guard_response_time:seconds{{site="{site}"}}')
         when = _one(prom, f'max(promreflex_copy_guard_calibration_timestamp_seconds{{site="{site}"}})')
+        # the raw sample's time: a Prometheus restarted after the textfile was removed still
+        # answers the previous process's sample for its 5 min lookback
+        sampled = _one(prom, f'max(timestamp(promreflex_copy_guard_rps_threshold{{site="{site}"}}))')
         own = _one(prom, OWN_RPS_QUERY)
         served = _one(prom, f'site:promreflex_http_requests_served:rate1s{{site="{site}"}}')
         # what the alerts' gate compares with the floor (rules/copy-guard.rules.yml: "asked")
@@ -284,7 +420,12 @@ def check_threshold(t: Target) -> list[Check]:
     age = time.time() - when if when else None
     detail = (f"{thr:.2f} req/s, floor {floor if floor is None else round(floor, 2)}"
               + (f", healthy response time {response * 1000:.0f} ms" if response is not None else "")
-              + (f", calibrated {age / 86400:.1f} days ago" if age is not None else ""))
+              + (f", calibrated {_ago(age)} ago" if age is not None else ""))
+    stale = time.time() - sampled if sampled is not None else None
+    if stale is not None and stale > THRESHOLD_STALE_S:
+        return [Check(FAIL, "threshold", f"{detail}: its last sample is {_ago(stale)} old, node_exporter no longer "
+                      f"serves it (its textfile removed, or node_exporter not scraped): `promreflex calibrate --site "
+                      f"{site}` publishes it again")]
     if problems:
         out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
     elif response is None:
@@ -440,8 +581,9 @@ def check_registry(t: Target) -> list[Check]:
 
 def run_checks(t: Target, wait_s: float = 3.0) -> list[Check]:
     """Every link, in the order of the chain."""
-    return [check_site(t), check_stub_status(t), *check_access_log(t, wait_s), *check_prometheus(t), check_rules(t),
-            *check_threshold(t), *check_alertmanager(t), *check_controller(t), *check_registry(t)]
+    note = [Check(WARN, "stack", t.extra["stack_note"])] if t.extra.get("stack_note") else []
+    return [*note, check_site(t), check_stub_status(t), *check_access_log(t, wait_s), *check_prometheus(t),
+            check_rules(t), *check_threshold(t), *check_alertmanager(t), *check_controller(t), *check_registry(t)]
 
 
 def render(checks: list[Check]) -> str:
@@ -453,6 +595,7 @@ def render(checks: list[Check]) -> str:
 def target_from(args: argparse.Namespace) -> Target:
     """Flags first, then the configuration (the local stack's, or its ``stack.nginx`` external)."""
     from promreflex.config import DEFAULT_CONFIG, load_config
+    from promreflex.fsutil import read_json
     from promreflex.stack import Stack
 
     overrides = {"stack.state_dir": str(args.state_dir)} if args.state_dir else {}
@@ -463,8 +606,17 @@ def target_from(args: argparse.Namespace) -> Target:
     c = cfg.controller
     routes = [r for r in c.routes if r.action == "copy-guard"]
     registry = routes[0].params.get("registry_dir") if routes else None
-    running = bool(stack.running())
+    alive = stack.running()
+    running = bool(alive)
     site = args.site or getattr(getattr(cfg, "accesslog", None), "site", "shop")
+    started = (read_json(stack.pids_file, default={}) or {}).get("started") if running else None
+    extra: dict[str, Any] = {}
+    if not running and ("stack" in cfg.model_fields_set or args.state_dir):
+        # A file written for the stack, but no stack runs from its state dir: the addresses below
+        # are the controller's configured ones (your own Prometheus), maybe someone else's.
+        extra["stack_note"] = (f"no stack runs from {stack.dir}: checking the controller's configured Prometheus, "
+                               "Alertmanager and address instead; if the stack should run, `promreflex stack up"
+                               + (f" --config.file {args.config_file}" if args.config_file else "") + "`")
     return Target(
         site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
         access_log=args.access_log or stack.nginx_access_log,
@@ -474,7 +626,8 @@ def target_from(args: argparse.Namespace) -> Target:
                                               f"{stack.ports['controller'] if running else c.listen_address.rsplit(':', 1)[1]}",
         token_file=args.token_file or (stack.token_file if running else c.token_file),
         registry_dir=args.registry_dir or route_registry_dir(registry, args.config_file or DEFAULT_CONFIG),
-        min_floor=args.min_floor)
+        min_floor=args.min_floor, extra=extra, stack_dir=stack.dir if running else None, stack_alive=alive,
+        stack_dead=stack.dead() if running else [], stack_started=float(started) if started else None)
 
 
 def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
@@ -488,13 +641,18 @@ def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     t = target_from(args)
-    print(f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log {t.access_log}, "
-          f"Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller {t.controller_url}")
-    checks = run_checks(t)
-    print(render(checks))
-    failed = [c for c in checks if c.status == FAIL]
-    print(f"\n{len(failed)} broken link(s)" if failed else "\nevery link works")
-    return 1 if failed else 0
+    checks: list[Check] = []
+    try:
+        print(f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log "
+              f"{t.access_log}, Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller "
+              f"{t.controller_url}", flush=True)
+        checks = run_checks(t)
+        print(render(checks))
+        failed = [c for c in checks if c.status == FAIL]
+        print(f"\n{len(failed)} broken link(s)" if failed else "\nevery link works", flush=True)
+    except BrokenPipeError:  # `doctor | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1 if any(c.status == FAIL for c in checks) else 0
 
 
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -60,7 +60,10 @@ CAPABILITY = Capability(
     # 4. What Prometheus scrapes: the job name rules and dashboards use, the named port, and an
     #    interval class (fast = stack.fast_interval, 200 ms by default).
     scrape_jobs=(Scrape("accesslog", "accesslog_exporter", "fast"),),
-    # 5. Its rules file (under rules/, with its promtool test in rules/tests/): the exporter's own
+    # 5. Checks before the stack starts anything (warnings): a guarded nginx's log in a format
+    #    this exporter cannot read.
+    preflight=(lazy("exporters.accesslog.preflight:warnings"),),
+    # 6. Its rules file (under rules/, with its promtool test in rules/tests/): the exporter's own
     #    health. The copy guard's and the nginx tuner's rules read its series. It acts on nothing,
     #    so no routes; a capability that acts adds ``routes`` (the controller's), and
     #    ``alertmanager_routes`` / ``inhibit_rules`` the same way (see controllers/rca/manifest.py).

@@ -148,6 +148,16 @@ def test_guard_an_nginx_that_already_runs(tmp_path, capsys):
         reload = next(r for r in read_audit(stack.audit_log) if r["event"] == "reload")
         assert reload["routes"] == ["copy-guard"] and "selftest-log" in reload["removed"], reload
         assert stack.running()["controller"] == controller_pid and pid_alive(controller_pid)
+
+        # The exporter made to follow a file their nginx does not write: `reload` restarts it with
+        # the new command line, and the doctor sees that it no longer reads their shop's log.
+        data["stack"]["nginx"]["access_log"] = str(root / "log" / "elsewhere.log")
+        cfg_file.write_text(yaml.safe_dump(data))
+        stack = Stack(load_config(cfg_file))
+        assert "accesslog_exporter" in stack.reload(progress=lambda *_: None)
+        code, links = _doctor(cfg_file, "--registry.dir", str(registry), "--nginx.access-log",
+                              str(root / "log" / "promreflex-shop.log"), capsys=capsys)
+        assert code == 1 and links["accesslog exporter"] == FAIL and links["log format"] == OK, links
     finally:
         if stack is not None:
             stack.down(quiet=True, progress=lambda *_: None)

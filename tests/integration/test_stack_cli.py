@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +30,8 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_up_status_second_up_and_down(tmp_path):
     cfg = tmp_path / "promreflex.yml"
-    cfg.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state"),
-                                             "ports": {p: free_port() for p in PORTS}}}))
+    ports = {p: free_port() for p in PORTS}
+    cfg.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state"), "ports": ports}}))
     up = cli("stack", "up", "--config.file", str(cfg), "--detach")
     pids = {}
     try:
@@ -46,6 +48,28 @@ def test_up_status_second_up_and_down(tmp_path):
 
         status = cli("stack", "status", "--config.file", str(cfg))
         assert status.returncode == 0 and status.stdout.count(" up ") == 7
+
+        # A component that died is shown (exit 1), named by a refused `up`, and `restart` brings it back.
+        os.kill(pids["accesslog_exporter"], signal.SIGKILL)
+        wait_until(lambda: not pid_alive(pids["accesslog_exporter"]), timeout=30, what="the exporter to die")
+        status = cli("stack", "status", "--config.file", str(cfg))
+        assert status.returncode == 1 and "accesslog_exporter" in status.stdout and "NOT RUNNING" in status.stdout
+        assert "stack restart" in status.stderr
+        again = cli("stack", "up", "--config.file", str(cfg), "--detach")
+        assert again.returncode == 1 and "promreflex stack restart accesslog_exporter" in again.stderr
+        restarted = cli("stack", "restart", "--config.file", str(cfg))
+        assert restarted.returncode == 0 and "restarted accesslog_exporter" in restarted.stdout, restarted.stderr
+        status = cli("stack", "status", "--config.file", str(cfg))
+        assert status.returncode == 0 and status.stdout.count(" up ") == 7
+
+        # `reload` restarts a component whose command line the new file changes (here the log's site).
+        cfg.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state"), "ports": ports},
+                                       "accesslog": {"site": "other-shop"}}))
+        reload = cli("stack", "reload", "--config.file", str(cfg))
+        assert reload.returncode == 0 and "accesslog_exporter: its command line changed" in reload.stdout, reload.stderr
+        pids = {n: i["pid"] for n, i in json.loads((tmp_path / "state" / "pids.json").read_text())["components"].items()}
+        with open(f"/proc/{pids['accesslog_exporter']}/cmdline", "rb") as f:
+            assert b"--log=other-shop=" in f.read()
     finally:
         down = cli("stack", "down", "--config.file", str(cfg))
     assert down.returncode == 0 and "stopped 7 component(s)" in down.stdout

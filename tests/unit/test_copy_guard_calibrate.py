@@ -144,6 +144,10 @@ def test_floor_has_a_lower_bound_and_low_thresholds_are_refused():
     assert cal.refusal(3.9, 2.0) is not None
     assert cal.refusal(45.0, 22.5) is None
     assert "minute before the load" in cal.refusal(45.0, 3.0, idle_demand=3.5)
+    assert "raise --min-floor" in cal.refusal(45.0, 3.0, idle_demand=3.5)
+    # a floor above the idle demand would need a threshold of twice it: not advice that can work
+    assert "quieter" in cal.refusal(45.0, 22.5, idle_demand=30.0)
+    assert "min-floor" not in cal.refusal(45.0, 22.5, idle_demand=30.0)
     assert "own stub_status" in cal.refusal(45.0, 2.0, own_rps=2.0)
     assert cal.refusal(45.0, 22.5, idle_demand=0.2, own_rps=2.0) is None
 
@@ -311,3 +315,30 @@ def test_seconds_below_and_reaction_times():
     assert analysis.reaction_times(rate, 64.0, [3.0], step) == [0.0]
     # before the first sample
     assert analysis.reaction_times(rate, 64.0, [0.5], step) == [0.0]
+
+
+# ------------------------------------------------------------------ the baseline after an earlier load
+def test_the_baseline_leaves_out_calibrates_own_earlier_load(tmp_path: Path, monkeypatch) -> None:
+    """A retry right after a calibration (a failed or dry run, an interrupted one) counted that
+    run's own requests, still in the minute's demand, as the shop's: refused after 48 s of load."""
+    marker = tmp_path / "last-load"
+    assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)  # no earlier load: the last minute
+    marker.write_text("990.0\n")  # ended 10 s ago: wait 5 s, then look at the 13 s since it
+    assert cal.baseline_window(1000.0, marker) == (5.0, 13.0)
+    marker.write_text("970.0\n")  # 30 s ago: no wait, the 28 s since
+    assert cal.baseline_window(1000.0, marker) == (0.0, 28.0)
+    marker.write_text("930.0\n")  # over a minute ago: the whole minute
+    assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)
+    marker.write_text("garbage")
+    assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)
+
+    queries: list[str] = []
+    slept: list[float] = []
+    monkeypatch.setattr(cal, "prometheus_instant", lambda url, q: queries.append(q) or [({}, 1.5)])
+    marker.write_text(f"{cal.time.time() - 5:.3f}\n")
+    b = cal.measure_baseline("http://prom", "shop", last_load=marker, sleep=slept.append)
+    assert slept and 9 <= slept[0] <= 10.5
+    assert "[13s]" in queries[0] and "[13s:1s]" in queries[0]
+    assert b.idle_demand == 1.5 and "since the last calibration load" in b.note
+    cal.note_load_ended(marker)
+    assert abs(float(marker.read_text()) - cal.time.time()) < 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +27,11 @@ STUB = ('127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET /stub_status HTTP/1.1" 
 def site(log: Path | None, line: str = TIMED) -> Iterator[str]:
     """A loopback server that, like nginx, appends ``line`` to ``log`` for every request."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def do_GET(self) -> None:  # noqa: N802
+            if self.path in ("/missing", "/denied"):
+                self.send_error(404 if self.path == "/missing" else 403)
+                return
             if self.path == "/stub_status":
                 body = b"Active connections: 1 \nserver accepts handled requests\n 7 7 42 \nReading: 0 Writing: 1 Waiting: 0 \n"
             else:
@@ -35,19 +39,30 @@ def site(log: Path | None, line: str = TIMED) -> Iterator[str]:
                 if log is not None:
                     with log.open("a") as f:
                         f.write(line)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
+    with serving(Handler) as address:
+        yield f"http://{address}"
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    def reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` on a loopback port while the block runs; yields HOST:PORT."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -158,8 +173,8 @@ def test_threshold_check_warns_without_a_calibrated_response_time(monkeypatch):
     """An older calibration (no response time) leaves the guard blind to closed-loop overload."""
     from controllers.copy_guard import doctor
 
-    values = {"threshold": 40.0, "demand_floor": 40.0, "response_time": None, "calibration_timestamp": None,
-              "served": 10.0, "demand": 5.0}
+    values = {"timestamp(": time.time() - 20, "threshold": 40.0, "demand_floor": 40.0, "response_time": None,
+              "calibration_timestamp": None, "served": 10.0, "demand": 5.0}
 
     def one(_prom: str, query: str) -> float | None:
         return next((v for k, v in values.items() if k in query), None)
@@ -173,3 +188,112 @@ def test_threshold_check_warns_without_a_calibrated_response_time(monkeypatch):
     values["response_time"] = 0.12
     checks = doctor.check_threshold(t)
     assert checks[0].status == doctor.OK and "healthy response time 120 ms" in checks[0].detail
+    values["calibration_timestamp"] = time.time() - 90
+    assert "calibrated 90 s ago" in doctor.check_threshold(t)[0].detail  # (was "0.0 days ago")
+    # Prometheus restarted after the textfile was removed: the old process's sample, 5 min old
+    values["timestamp("] = time.time() - 290
+    checks = doctor.check_threshold(t)
+    assert checks[0].status == doctor.FAIL and "no longer serves it" in checks[0].detail
+
+
+def test_stub_status_answers_name_their_own_fix(tmp_path):
+    with site(None) as url:
+        missing = doctor.check_stub_status(target(url, tmp_path / "a.log", stub_status_url=url + "/missing"))
+        assert missing.status == doctor.FAIL and "no such location" in missing.detail
+        assert "location = /missing {" in missing.detail and "allow the" not in missing.detail
+        denied = doctor.check_stub_status(target(url, tmp_path / "a.log", stub_status_url=url + "/denied"))
+        assert denied.status == doctor.FAIL and "denies" in denied.detail
+    refused = doctor.check_stub_status(target("http://127.0.0.1:9", tmp_path / "a.log",
+                                              stub_status_url="http://127.0.0.1:9/nginx_status"))
+    assert "location = /nginx_status {" in refused.detail  # the configured path, not /stub_status
+
+
+def test_own_traffic_counts_only_stub_status_lines_that_are_served(tmp_path):
+    refused = tmp_path / "refused.log"  # the location was missing: 404s are not counted as served
+    refused.write_text(STUB.replace('" 200 97', '" 404 153') * 3)
+    with site(refused) as url:
+        checks = {c.link: c for c in doctor.check_access_log(target(url, refused), wait_s=5)}
+    assert "own traffic" not in checks
+    other = tmp_path / "other.log"  # the configured path, whatever it is
+    other.write_text(STUB.replace("/stub_status", "/nginx_status").replace("NGINX-Prometheus-Exporter", "curl") * 3)
+    with site(other) as url:
+        checks = {c.link: c for c in doctor.check_access_log(
+            target(url, other, stub_status_url=url + "/nginx_status"), wait_s=5)}
+    assert checks["own traffic"].status == doctor.WARN
+
+
+def _stack_target(tmp_path: Path, **kw: object) -> doctor.Target:
+    return target("http://127.0.0.1:9", tmp_path / "a.log", prometheus_url="http://p", stack_dir=tmp_path,
+                  **kw)
+
+
+def test_a_missing_series_of_the_stacks_own_exporter_names_the_stacks_fix(tmp_path, monkeypatch):
+    """README step 2 (`stack up` then `doctor`) told the user to install and scrape exporters the
+    stack already runs; a dead one got the same advice."""
+    monkeypatch.setattr(doctor, "prom_query", lambda prom, expr: [({}, 1.0)] if expr == "vector(1)" else [])
+    dead = doctor.check_prometheus(_stack_target(tmp_path, stack_dead=["accesslog_exporter"],
+                                                 stack_alive={"nginx_exporter": 11}), settle_s=0)
+    by = {c.link: c for c in dead}
+    assert "promreflex stack restart accesslog_exporter" in by["accesslog exporter"].detail
+    assert "runs (pid 11) but is not scraped" in by["nginx exporter"].detail
+    assert "scrape_configs" not in by["accesslog exporter"].detail + by["nginx exporter"].detail
+
+    # a stack started a moment ago: its series appear after the first scrapes, the doctor waits
+    calls = {"n": 0}
+
+    def slowly(prom: str, expr: str) -> list[tuple[dict[str, str], float]]:
+        if expr == "vector(1)":
+            return [({}, 1.0)]
+        if expr.startswith("group by"):
+            calls["n"] += 1
+            return [({"job": "x", "instance": "127.0.0.1:9"}, 1.0)] if calls["n"] > 2 else []
+        return [({}, 1.0)] if expr == "nginx_up" else []
+
+    monkeypatch.setattr(doctor, "prom_query", slowly)
+    fresh = doctor.check_prometheus(_stack_target(tmp_path, stack_alive={"nginx_exporter": 11, "accesslog_exporter": 12},
+                                                  stack_started=time.time() - 2), settle_s=10)
+    assert [c.status for c in fresh] == [doctor.OK, doctor.OK, doctor.OK], fresh
+
+    # the exporter is up but cannot read stub_status
+    monkeypatch.setattr(doctor, "prom_query", lambda prom, expr: (
+        [({}, 0.0)] if expr == "nginx_up" else [({"job": "nginx", "instance": "127.0.0.1:9"}, 1.0)]
+        if expr.startswith(("group by", "vector")) else []))
+    blind = {c.link: c for c in doctor.check_prometheus(_stack_target(tmp_path), settle_s=0)}
+    assert blind["nginx exporter"].status == doctor.FAIL and "nginx_up 0" in blind["nginx exporter"].detail
+
+
+@contextmanager
+def exporter_metrics(body: str) -> Iterator[str]:
+    class Handler(Quiet):
+        def do_GET(self) -> None:  # noqa: N802
+            self.reply(body.encode())
+
+    with serving(Handler) as address:
+        yield address
+
+
+def test_the_accesslog_exporter_must_read_the_doctors_own_request(tmp_path):
+    """An exporter that follows another file (its log moved, the configuration changed without a
+    restart) has its series and counts nothing: the doctor said OK."""
+    now = time.time()
+    t = target("http://127.0.0.1:9", tmp_path / "a.log", probe_at=now)
+
+    def page(last: float, lines: int, errors: int) -> str:
+        return (f'promreflex_accesslog_last_line_timestamp_seconds{{site="shop"}} {last}\n'
+                f'promreflex_accesslog_lines_total{{site="shop"}} {lines}\n'
+                f'promreflex_accesslog_parse_errors_total{{site="shop",reason="no_match"}} {errors}\n')
+
+    with exporter_metrics(page(now - 600, 82, 82)) as inst:
+        stale = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
+    assert stale.status == doctor.FAIL and "did not read the doctor's request" in stale.detail
+    with exporter_metrics("# nothing for this site yet\n") as inst:  # restarted on another file: no line read
+        none = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
+    assert none.status == doctor.FAIL and "has read no line" in none.detail
+    with exporter_metrics(page(now + 0.5, 82, 82)) as inst:
+        rejecting = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
+    assert rejecting.status == doctor.FAIL and "rejected every one" in rejecting.detail
+    with exporter_metrics(page(now + 0.5, 82, 3)) as inst:
+        good = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
+    assert good.status == doctor.OK and "read the doctor's request" in good.detail
+    unreachable = doctor.check_exporter_reads(t, [{"instance": "127.0.0.1:9"}], "accesslog/x", wait_s=0.5)
+    assert unreachable.status == doctor.OK and "not checked" in unreachable.detail

@@ -113,3 +113,29 @@ def test_stack_reload_says_which_routes_the_controller_added_changed_and_removed
         f.write(json.dumps({"event": "reload", "result": "error", "error": "controller.routes[0]: bad"}) + "\n")
     assert "kept its routes: controller.routes[0]: bad" in stack._reload_outcome(offset, timeout=1)
     assert "did not report" in stack._reload_outcome(stack.audit_log.stat().st_size, timeout=0.3)
+
+
+def test_a_log_in_another_format_is_named_at_stack_up(tmp_path):
+    from exporters.accesslog.preflight import foreign_last_line
+
+    combined = '127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "curl/7.88"\n'
+    timed = combined.rstrip("\n") + ' rt=0.001 urt="-"\n'
+    log = tmp_path / "access.log"
+    log.write_text(combined * 3)
+    assert foreign_last_line(log) == combined.strip()
+    log.write_text(combined * 3 + timed)  # ours among others: the exporter counts those
+    assert foreign_last_line(log) is None
+    log.write_text("")
+    assert foreign_last_line(log) is None
+    assert foreign_last_line(tmp_path / "missing.log") is None
+
+    log.write_text(combined)
+    shown: list[str] = []
+    stack = Stack(load_config(None, {"stack.state_dir": str(tmp_path / "state"), "stack.nginx.external": True,
+                                     "stack.nginx.url": "http://127.0.0.1:9/",
+                                     "stack.nginx.stub_status_url": "http://127.0.0.1:9/nginx_status",
+                                     "stack.nginx.access_log": str(log)}))
+    for cap in stack.capabilities:
+        for check in cap.preflight:
+            shown += check(stack.context())
+    assert len(shown) == 1 and "promreflex format" in shown[0] and str(log) in shown[0]
