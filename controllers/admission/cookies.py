@@ -78,6 +78,9 @@ class KeyRing:
         """Read ``path``; refused (one line) when group or others may read it, like ssh keys."""
         try:
             st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise UserError(f"key file {path} is not a regular file ({stat.filemode(st.st_mode)}): give the "
+                                "file `promreflex admission keygen --key-file` wrote")
             if st.st_mode & 0o077:
                 raise UserError(f"key file {path} is accessible by group or others "
                                 f"(mode {stat.filemode(st.st_mode)}): run chmod 600 {path}")

@@ -737,6 +737,22 @@ def ramp_users(target: str, profile: Sequence[Request] | None, *, max_users: int
     return max(chosen, 1), steps
 
 
+def check_reachable(target: str, timeout: float = 10.0) -> None:
+    """One request to ``target`` before any load: a shop that does not answer at all (nothing
+    listens, a wrong host) fails at once, not after a whole run of refused connections. Any
+    HTTP answer passes (the profile's own pages are judged by the runs)."""
+    req = urllib.request.Request(target, headers={"User-Agent": "promreflex-calibrate"})  # noqa: S310 - the user's shop
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            resp.read(1 << 16)
+    except urllib.error.HTTPError:
+        return  # it answers
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise CalibrationError(f"{target} does not answer ({reason}): is the shop up, and --target its address? "
+                               "Nothing was loaded, nothing published") from None
+
+
 def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int | None = None, duration_s: float = 60.0,
               runs: int = 3, warmup_s: float = 5.0, method: str = "robust", q: float = 0.05, checkout_share: float = 0.1,
               source: str = "locust", prometheus_url: str | None = None, query: str | None = None,
@@ -753,6 +769,7 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
     if source == "prometheus" and not prometheus_url:
         raise ValueError("--source prometheus needs --prometheus.url")
     min_runs = runs // 2 + 1 if min_runs is None else min_runs
+    check_reachable(target, request_timeout)
     load_kw: dict[str, Any] = {"request_timeout": request_timeout, "checkout_share": checkout_share,
                                "product_count": product_count, "variables": variables}
     ramp: list[dict[str, Any]] = []

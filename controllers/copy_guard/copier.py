@@ -116,6 +116,8 @@ class Control:
         self._account(now)
         if mode == "paused" and self.mode != "paused":
             self.pauses += 1
+        if mode != self.mode and mode != "throttled":  # (throttle() says by how much)
+            log.info("%s (was %s)", mode, self.mode)
         self.mode = mode
         self.cond.notify_all()
 
@@ -145,9 +147,13 @@ class Control:
             raise ValueError("share must be in (0, 1]")
         with self.cond:
             self.until = self.clock() + self._lease(lease)
+            before = (self.mode, self.hold_share, self.hold_rate)
             self.hold_rate = float(bytes_per_second or 0.0)
             self.hold_share = float(share) if share is not None else 1.0
             self._set_mode("throttled")
+            if before != ("throttled", self.hold_share, self.hold_rate):  # a renewal says nothing
+                log.info("throttled to %s", f"{self.hold_rate / 1e6:.1f} MB/s" if self.hold_rate
+                         else f"{self.hold_share:.0%} of its speed")
 
     def resume(self) -> None:
         with self.cond:

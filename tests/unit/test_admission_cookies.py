@@ -80,6 +80,8 @@ def test_key_file_must_be_private_and_hold_real_keys(tmp_path: Path):
         KeyRing.from_file(keys)
     with pytest.raises(UserError, match="does not exist"):
         KeyRing.from_file(tmp_path / "missing")
+    with pytest.raises(UserError, match="not a regular file"):  # (was "accessible by group or others")
+        KeyRing.from_file(tmp_path)
 
 
 def test_a_verified_cookie_is_remembered_but_still_expires():

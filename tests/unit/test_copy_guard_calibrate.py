@@ -170,6 +170,7 @@ def test_calibrate_discards_bad_runs_and_refuses_when_too_few_remain(monkeypatch
 
     loads = iter([run(0, [40, 41, 42, 40, 41, 40]), run(300, [10, 10, 10, 10, 10, 10]), run(0, [42, 40, 41, 43, 40, 1])])
     monkeypatch.setattr(cal, "run_shop_load", lambda *a, **k: next(loads))
+    monkeypatch.setattr(cal, "check_reachable", lambda *a, **k: None)  # (a real check: the test below)
     lines: list[str] = []
     c = cal.calibrate("http://127.0.0.1:1/", users=4, runs=3, duration_s=6, warmup_s=0, progress=lines.append)
     assert len(c.runs) == 2 and len(c.discarded) == 1 and "run 2" in c.discarded[0]
@@ -342,3 +343,13 @@ def test_the_baseline_leaves_out_calibrates_own_earlier_load(tmp_path: Path, mon
     assert b.idle_demand == 1.5 and "since the last calibration load" in b.note
     cal.note_load_ended(marker)
     assert abs(float(marker.read_text()) - cal.time.time()) < 5
+
+
+def test_a_shop_that_does_not_answer_fails_before_any_load(monkeypatch):
+    """A dead port with --users: the whole run's worth of refused connections went out first."""
+    monkeypatch.setattr(cal, "run_shop_load", lambda *a, **k: pytest.fail("no load may start"))
+    from promreflex.proc import free_port
+
+    with pytest.raises(cal.CalibrationError, match="does not answer"):
+        cal.calibrate(f"http://127.0.0.1:{free_port()}/", users=1, runs=1, duration_s=6, warmup_s=0,
+                      progress=lambda *_: None)
