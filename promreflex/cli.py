@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -34,25 +35,42 @@ def _load(args: argparse.Namespace) -> Config:
     return load_config(args.config_file or DEFAULT_CONFIG, overrides, getattr(args, "capabilities", None))
 
 
-def cmd_stack_up(args: argparse.Namespace) -> int:
+def _stack(args: argparse.Namespace) -> Any:
+    """The Stack of a `stack` subcommand. With `--state.dir` and no `--config.file`, the file the
+    stack there was started with (recorded at `up`): a restart with the embedded defaults would
+    start a component on the default ports and files, beside the running stack's."""
+    from promreflex.fsutil import read_json
     from promreflex.stack import Stack
 
-    cfg = _load(args)
-    stack = Stack(cfg, capabilities=args.capabilities)
+    if args.config_file is None and getattr(args, "state_dir", None):
+        recorded = (read_json(Path(args.state_dir).expanduser().resolve() / "pids.json", default={}) or {}
+                    ).get("config_file")
+        if recorded and Path(recorded).exists():
+            args.config_file = Path(recorded)
+            print(f"(the stack in {args.state_dir} was started with --config.file {recorded}: using it)", file=sys.stderr)
+    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack.config_file = Path(args.config_file) if args.config_file else None
+    return stack
+
+
+def cmd_stack_up(args: argparse.Namespace) -> int:
+    stack = _stack(args)
     print(f"promreflex {__version__}: starting the local stack (state in {stack.dir})")
     stack.up()
     u = stack.urls
     flags = "".join(f" --{flag} {value}" for flag, value in
                     (("config.file", args.config_file), ("state.dir", args.state_dir)) if value)
     cmd = "uv run promreflex"
+    # The hint only where a route acts on the self-test alert (a routes list without it: none).
+    selftest = (f"  fire the self-test    {cmd} selftest fire{flags}     (then: selftest clear)\n"
+                if any('"PromreflexSelftest"' in m for r in stack.cfg.controller.routes for m in r.matchers) else "")
     print(f"""
 The stack is up. Try:
   Prometheus alerts     {u['prometheus']}/classic/alerts
   Alertmanager API      curl -s {u['alertmanager']}/api/v2/alerts | python3 -m json.tool
   {"your shop (external)" if stack.s.nginx.external else "the demo shop":<20}  curl -s {u['nginx']}
   controller metrics    curl -s {u['controller']} | grep promreflex_controller_actions
-  fire the self-test    {cmd} selftest fire{flags}     (then: selftest clear)
-  watch the controller  tail -f {stack.audit_log}
+{selftest}  watch the controller  tail -f {stack.audit_log}
   replay a webhook      see docs/runbook.md#replay-a-webhook
 """)
     if args.detach:
@@ -75,26 +93,25 @@ The stack is up. Try:
 
 
 def cmd_stack_reload(args: argparse.Namespace) -> int:
-    from promreflex.stack import Stack
-
-    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack = _stack(args)
     print(f"reloaded {', '.join(stack.reload())} from {stack.dir}")
+    dead = stack.dead()
+    if dead:
+        print(f"not running, so not reloaded: {', '.join(dead)} (a route change does not reach a dead controller); "
+              f"start them with `promreflex stack restart{stack.flags()}`", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_stack_down(args: argparse.Namespace) -> int:
-    from promreflex.stack import Stack
-
-    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack = _stack(args)
     stopped = stack.down()
     print(f"stopped {len(stopped)} component(s) from {stack.dir}" if stopped else f"no stack running from {stack.dir}")
     return 0
 
 
 def cmd_stack_status(args: argparse.Namespace) -> int:
-    from promreflex.stack import Stack
-
-    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack = _stack(args)
     alive = stack.running()
     if not alive:
         print(f"no stack running from {stack.dir}")
@@ -108,18 +125,14 @@ def cmd_stack_status(args: argparse.Namespace) -> int:
     for name in dead:
         print(f"  {name:<19} {'NOT RUNNING':<11}       log {stack.dir / 'logs' / (name + '.log')}")
     if dead:
-        flags = "".join(f" --{flag} {value}" for flag, value in
-                        (("config.file", args.config_file), ("state.dir", args.state_dir)) if value)
-        print(f"{len(dead)} component(s) not running: start them again with `promreflex stack restart{flags}`",
+        print(f"{len(dead)} component(s) not running: start them again with `promreflex stack restart{stack.flags()}`",
               file=sys.stderr)
         return 1
     return 0
 
 
 def cmd_stack_restart(args: argparse.Namespace) -> int:
-    from promreflex.stack import Stack
-
-    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack = _stack(args)
     started = stack.restart(args.names)
     print(f"restarted {', '.join(started)} from {stack.dir}" if started else f"every component of {stack.dir} runs")
     return 0
@@ -295,3 +308,6 @@ def main(argv: list[str] | None = None, capabilities: Sequence[Capability] | Non
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `promreflex stack status | head -1`: the reader left, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

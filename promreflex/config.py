@@ -180,19 +180,8 @@ class ControllerConfig(Strict):
 
 class PortsBase(Strict):
     """``stack.ports``: one field per named port of every process (see :func:`config_model`).
-    Each must be its own: two components on one port start "ready" (the second's readiness
-    probe answered by the first) while the second cannot listen."""
-
-    @model_validator(mode="after")
-    def _distinct(self) -> PortsBase:
-        by_port: dict[int, list[str]] = {}
-        for name, port in self.model_dump().items():
-            if isinstance(port, int) and port > 0:
-                by_port.setdefault(port, []).append(name)
-        shared = [f"{port} ({', '.join(names)})" for port, names in by_port.items() if len(names) > 1]
-        if shared:
-            raise ValueError(f"each component needs its own port; shared: {'; '.join(shared)}")
-        return self
+    Each must be its own (``StackConfig``): two components on one port start "ready" (the
+    second's readiness probe answered by the first) while the second cannot listen."""
 
 
 class ScrapeJob(Strict):
@@ -251,6 +240,10 @@ class NginxConfig(Strict):
         return None
 
 
+#: The named ports of the stack's own nginx (the foundation's): unused with ``nginx.external``.
+OWN_NGINX_PORTS = ("nginx", "nginx_stub_status")
+
+
 class StackConfig(Strict):
     """The local stack that ``promreflex stack up`` runs on loopback."""
 
@@ -271,6 +264,18 @@ class StackConfig(Strict):
     def _upstream_is_for_our_nginx(self) -> StackConfig:
         if self.nginx.external and self.upstream is not None:
             raise ValueError("upstream configures the stack's own nginx; with nginx.external: true there is none")
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> StackConfig:
+        unused = OWN_NGINX_PORTS if self.nginx.external else ()  # no nginx of ours listens on them
+        by_port: dict[int, list[str]] = {}
+        for name, port in self.ports.model_dump().items():
+            if isinstance(port, int) and port > 0 and name not in unused:
+                by_port.setdefault(port, []).append(name)
+        shared = [f"{port} ({', '.join(names)})" for port, names in by_port.items() if len(names) > 1]
+        if shared:
+            raise ValueError(f"ports: each component needs its own port; shared: {'; '.join(shared)}")
         return self
 
     @field_validator("host")

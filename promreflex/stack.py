@@ -148,6 +148,9 @@ class Stack:
         before Prometheus, and are stopped last, like the manifests' ones. ``capabilities``
         replaces the installed ones (the foundation is always there)."""
         self.cfg = cfg
+        # The file the configuration came from (the CLI sets it): recorded at `up`, so every
+        # later command's hints (restart, down) name it, and `--state.dir` alone finds it again.
+        self.config_file: Path | None = None
         self.capabilities = all_capabilities(capabilities)
         self.extra_components = list(extra_components or [])
         self.s = cfg.stack
@@ -277,6 +280,16 @@ class Stack:
                 alive[name] = pid
         return alive
 
+    def recorded_config_file(self) -> Path | None:
+        """The configuration file the running stack was started with, if it was recorded."""
+        value = (read_json(self.pids_file, default={}) or {}).get("config_file")
+        return Path(value) if value else None
+
+    def flags(self) -> str:
+        """The command-line flags that find this stack again (for the hints we print)."""
+        cfg = self.config_file or self.recorded_config_file()
+        return f" --config.file {cfg}" if cfg else f" --state.dir {self.dir}"
+
     def dead(self) -> list[str]:
         """Recorded components of a stack started from this state dir that are no longer alive."""
         alive = self.running()
@@ -288,10 +301,10 @@ class Stack:
             listing = ", ".join(f"{n} pid {pid}" for n, pid in alive.items())
             dead = self.dead()
             restart = (f"\nNot running: {', '.join(dead)} (logs in {self.dir / 'logs'}); start them again with: "
-                       f"promreflex stack restart {' '.join(dead)} --state.dir {self.dir}") if dead else ""
+                       f"promreflex stack restart {' '.join(dead)}{self.flags()}") if dead else ""
             raise StackError(
                 f"a stack is already running from {self.dir} ({listing}).\n"
-                f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down --state.dir {self.dir}"
+                f"Prometheus: {self.url('prometheus')}  -- stop it with: promreflex stack down{self.flags()}"
                 + restart
             )
         missing = [p.binary for p in self.processes if p.binary and not os.access(p.binary, os.X_OK)]
@@ -314,11 +327,7 @@ class Stack:
         if n.external and n.access_log is not None and not n.access_log.exists():
             progress(f"  warning: stack.nginx.access_log {n.access_log} does not exist (yet): its readers wait "
                      "for it; your nginx must write it (the capabilities' doctor commands check the chain)")
-        ctx = self.context()
-        for cap in self.capabilities:
-            for check in cap.preflight:
-                for warning in check(ctx):
-                    progress(f"  warning ({cap.name}): {warning}")
+        self.preflight_warnings(progress)
         try:
             for comp in self.components():
                 self.start_component(comp.name, timeout=timeout, progress=progress)
@@ -326,6 +335,14 @@ class Stack:
             self.down(quiet=True)
             raise
         return {name: info["pid"] for name, info in self._recorded().items()}
+
+    def preflight_warnings(self, progress=print) -> None:
+        """Each capability's checks of its inputs (``Capability.preflight``), as warnings."""
+        ctx = self.context()
+        for cap in self.capabilities:
+            for check in cap.preflight:
+                for warning in check(ctx):
+                    progress(f"  warning ({cap.name}): {warning}")
 
     def _recorded(self) -> dict[str, dict[str, Any]]:
         return (read_json(self.pids_file, default={}) or {}).get("components", {})
@@ -337,9 +354,12 @@ class Stack:
         recorded = self._recorded()
         recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "argv": comp.argv, "port": comp.port,
                                "log": str(child.log_path), "url": self.urls.get(comp.name, "")}
-        started = (read_json(self.pids_file, default={}) or {}).get("started", time.time())
+        previous = read_json(self.pids_file, default={}) or {}
+        started = previous.get("started", time.time())
+        config_file = str(self.config_file.resolve()) if self.config_file else previous.get("config_file")
         # Insertion order is start order: `down` stops in reverse.
-        atomic_write_json(self.pids_file, {"started": started, "components": recorded}, sort_keys=False)
+        atomic_write_json(self.pids_file, {"started": started, "config_file": config_file, "components": recorded},
+                          sort_keys=False)
         t0 = time.monotonic()
         try:
             wait_until(lambda: _ready_or_dead(comp, child), timeout=timeout, what=f"{comp.name} ready")
@@ -407,6 +427,7 @@ class Stack:
         if moved:
             raise StackError(f"ports changed for {', '.join(moved)}: `stack down` then `stack up` to apply them")
         self.render()
+        self.preflight_warnings(progress)
         audit_size = self.audit_log.stat().st_size if self.audit_log.exists() else 0
         signalled = []
         for name in RELOADABLE:

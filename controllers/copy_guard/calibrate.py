@@ -617,8 +617,8 @@ def measure_baseline(prometheus_url: str | None, site: str, last_load: Path = LA
         return Baseline(None, None, "no Prometheus given (--prometheus.url): idle demand and own traffic not checked")
     wait, window = baseline_window(time.time(), last_load)
     if wait > 0:
-        print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago, and the shop's demand "
-              "before this one must not count it", flush=True)
+        print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago; the shop's demand "
+              f"before this one is read over the {window:.0f}s after it, not counting it", flush=True)
         sleep(wait)
     span = "the last minute" if window >= 60 else f"the {window:.0f}s since the last calibration load"
     try:

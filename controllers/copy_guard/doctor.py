@@ -237,7 +237,7 @@ def _stack_fix(t: Target, comp: str) -> str | None:
         return None
     if comp in t.stack_dead:
         return (f"the stack's {comp} is not running (log {t.stack_dir / 'logs' / (comp + '.log')}): "
-                f"`promreflex stack restart {comp}`")
+                f"`promreflex stack restart {comp}{t.extra.get('flags', '')}`")
     if comp in t.stack_alive:
         return (f"the stack's {comp} runs (pid {t.stack_alive[comp]}) but is not scraped: see "
                 f"{t.prometheus_url}/targets and {t.stack_dir / 'logs' / (comp + '.log')}")
@@ -270,6 +270,15 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
         except Exception as e:  # noqa: BLE001
             out.append(Check(FAIL, link, f"query failed: {_why(e)}"))
             continue
+        if comp == "nginx_exporter":
+            try:  # the exporter drops its nginx_* series when it cannot read stub_status: nginx_up first
+                blind = [lb for lb, v in prom_query(prom, "nginx_up") if v != 1]
+            except Exception:  # noqa: BLE001 - the checks below stand
+                blind = []
+            if blind:
+                out.append(Check(FAIL, link, f"up, but it cannot read stub_status (nginx_up 0): {t.stub_status_url} "
+                                 "must answer it (the stub_status line above)"))
+                continue
         if down:
             where = ", ".join(lb.get("instance", "?") for lb in down)
             out.append(Check(FAIL, link, f"Prometheus cannot scrape job {job} ({where}: up 0)"
@@ -279,15 +288,6 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
             out.append(Check(FAIL, link, f"Prometheus has no {metric}: {_stack_fix(t, comp) or how[comp]}"))
             continue
         targets = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb, _ in present)
-        if comp == "nginx_exporter":
-            try:
-                blind = [lb for lb, v in prom_query(prom, "nginx_up") if v != 1]
-            except Exception:  # noqa: BLE001 - the series check above stands
-                blind = []
-            if blind:
-                out.append(Check(FAIL, link, f"scraped ({targets}) but it cannot read stub_status (nginx_up 0): "
-                                 f"{t.stub_status_url} must answer it (the stub_status line above)"))
-                continue
         if comp == "accesslog_exporter":
             out.append(check_exporter_reads(t, [lb for lb, _ in present], targets))
             continue
@@ -339,7 +339,8 @@ def check_exporter_reads(t: Target, instances: list[dict[str, str]], targets: st
     errors = sum(p.get("promreflex_accesslog_parse_errors_total", 0.0) for p in pages)
     if last is None or last < t.probe_at - 1:
         ago = "has read no line of it" if last is None else f"last read a line {_ago(time.time() - last)} ago"
-        restart = (" (`promreflex stack reload` restarts it with the configuration's log)" if t.stack_dir else "")
+        restart = (f" (`promreflex stack reload{t.extra.get('flags', '')}` restarts it with the configuration's log)"
+                   if t.stack_dir else "")
         return Check(FAIL, link, f"scraped ({targets}) but it did not read the doctor's request to {t.site_url} from "
                      f"{t.access_log} within {wait_s:g}s (it {ago}): it follows another file or another site label "
                      f"than {t.site!r}{restart}")
@@ -406,7 +407,8 @@ def check_threshold(t: Target) -> list[Check]:
     except Exception as e:  # noqa: BLE001
         return [Check(FAIL, "threshold", f"query failed: {_why(e)}")]
     if thr is None:
-        return [Check(FAIL, "threshold", f"no threshold for site {site}: run `promreflex calibrate --site {site}` "
+        return [Check(FAIL, "threshold", f"no threshold for site {site}: run `promreflex calibrate --site {site}"
+                      f"{t.extra.get('flags', '')}` "
                       "(node_exporter must serve its textfile directory and be scraped)")]
     out = []
     problems = []
@@ -425,7 +427,7 @@ def check_threshold(t: Target) -> list[Check]:
     if stale is not None and stale > THRESHOLD_STALE_S:
         return [Check(FAIL, "threshold", f"{detail}: its last sample is {_ago(stale)} old, node_exporter no longer "
                       f"serves it (its textfile removed, or node_exporter not scraped): `promreflex calibrate --site "
-                      f"{site}` publishes it again")]
+                      f"{site}{t.extra.get('flags', '')}` publishes it again")]
     if problems:
         out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
     elif response is None:
@@ -610,21 +612,26 @@ def target_from(args: argparse.Namespace) -> Target:
     running = bool(alive)
     site = args.site or getattr(getattr(cfg, "accesslog", None), "site", "shop")
     started = (read_json(stack.pids_file, default={}) or {}).get("started") if running else None
-    extra: dict[str, Any] = {}
-    if not running and ("stack" in cfg.model_fields_set or args.state_dir):
-        # A file written for the stack, but no stack runs from its state dir: the addresses below
-        # are the controller's configured ones (your own Prometheus), maybe someone else's.
-        extra["stack_note"] = (f"no stack runs from {stack.dir}: checking the controller's configured Prometheus, "
-                               "Alertmanager and address instead; if the stack should run, `promreflex stack up"
-                               + (f" --config.file {args.config_file}" if args.config_file else "") + "`")
+    # the flags that find this configuration again, for the commands our fixes name
+    flags = f" --config.file {args.config_file}" if args.config_file else (
+        f" --state.dir {args.state_dir}" if args.state_dir else "")
+    extra: dict[str, Any] = {"flags": flags}
+    # A file written for the stack: its addresses are the stack's, whether it runs or not (the
+    # controller's defaults, 9090 and friends, could be another stack's or anyone's).
+    stack_addresses = running or "stack" in cfg.model_fields_set or bool(args.state_dir)
+    if not running and stack_addresses:
+        extra["stack_note"] = (f"no stack runs from {stack.dir}: its links below cannot answer; start it with "
+                               f"`promreflex stack up{flags}`")
     return Target(
         site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
         access_log=args.access_log or stack.nginx_access_log,
-        prometheus_url=args.prometheus_url or (stack.url("prometheus") if running else str(c.prometheus_url)),
-        alertmanager_url=args.alertmanager_url or (stack.url("alertmanager") if running else str(c.alertmanager_url)),
-        controller_url=args.controller_url or f"http://{stack.host if running else c.listen_address.rsplit(':', 1)[0]}:"
-                                              f"{stack.ports['controller'] if running else c.listen_address.rsplit(':', 1)[1]}",
-        token_file=args.token_file or (stack.token_file if running else c.token_file),
+        prometheus_url=args.prometheus_url or (stack.url("prometheus") if stack_addresses else str(c.prometheus_url)),
+        alertmanager_url=args.alertmanager_url or (stack.url("alertmanager") if stack_addresses
+                                                   else str(c.alertmanager_url)),
+        controller_url=args.controller_url or (
+            f"http://{stack.host}:{stack.ports['controller']}" if stack_addresses
+            else f"http://{c.listen_address.rsplit(':', 1)[0]}:{c.listen_address.rsplit(':', 1)[1]}"),
+        token_file=args.token_file or (stack.token_file if stack_addresses else c.token_file),
         registry_dir=args.registry_dir or route_registry_dir(registry, args.config_file or DEFAULT_CONFIG),
         min_floor=args.min_floor, extra=extra, stack_dir=stack.dir if running else None, stack_alive=alive,
         stack_dead=stack.dead() if running else [], stack_started=float(started) if started else None)

@@ -57,10 +57,24 @@ def test_up_status_second_up_and_down(tmp_path):
         assert "stack restart" in status.stderr
         again = cli("stack", "up", "--config.file", str(cfg), "--detach")
         assert again.returncode == 1 and "promreflex stack restart accesslog_exporter" in again.stderr
-        restarted = cli("stack", "restart", "--config.file", str(cfg))
+        assert f"--config.file {cfg}" in again.stderr  # the hint names the file the stack runs with
+        # `--state.dir` alone: the stack's recorded file, not the embedded defaults (which would
+        # start the exporter on the default port and log, beside the running stack)
+        restarted = cli("stack", "restart", "--state.dir", str(tmp_path / "state"))
         assert restarted.returncode == 0 and "restarted accesslog_exporter" in restarted.stdout, restarted.stderr
+        new = json.loads((tmp_path / "state" / "pids.json").read_text())["components"]["accesslog_exporter"]
+        with open(f"/proc/{new['pid']}/cmdline", "rb") as f:
+            assert f":{ports['accesslog_exporter']}".encode() in f.read()
         status = cli("stack", "status", "--config.file", str(cfg))
         assert status.returncode == 0 and status.stdout.count(" up ") == 7
+
+        # A reload while the controller is dead applies nothing to it: it says so, exit 1.
+        controller = json.loads((tmp_path / "state" / "pids.json").read_text())["components"]["controller"]["pid"]
+        os.kill(controller, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(controller), timeout=30, what="the controller to die")
+        reload = cli("stack", "reload", "--config.file", str(cfg))
+        assert reload.returncode == 1 and "not reloaded: controller" in reload.stderr, reload.stdout + reload.stderr
+        assert cli("stack", "restart", "--config.file", str(cfg)).returncode == 0
 
         # `reload` restarts a component whose command line the new file changes (here the log's site).
         cfg.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state"), "ports": ports},

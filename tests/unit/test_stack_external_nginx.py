@@ -139,3 +139,15 @@ def test_a_log_in_another_format_is_named_at_stack_up(tmp_path):
         for check in cap.preflight:
             shown += check(stack.context())
     assert len(shown) == 1 and "promreflex format" in shown[0] and str(log) in shown[0]
+
+
+def test_each_component_needs_its_own_port_but_an_unused_nginx_port_is_free(tmp_path):
+    with pytest.raises(ConfigError, match=r"shared: 9090 \(prometheus, controller\)"):
+        load_config(None, {"stack.ports.controller": 9090})
+    ext = {"stack.nginx.external": True, "stack.nginx.url": "http://127.0.0.1:9/",
+           "stack.nginx.stub_status_url": "http://127.0.0.1:9/nginx_status",
+           "stack.nginx.access_log": str(tmp_path / "a.log")}
+    # with an external nginx the stack's own nginx ports are not listened on: 8080 may be reused
+    assert load_config(None, {**ext, "stack.ports.accesslog_exporter": 8080}).stack.ports.accesslog_exporter == 8080
+    with pytest.raises(ConfigError, match="shared"):
+        load_config(None, {"stack.ports.accesslog_exporter": 8080})
