@@ -738,10 +738,12 @@ def ramp_users(target: str, profile: Sequence[Request] | None, *, max_users: int
 
 
 def check_reachable(target: str, timeout: float = 10.0) -> None:
-    """One request to ``target`` before any load: a shop that does not answer at all (nothing
-    listens, a wrong host) fails at once, not after a whole run of refused connections. Any
-    HTTP answer passes (the profile's own pages are judged by the runs)."""
-    req = urllib.request.Request(target, headers={"User-Agent": "promreflex-calibrate"})  # noqa: S310 - the user's shop
+    """One HEAD request to ``target`` before any load: a shop that does not answer at all
+    (nothing listens, a wrong host, silent for ``timeout``) fails at once, not after a whole run
+    of refused connections. Any HTTP answer passes, 405 included (the profile's own pages are
+    judged by the runs)."""
+    req = urllib.request.Request(target, method="HEAD",  # noqa: S310 - the user's shop
+                                 headers={"User-Agent": "promreflex-calibrate"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
             resp.read(1 << 16)

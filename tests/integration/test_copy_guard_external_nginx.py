@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -169,9 +170,31 @@ def test_calibrate_child_dies_with_its_parent_on_sigterm_and_sigkill(tmp_path):
     the parent (PR_SET_PDEATHSIG) both leave no Locust behind."""
     import psutil
 
-    hole = socket.socket()  # accepts connections (kernel backlog) and never answers: requests just wait
+    # A shop that answers calibrate's HEAD check (so the load starts) and never answers the load's
+    # requests: they just wait, and Locust is busy when the signal comes.
+    hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = hole.accept()
+            except OSError:
+                return
+            conn.settimeout(5)
+            try:
+                head = conn.recv(4096)
+            except OSError:
+                head = b""
+            if head.startswith(b"HEAD"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+            else:
+                held.append(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
     dead = f"http://127.0.0.1:{hole.getsockname()[1]}/"
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         tf = tmp_path / f"tf-{sig}"
@@ -193,3 +216,5 @@ def test_calibrate_child_dies_with_its_parent_on_sigterm_and_sigkill(tmp_path):
             assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr.read() if proc.stderr else "")
         assert not (tf / "promreflex_copy_guard_threshold.prom").exists()
     hole.close()
+    for conn in held:
+        conn.close()
