@@ -620,7 +620,8 @@ def report(st: Settings, command: str, skipped: list[str] | None = None) -> dict
                 "contention": st.cache.as_dict(), "contention_text": st.cache.describe()},
         "calibration": {k: v for k, v in (cal or {}).items() if k != "host"},
         "nginx_limits": asdict(nginx_limits(cal, st)) if cal else None,
-        "proxy_config": proxy_config(0, 0, 0, st.scale, True, st.proxy_overrides)["admission"],
+        # the keys the arms run with (ports differ per run: placeholders; upstream port 0 is refused)
+        "proxy_config": proxy_config(0, 1, 0, st.scale, True, st.proxy_overrides)["admission"],
         "points": {c: [compact(r) for r in rs] for c, rs in rows.items() if rs},
         "repeat": max((len(r["runs"]) for rs in rows.values() for r in aggregate(rs)), default=0),
         "means": {c: [_rounded({k: v for k, v in r.items() if k != "rt_timeline"}) for r in aggregate(rs)]

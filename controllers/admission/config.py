@@ -27,6 +27,8 @@ An explicit value of either key wins over the derived one.
 
 from __future__ import annotations
 
+import urllib.parse
+
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -224,6 +226,17 @@ class AdmissionSection(Strict):
         if isinstance(ss, SessionScheduler) and "page_wait_target" not in ss.model_fields_set:
             return {**data, "session_scheduler": ss.model_copy(update={"page_wait_target": target})}
         return data
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_port(cls, value: str) -> str:
+        try:
+            port = urllib.parse.urlsplit(value).port  # ValueError above 65535 or not a number
+        except ValueError as e:
+            raise ValueError(f"{value!r}: {e}") from None
+        if port == 0:
+            raise ValueError(f"{value!r}: port 0 is not an address to connect to")
+        return value
 
     @field_validator("exempt")
     @classmethod

@@ -17,11 +17,11 @@ headers (RFC 9110 7.6.1: Connection and every header it names, Keep-Alive, TE, T
 Transfer-Encoding, Upgrade, Proxy-*) and this proxy's own cookie; ``X-Forwarded-For`` gets the
 peer appended, ``X-Forwarded-Proto``/``-Host`` are set when absent. Bodies are not decoded,
 neither the request's nor the app's (``auto_decompress=False`` on both sides: a gzip request body
-reaches the app byte for byte). A request body up to 1 MiB (by Content-Length, or chunked) is
-read before the request queues, within the body timeout (else 408; a slow uploader holds no page
-slot); a larger one streams to the app after its first MiB, and a pause of more than the body
-timeout in it ends the request with 408 and frees its slot (nginx's ``client_body_timeout``
-semantics; outcome ``body_timeout``). There is no size limit of the proxy's own: nginx's
+reaches the app byte for byte). The first MiB of every request body (chunked too) is read
+before the request queues, within the body timeout (else 408); the rest of a larger one streams
+to the app (``BodyPump``): a pause longer than the body timeout, or less than a MiB per body
+timeout on average, ends it with 408 and frees its slot (outcome ``body_timeout``), and an app
+that leaves it unread for the page timeout gets 504. ``Expect`` is answered here, not sent on. There is no size limit of the proxy's own: nginx's
 ``client_max_body_size`` (1m by default) is the limit. Responses up to 64 KiB are read whole (the
 slot is free before the client reads); larger ones stream (keep nginx's ``proxy_buffering on`` so
 a slow reader does not hold a slot). The app may not set this proxy's cookie: such a
@@ -31,6 +31,7 @@ a slow reader does not hold a slot). The app may not set this proxy's cookie: su
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -141,20 +142,49 @@ async def read_head(request: web.Request, limit: int, timeout: float) -> tuple[b
     return bytes(buf), False
 
 
-async def stream_rest(request: web.Request, head: bytes, idle: float) -> Any:
-    """The body for the app: ``head`` (already read), then the rest as it arrives; a pause longer
-    than ``idle`` raises UploadStalled (aiohttp ends the upstream request with it as the cause)."""
-    if head:
-        yield head
-    while True:
-        try:
-            async with asyncio.timeout(idle):
-                chunk = await request.content.readany()
-        except TimeoutError:
-            raise UploadStalled(f"the body paused for more than {idle:g}s") from None
-        if not chunk:
-            return
-        yield chunk
+class AppNotReading(Exception):
+    """The app took no byte of a streamed request body for its page's timeout."""
+
+
+class BodyPump:
+    """A request body larger than what is read up front, streamed to the app: ``head`` (already
+    read), then the rest as the client sends it. The client must keep sending: a pause longer
+    than ``idle``, or less than one MiB per ``idle`` on average after the first, raises
+    UploadStalled (aiohttp ends the upstream request with it as the cause), so a trickle cannot
+    hold a page slot. ``handed`` is when a chunk was handed to aiohttp and not taken yet: the app
+    is not reading (``AdmissionProxy.forward`` bounds that by the page timeout: aiohttp's read
+    timer only starts once the body is sent)."""
+
+    def __init__(self, request: web.Request, head: bytes, idle: float):
+        self.request, self.head, self.idle = request, head, idle
+        self.handed: float | None = None
+
+    def __aiter__(self) -> Any:
+        return self._chunks()
+
+    async def _chunks(self) -> Any:
+        loop = asyncio.get_running_loop()
+        start, received = loop.time(), len(self.head)
+        if self.head:
+            self.handed = loop.time()
+            yield self.head
+            self.handed = None
+        while True:
+            allowed = start + self.idle * (1 + received / MAX_BUFFERED_REQUEST)
+            wait = min(self.idle, allowed - loop.time())
+            if wait <= 0:
+                raise UploadStalled(f"the body arrived slower than 1 MiB per {self.idle:g}s")
+            try:
+                async with asyncio.timeout(wait):
+                    chunk = await self.request.content.readany()
+            except TimeoutError:
+                raise UploadStalled(f"the body paused for more than {wait:g}s") from None
+            if not chunk:
+                return
+            received += len(chunk)
+            self.handed = loop.time()
+            yield chunk
+            self.handed = None
 
 
 def describe_error(e: BaseException) -> str:
@@ -195,7 +225,8 @@ class CountingLogger(logging.Logger):
             return
         self.count("header_too_large" if isinstance(exc_info, LineTooLong)
                    or "Too many headers" in str(exc_info) else "malformed")
-        self.server_log.warning(f"{msg}: %s", *args, exc_info, **kw)
+        # The type only: the parser's message quotes the offending line (a Cookie, an Authorization)
+        self.server_log.warning(f"{msg}: %s", *args, type(exc_info).__name__, **kw)
 
     def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
         if isinstance(exc_info, BadHttpMessage):  # aiohttp logs a non-HTTP first request at debug
@@ -378,16 +409,14 @@ class AdmissionProxy:
         body: bytes | Any = None
         if request.body_exists:
             timeout = request.app.get(LIMITS, Limits()).body_timeout
-            head, whole = b"", False
-            if request.content_length is None or request.content_length <= MAX_BUFFERED_REQUEST:
-                try:
-                    head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
-                except BodyError as e:
-                    self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
-                    resp = _plain(e.status, str(e))
-                    resp.force_close()
-                    return resp
-            body = head if whole else stream_rest(request, head, timeout)
+            try:  # the first MiB of any body before it queues: a slow uploader holds no page slot
+                head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
+            except BodyError as e:
+                self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
+                resp = _plain(e.status, str(e))
+                resp.force_close()
+                return resp
+            body = head if whole else BodyPump(request, head, timeout)
         path = request.path
         for rx in self.exempt:
             if rx.search(path):
@@ -627,7 +656,9 @@ class AdmissionProxy:
         proto = host = False
         for k, v in headers.items():
             lk = k.lower()
-            if lk in HOP_BY_HOP or lk in named:
+            if lk in HOP_BY_HOP or lk in named or lk == "expect":
+                # (Expect: 100-continue is answered here, by aiohttp, before the body is read; sent
+                # on, the client would wait for the app's own 100, which an app may never send)
                 continue
             if lk == "x-forwarded-for":
                 prior.append(v)
@@ -667,15 +698,20 @@ class AdmissionProxy:
                 return resp, outcome
             return resp
 
+        timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
         try:
-            up = await self.client.request(
+            sending = self.client.request(
                 request.method, URL(self.upstream + request.raw_path, encoded=True),
                 headers=self.upstream_headers(request), data=body, allow_redirects=False,
                 timeout=self._timeouts[name], compress=None, chunked=None)
+            up = await (self._watched(sending, body, timeout) if isinstance(body, BodyPump) else sending)
         except TimeoutError:
-            timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
             return done(_plain(504, f"the app did not answer within {timeout:g}s"), "upstream_timeout")
+        except AppNotReading:
+            return done(_plain(504, f"the app did not read the request body for {timeout:g}s"), "upstream_timeout")
         except (aiohttp.ClientError, OSError) as e:
+            if request.transport is None or request.transport.is_closing():
+                return done(_plain(400, "the client left during its upload"), "client_gone")  # not the app's fault
             if isinstance(e.__cause__, UploadStalled):  # the client's upload paused: its fault, not the app's
                 stalled = _plain(408, f"request body: {e.__cause__}")
                 stalled.force_close()
@@ -696,8 +732,8 @@ class AdmissionProxy:
                 lk = k.lower()
                 if lk in HOP_BY_HOP or lk in named or (buffered and lk == "content-length"):
                     continue
-                if lk == "set-cookie" and v.lstrip().startswith(self._own_cookie):
-                    continue  # only the proxy sets its session cookie
+                if lk == "set-cookie" and v.split("=", 1)[0].strip() == self.cfg.session.cookie_name:
+                    continue  # only the proxy sets its session cookie (browsers trim the name's spaces)
                 headers.add(k, v)
             outcome = "upstream_5xx" if status >= 500 else "served"
             if extra is not None:
@@ -730,6 +766,26 @@ class AdmissionProxy:
             return done(resp, outcome)
         finally:
             up.release()
+
+    @staticmethod
+    async def _watched(sending: Any, pump: BodyPump, limit: float) -> Any:
+        """Await the upstream request while ``pump`` streams its body; AppNotReading when the
+        app has taken no chunk for ``limit`` seconds (the page timeout)."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(sending)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=min(1.0, limit))
+                if done:
+                    return task.result()
+                if pump.handed is not None and loop.time() - pump.handed > limit:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    raise AppNotReading
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
 
     # ------------------------------------------------------------------ control
     def control_app(self) -> web.Application:

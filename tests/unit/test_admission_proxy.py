@@ -70,6 +70,7 @@ def upstream_app() -> web.Application:
     async def own(_: web.Request) -> web.Response:
         resp = web.Response(text="app sets the proxy's cookie")
         resp.headers.add("Set-Cookie", f"{COOKIE}=forged-by-app; Path=/")
+        resp.headers.add("Set-Cookie", f"{COOKIE} =EVIL; Path=/")  # browsers trim the name
         resp.headers.add("Set-Cookie", "theirs=1; Path=/")
         return resp
 
@@ -88,7 +89,7 @@ def upstream_app() -> web.Application:
     app.router.add_get("/login/own", own)
     app.router.add_get("/cut", cut)
     app.router.add_get("/fail", fail)
-    app.router.add_get("/hang", hang)
+    app.router.add_route("*", "/hang", hang)  # (never reads a body)
     app.router.add_get("/slow", slow)
     app.router.add_get("/stream", stream)
     app.router.add_route("*", "/{tail:.*}", echo)
@@ -597,33 +598,62 @@ async def _raw_request(url: str, head: bytes, body_part: bytes) -> tuple[asyncio
     return reader, writer
 
 
-@pytest.mark.parametrize("framing", ["large", "chunked-large", "chunked-small"])
+@pytest.mark.parametrize("framing", ["large", "large-headers-only", "trickle", "chunked-large", "chunked-small"])
 async def test_an_upload_that_stalls_is_answered_408_and_frees_its_page_slot(framing: str) -> None:
     limits = Limits(body_timeout=0.5)
     async with rig(limits=limits, page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, client() as c:
         async with c.get(f"{r.url}/login") as resp:  # a session
             assert resp.status == 200
         cookie = next(v for v in resp.headers.getall("Set-Cookie") if v.startswith(COOKIE)).split(";")[0]
-        if framing == "large":  # declared above the 1 MiB read up front: streams after its first bytes
-            head = f"POST /login/raw HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nContent-Length: 2000000\r\n\r\n"
-            part = b"x" * 1000
+        mib = 1 << 20
+        if framing.startswith("large") or framing == "trickle":  # declared above the 1 MiB read up front
+            head = f"POST /login/raw HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nContent-Length: 3000000\r\n\r\n"
+            part = b"x" * (1000 if framing == "large-headers-only" else mib + 5000)
         else:
             head = f"POST /login/raw HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nTransfer-Encoding: chunked\r\n\r\n"
-            size = (1 << 20) + 5000 if framing == "chunked-large" else 1000
+            size = mib + 5000 if framing == "chunked-large" else 1000
             part = f"{size:x}\r\n".encode() + b"x" * size + b"\r\n"
         reader, writer = await _raw_request(r.url, head.encode(), part)
         try:
+            if framing == "trickle":  # a byte every 0.2 s: never a pause of 0.5 s, but far under 1 MiB per 0.5 s
+                for _sent in range(40):
+                    await asyncio.sleep(0.2)
+                    if r.value("promreflex_admission_requests_total", page="login", outcome="body_timeout"):
+                        break
+                    writer.write(b"x")
+                assert _sent < 20, "408 while the client still trickled (allowed ~1 s for the second MiB)"
             status = await asyncio.wait_for(reader.readline(), 10)
             assert status.startswith(b"HTTP/1.1 408"), status
         finally:
             writer.close()
         await until(lambda: r.proxy.pages["login"].in_flight == 0)
-        if framing == "chunked-small":  # read before it queued: counted at the door
+        if framing in ("chunked-small", "large-headers-only"):  # its first MiB is read before it queues: at the door
             assert r.value("promreflex_admission_request_rejections_total", reason="body_timeout") == 1
         else:
             assert r.value("promreflex_admission_requests_total", page="login", outcome="body_timeout") == 1
         async with c.post(f"{r.url}/login/raw", data=b"after") as resp:  # the page serves again
             assert resp.status == 200 and (await resp.json())["length"] == 5
+
+
+async def test_a_body_the_app_does_not_read_ends_at_the_page_timeout() -> None:
+    """aiohttp's read timer starts once the body is sent: an app that reads none of a large body
+    held the page slot until it answered (or forever)."""
+    data = b"x" * (48 << 20)  # above what loopback socket buffers absorb
+    async with rig() as r, client() as c:
+        t0 = time.monotonic()
+        async with c.post(f"{r.url}/hang", data=data) as resp:  # page timeout 0.3 s; the app sleeps 2 s
+            assert resp.status == 504 and "did not read the request body" in await resp.text()
+        assert time.monotonic() - t0 < 1.9
+        await until(lambda: r.proxy.pages["hang"].in_flight == 0)
+        assert r.value("promreflex_admission_requests_total", page="hang", outcome="upstream_timeout") == 1
+
+
+async def test_expect_100_continue_is_answered_here_not_sent_to_the_app() -> None:
+    async with rig() as r, client() as c:
+        async with c.post(f"{r.url}/login", data=b"user=ann", expect100=True) as resp:
+            assert resp.status == 200
+            got = await resp.json()
+        assert got["body"] == "user=ann" and "expect" not in {k.lower() for k, _ in got["headers"]}
 
 
 async def test_a_large_upload_streams_through_whole():
@@ -681,7 +711,7 @@ async def test_the_app_cannot_set_the_proxy_cookie():
             assert resp.status == 200
             values = resp.headers.getall("Set-Cookie")
         assert "theirs=1; Path=/" in values
-        assert not any("forged-by-app" in v for v in values)
+        assert not any("forged-by-app" in v or "EVIL" in v for v in values)
         assert sum(v.startswith(f"{COOKIE}=v1.") for v in values) == 1
 
 
@@ -736,3 +766,20 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path) -> None:
 def test_a_port_above_65535_is_refused_when_the_configuration_loads() -> None:
     with pytest.raises(ValueError, match="above 65535"):
         section("http://127.0.0.1:8000", listen_address="127.0.0.1:99999")
+    for bad in ("http://127.0.0.1:99999", "http://127.0.0.1:0", "http://127.0.0.1:80x"):
+        with pytest.raises(ValueError, match="upstream"):  # (each started, then every request was a 500)
+            section(bad)
+
+
+async def test_a_malformed_header_is_counted_and_logged_without_its_bytes(caplog: pytest.LogCaptureFixture) -> None:
+    async with rig() as r:
+        with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+            reader, writer = await _raw_request(r.url, b"GET /login HTTP/1.1\r\nHost: x\r\n"
+                                                b"Cookie: sid=TOPSECRETCOOKIE\x01zz\r\n\r\n", b"")
+            try:
+                status = await asyncio.wait_for(reader.readline(), 10)
+            finally:
+                writer.close()
+        assert status.startswith((b"HTTP/1.1 400", b"HTTP/1.0 400"))
+        await until(lambda: r.value("promreflex_admission_request_rejections_total", reason="malformed") == 1)
+    assert "TOPSECRET" not in caplog.text
