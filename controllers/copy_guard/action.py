@@ -468,7 +468,13 @@ class CopyGuardAction(Action):
             held = await self._enforce(ep)
             self._save()
         if ep.throttle is not None:
-            return f"site {site}: {held} cop{'y' if held == 1 else 'ies'} at share {ep.throttle.share:g}"
+            # The alert is the episode's reason, the throttle's own decisions (one per fresh
+            # sample) set the share: a crowd alert joining an episode pauses at the next one.
+            later = ("; a crowd pauses them at the throttle's next decision"
+                     if ep.throttle.settings.crowd == "pause" and ctx.alert.name == "CopyGuardSiteCrowded"
+                     and ep.throttle.share > 0
+                     else "")
+            return f"site {site}: {held} cop{'y' if held == 1 else 'ies'} at share {ep.throttle.share:g} now{later}"
         return f"site {site}: {held} cop{'y' if held == 1 else 'ies'} {'paused' if params.mode == 'pause' else 'throttled'}"
 
     async def resolve(self, ctx: ActionContext) -> str:

@@ -193,7 +193,7 @@ async def test_an_adopted_dd_is_duty_cycled_at_its_share_and_let_go_at_the_lease
         action = CopyGuardAction()
         action.services = {"prometheus": prom}
         params = CopyGuardParams(registry_dir=reg, adopt_methods=[method], lease=4, duty_period=0.5)
-        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5"
+        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5 now"
         watchdog = action._watchdogs[reg]
         record = Registry(reg).get("cp1").pause
         assert (record["method"], record["duty"], record["period"]) == (method, 0.5, 0.5)
@@ -245,7 +245,7 @@ async def test_the_adaptive_action_throttles_a_real_copier_and_lets_it_go(tmp_pa
         action = CopyGuardAction()
         action.services = {"prometheus": prom}
         params = CopyGuardParams(registry_dir=reg, watchdog=False, lease=30)
-        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5"
+        assert await action.fire(ctx(params)) == "site shop: 1 copy at share 0.5 now"
         assert (status()["state"], status()["share"]) == ("throttled", 0.5)
         wait_until(lambda: status()["work_seconds"] >= 1.0, timeout=30, what="a second of throttled copying")
         st = status()

@@ -504,12 +504,25 @@ async def step(a, prom, site="shop", served=80.0, dt=1.1, **kw):
     await a.tick(await a.signals())
 
 
+async def test_a_crowd_alert_joining_an_episode_says_when_its_pause_comes(copies, reg):
+    """The copy's own log said "paused" while the controller's record said "at share 0.5" (a
+    stranger's review): the record now says the crowd pauses at the throttle's next decision."""
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    p = adaptive(reg, crowd="pause")
+    assert await a.fire(ctx(p)) == "site shop: 2 copies at share 0.5 now"
+    crowd = await a.fire(ctx(p, name="CopyGuardSiteCrowded"))
+    assert crowd == "site shop: 2 copies at share 0.5 now; a crowd pauses them at the throttle's next decision"
+    await a.shutdown()
+
+
 async def test_adaptive_halves_the_share_below_the_line_and_climbs_back_before_letting_go(copies, reg):
     prom = FakePrometheus()
     prom.set("shop", 80.0, time.time())
     a = await started(prometheus=prom)
     p = adaptive(reg)
-    assert await a.fire(ctx(p)) == "site shop: 2 copies at share 0.5"
+    assert await a.fire(ctx(p)) == "site shop: 2 copies at share 0.5 now"
     assert copies.shares == {"c1": 0.5, "c2": 0.5} and copies.state["c1"] == "throttled"
     await step(a, prom, served=80.0)
     assert copies.shares == {"c1": 0.25, "c2": 0.25}
