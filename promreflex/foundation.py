@@ -104,9 +104,14 @@ def nginx_config(ctx: Context) -> str:
     """The local stack's nginx: the demo site (or a proxy to ``stack.upstream``) and stub_status."""
     s = ctx.config.stack  # type: ignore[attr-defined]
     d = ctx.state_dir / "nginx"
+    upstream = ""
     if s.upstream:
-        location = (f"location / {{ proxy_pass http://{s.upstream}; proxy_http_version 1.1; "
-                    'proxy_set_header Connection ""; proxy_set_header Host $host; }')
+        # Connections to the backend are reused (an admission proxy behind this nginx: README),
+        # and a request may wait there longer than nginx's 60 s default (the proxy's session
+        # queue plus a page's timeout): 5 min, above the proxy's own bounds.
+        upstream = f"upstream promreflex_upstream {{ server {s.upstream}; keepalive 32; }}"
+        location = ("location / { proxy_pass http://promreflex_upstream; proxy_http_version 1.1; "
+                    'proxy_set_header Connection ""; proxy_set_header Host $host; proxy_read_timeout 5m; }')
     else:
         location = "location / { index index.html; }"
     return f"""# Rendered by promreflex stack; edits are overwritten at the next `stack up`.
@@ -121,6 +126,7 @@ http {{
     access_log {ctx.path('nginx_access_log')} promreflex;
 {nginx_temp_paths(f"{d}/tmp")}
     keepalive_timeout 65;
+    {upstream}
     server {{
         listen {ctx.listen('nginx')};
         root {s.site_dir.resolve()};

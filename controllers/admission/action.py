@@ -128,6 +128,7 @@ class AdmissionAction(Action):
             try:
                 await self._call("DELETE", h["params"], holder)
             except ProxyError as e:
+                self._m()[1].labels("release").inc()
                 log.info("hold %s not dropped at shutdown (%s): it expires with its lease", holder, e)
         if self._own_session is not None:
             await self._own_session.close()
@@ -136,7 +137,11 @@ class AdmissionAction(Action):
         params: AdmissionParams = ctx.params  # type: ignore[assignment]
         holder = self.holder(ctx)
         reason = f"{ctx.alert.name} ({ctx.route})"
-        await self._call("PUT", params, holder, params.body(reason))
+        try:
+            await self._call("PUT", params, holder, params.body(reason))
+        except ProxyError:
+            self._m()[1].labels("hold").inc()  # an unreachable proxy and a refusal (401, 400, 5xx) alike
+            raise
         self.held[holder] = {"params": params, "reason": reason}
         self._changed.set()
         self._save(params.state_dir)
@@ -226,10 +231,8 @@ class AdmissionAction(Action):
                 text = await resp.text()
                 if resp.status != 200:
                     raise ProxyError(f"{method} {url}: {resp.status} {text[:200].strip()}")
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            if method == "PUT":
-                self._m()[1].labels("hold").inc()
-            raise ProxyError(f"{method} {url}: {e!r}") from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:  # (counted by the caller, by operation)
+            raise ProxyError(f"{method} {url}: {type(e).__name__}: {e}") from None
         self._m()[0].set(len(self.held))
 
     def _save(self, state_dir: Path) -> None:

@@ -37,6 +37,11 @@ async def until(cond, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def errors(action: AdmissionAction) -> dict[str, float]:
+    counter = action._m()[1]
+    return {op: counter.labels(op)._value.get() for op in ("hold", "renew", "release")}
+
+
 def test_params_are_checked():
     with pytest.raises(ValidationError, match="needs session_cap"):
         AdmissionParams(mode="session_cap")
@@ -96,7 +101,9 @@ async def test_unreachable_proxy_fire_fails_resolve_succeeds(tmp_path: Path):
     try:
         with pytest.raises(Exception, match="127.0.0.1:1"):
             await action.fire(ctx(params))
+        assert errors(action) == {"hold": 1.0, "renew": 0.0, "release": 0.0}
         assert "expires within" in await action.resolve(ctx(params, status="resolved"))
+        assert errors(action) == {"hold": 1.0, "renew": 0.0, "release": 1.0}
     finally:
         await action.shutdown()
 
@@ -118,5 +125,7 @@ async def test_token_is_sent(tmp_path: Path):
         try:
             with pytest.raises(Exception, match="401"):
                 await action.fire(ctx(wrong))
+            # a refusal is an error as much as an unreachable proxy (it was not counted)
+            assert errors(action)["hold"] == 1.0
         finally:
             await action.shutdown()
