@@ -250,7 +250,7 @@ class Engine:
         """Take one webhook notification; return counts by result once its effect on the desired
         state and the dedupe memory is on disk (answer the webhook only then). Never waits for
         an action."""
-        counts = {"accepted": 0, "duplicate": 0, "stale": 0}
+        counts = {"accepted": 0, "duplicate": 0, "stale": 0, "conflict": 0}
         now = self.clock()
         self._expire(now)
         for alert in payload.alerts:
@@ -260,7 +260,7 @@ class Engine:
             else:
                 self._seen[key] = now
                 self.store.put_seen(key, now)
-                result = "accepted" if self._observe(alert, now) else "stale"
+                result = self._observe(alert, now)
             counts[result] += 1
             self.metrics.notifications.labels(alert.status, result).inc()
             self.audit.write(
@@ -271,15 +271,26 @@ class Engine:
         await self.store.commit()
         return counts
 
-    def _observe(self, alert: Alert, now: float) -> bool:
+    def _observe(self, alert: Alert, now: float) -> str:
         """Record the alert's newest known status and set the desired state of matching routes.
-        Returns False when the alert is stale (an older episode, or firing after resolved)."""
+        Returns "accepted", "stale" (an older episode, or firing after resolved) or "conflict":
+        the fingerprint names an alert held with other labels. A fingerprint is Alertmanager's
+        hash of the labels; one that arrives with other labels is not that alert (a forged or
+        broken notification: with the webhook token, one took over a real alert's fingerprint
+        with another site's label, so the real alert's resolve was "stale" and the reconcile
+        resolved the wrong site), and it changes nothing."""
+        for name in self.routes:
+            held = self.entries.get((name, alert.fingerprint))
+            if held is not None and held.alert.labels != alert.labels:
+                log.warning("notification for fingerprint %s with labels other than the alert held: ignored",
+                            alert.fingerprint)
+                return "conflict"
         latest = self._latest.get(alert.fingerprint)
         episode = episode_start(alert)
         if latest is not None:
             starts, status, _ = latest
             if episode < starts or (episode == starts and status == RESOLVED and alert.status == FIRING):
-                return False
+                return "stale"
         new = latest is None or latest[:2] != (episode, alert.status)
         if new:
             self._set_latest(alert.fingerprint, episode, alert.status, now)
@@ -300,7 +311,7 @@ class Engine:
             self._fresh_budget(entry)
             self._save(entry, alert=True)
             self.kick(key)
-        return True
+        return "accepted"
 
     def _fresh_budget(self, entry: Entry) -> None:
         """New input for an alert: a given-up or backing-off transition is tried again now."""

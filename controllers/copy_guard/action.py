@@ -542,8 +542,9 @@ class CopyGuardAction(Action):
                 for raw in data.get("episodes", []):
                     try:
                         # The episode goes on under the route's current params (its control
-                        # hosts and token), not under what the state file says.
-                        ep = Episode.from_json(raw, self.known[reg_dir])
+                        # hosts and token), not under what the state file says: the route that
+                        # opened it, when several routes share the registry.
+                        ep = Episode.from_json(raw, _route_of(raw, reg_dir, params_list, self.known[reg_dir]))
                     except (KeyError, TypeError, ValueError, AttributeError, ValidationError) as e:
                         log.warning("ignoring unreadable episode in %s: %r", reg_dir / STATE_NAME, e)
                         continue
@@ -862,6 +863,24 @@ class CopyGuardAction(Action):
             if not episodes and not path.exists():
                 continue
             atomic_write_json(path, {"episodes": episodes, "updated": time.time()})
+
+
+def _route_of(raw: Any, reg_dir: Path, params_list: list[CopyGuardParams],
+              fallback: CopyGuardParams) -> CopyGuardParams:
+    """The current params of the route whose saved params the episode ``raw`` carries: of the
+    routes on ``reg_dir``, the one agreeing with them on the most keys (the mode first). With two
+    copy-guard routes on one registry (a pause route beside the shipped adaptive one), recovery
+    took the first route's for every episode: a pause came back as a throttle at share 1."""
+    saved = raw.get("params") if isinstance(raw, dict) else None
+    candidates = [p for p in params_list if Path(p.registry_dir) == reg_dir]
+    if not isinstance(saved, dict) or not candidates:
+        return fallback
+
+    def agreement(p: CopyGuardParams) -> tuple[bool, int]:
+        mine = p.model_dump(mode="json")
+        return mine.get("mode") == saved.get("mode"), sum(mine.get(k) == v for k, v in saved.items())
+
+    return max(candidates, key=agreement)
 
 
 def _str_or_none(value: Any) -> str | None:

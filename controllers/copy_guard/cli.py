@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import re
 import sys
+import urllib.request
 from pathlib import Path
 
 from controllers.copy_guard import freeze
@@ -85,6 +87,24 @@ def _adopt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _copy_state(control_url: str | None) -> str:
+    """What a `promreflex copy` says of itself (GET /status on its control endpoint): paused, a
+    share of its speed, or running ("?" when it does not answer)."""
+    if not control_url:
+        return "-"
+    try:
+        with urllib.request.urlopen(f"{control_url.rstrip('/')}/status", timeout=1.0) as resp:  # noqa: S310 - loopback
+            status = json.load(resp)
+    except (OSError, ValueError):
+        return "?"
+    state, share = status.get("state"), status.get("share")
+    if state == "paused":
+        return "paused"
+    if state == "throttled" and isinstance(share, (int, float)) and share < 1:
+        return f"{share:.0%}"
+    return "no" if state in ("running", "throttled") else str(state)
+
+
 def _list(args: argparse.Namespace) -> int:
     entries = Registry(_registry(args)).entries()
     if not entries:
@@ -93,7 +113,7 @@ def _list(args: argparse.Namespace) -> int:
     print(f"{'id':<28} {'kind':<8} {'site':<10} {'pid':>7} {'held':<14} {'control':<26} src -> dst")
     for e in entries:
         if e.kind != "adopted":
-            held = "-"
+            held = _copy_state(e.control_url)
         elif not e.pause:
             held = "no"
         else:  # paused, or running a share of each duty period

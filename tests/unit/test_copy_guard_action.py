@@ -308,6 +308,26 @@ async def test_recovery_waits_for_alertmanager(copies, reg):
     assert copies.paused() == set() and fresh.episodes == {}  # not active: dropped
 
 
+async def test_recovery_gives_each_episode_the_route_that_opened_it(copies, reg):
+    """Two copy-guard routes on one registry (a pause route beside the adaptive one): recovery
+    rebuilt every episode with the first route's params, so a pause came back as a throttle at
+    share 1 while its alert still fired (a stranger's review)."""
+    adaptive_route = params(reg, mode="adaptive")
+    pause_route = params(reg, mode="pause")
+    crashed = await started()
+    await crashed.fire(ctx(pause_route))
+    assert copies.paused() == {"c1", "c2"}  # ... and the controller is SIGKILLed here
+    am = FakeAlertmanager()
+    am.active = [alert("CopyGuardSiteOverloaded", site="shop")]
+    fresh = await started(alertmanager=am)
+    await fresh.recover([adaptive_route, pause_route])
+    assert fresh.episodes["shop"].params.mode == "pause" and fresh.episodes["shop"].throttle is None
+    await fresh.tick()
+    assert copies.paused() == {"c1", "c2"}  # paused again, not throttled at share 1
+    await fresh.resolve(ctx(pause_route, status="resolved"))
+    assert copies.paused() == set()
+
+
 def test_params_are_checked_with_the_route(tmp_path):
     cfg = ControllerConfig(routes=[{"name": "cg", "matchers": ['alertname="CopyGuardSiteOverloaded"'],
                                     "action": "copy-guard", "params": {"mode": "sleep", "max_pause": "-1s", "lease": "1h"}}])

@@ -109,3 +109,27 @@ def test_list_shows_an_adopted_copys_duty(tmp_path, capsys):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_list_shows_what_a_promreflex_copy_says_of_itself():
+    """`copy-guard list` showed "-" for a `promreflex copy` even while it was paused."""
+    import json
+
+    from controllers.copy_guard.cli import _copy_state
+    from tests.unit.test_copy_guard_doctor import Quiet, serving
+
+    answer = {"state": "paused", "share": 0.0}
+
+    class Status(Quiet):
+        def do_GET(self) -> None:  # noqa: N802
+            self.reply(json.dumps(answer).encode())
+
+    with serving(Status) as address:
+        url = f"http://{address}"
+        assert _copy_state(url) == "paused"
+        answer.update(state="throttled", share=0.25)
+        assert _copy_state(url) == "25%"
+        answer.update(state="running", share=1.0)
+        assert _copy_state(url) == "no"
+    assert _copy_state(url) == "?"  # it no longer answers
+    assert _copy_state(None) == "-"

@@ -134,6 +134,22 @@ async def test_a_late_firing_after_resolved_is_stale(tmp_path):
     assert [c[0] for c in CALLS] == ["fire", "resolve", "fire"]
 
 
+async def test_a_notification_reusing_a_held_fingerprint_with_other_labels_changes_nothing(tmp_path):
+    """With the webhook token, a forged notification took over a real alert's fingerprint with
+    another label set and a later startsAt: the real resolve became "stale" and the reconcile
+    resolved the wrong target (a stranger's review). It is a counted conflict now."""
+    engine, registry = make_engine(tmp_path)
+    await deliver(engine, FIRING)
+    await engine.drain()
+    forged = {**alert("Overload", starts="2026-11-23T11:00:00Z", instance="b"), "fingerprint": FIRING["fingerprint"]}
+    assert (await deliver(engine, forged))["conflict"] == 1
+    assert registry.get_sample_value("promreflex_controller_notifications_total",
+                                     {"status": "firing", "result": "conflict"}) == 1
+    assert (await deliver(engine, RESOLVED))["accepted"] == 1  # the real one still resolves
+    await engine.drain()
+    assert [("fire", FIRING["fingerprint"], "a"), ("resolve", FIRING["fingerprint"], "a")] == CALLS
+
+
 async def test_resolved_for_an_alert_never_applied_does_nothing(tmp_path):
     engine, _ = make_engine(tmp_path)
     await deliver(engine, RESOLVED)
