@@ -255,7 +255,9 @@ class Engine:
         self._expire(now)
         for alert in payload.alerts:
             key = dedupe_key(alert)
-            if key in self._seen:
+            if self._conflicts(alert):  # before the dedupe memory: the genuine one is not a duplicate
+                result = "conflict"
+            elif key in self._seen:
                 result = "duplicate"
             else:
                 self._seen[key] = now
@@ -271,6 +273,16 @@ class Engine:
         await self.store.commit()
         return counts
 
+    def _conflicts(self, alert: Alert) -> bool:
+        """The fingerprint names an alert held with other labels (see _observe)."""
+        for name in self.routes:
+            held = self.entries.get((name, alert.fingerprint))
+            if held is not None and held.alert.labels != alert.labels:
+                log.warning("notification for fingerprint %s with labels other than the alert held: ignored",
+                            alert.fingerprint)
+                return True
+        return False
+
     def _observe(self, alert: Alert, now: float) -> str:
         """Record the alert's newest known status and set the desired state of matching routes.
         Returns "accepted", "stale" (an older episode, or firing after resolved) or "conflict":
@@ -279,12 +291,8 @@ class Engine:
         broken notification: with the webhook token, one took over a real alert's fingerprint
         with another site's label, so the real alert's resolve was "stale" and the reconcile
         resolved the wrong site), and it changes nothing."""
-        for name in self.routes:
-            held = self.entries.get((name, alert.fingerprint))
-            if held is not None and held.alert.labels != alert.labels:
-                log.warning("notification for fingerprint %s with labels other than the alert held: ignored",
-                            alert.fingerprint)
-                return "conflict"
+        if self._conflicts(alert):
+            return "conflict"
         latest = self._latest.get(alert.fingerprint)
         episode = episode_start(alert)
         if latest is not None:

@@ -42,12 +42,15 @@ def _stack(args: argparse.Namespace) -> Any:
     from promreflex.fsutil import read_json
     from promreflex.stack import Stack
 
-    if args.config_file is None and getattr(args, "state_dir", None):
-        recorded = (read_json(Path(args.state_dir).expanduser().resolve() / "pids.json", default={}) or {}
-                    ).get("config_file")
+    if args.config_file is None:
+        state_dir = Path(getattr(args, "state_dir", None) or _load(args).stack.state_dir).expanduser().resolve()
+        recorded = (read_json(state_dir / "pids.json", default={}) or {}).get("config_file")
         if recorded and Path(recorded).exists():
             args.config_file = Path(recorded)
-            print(f"(the stack in {args.state_dir} was started with --config.file {recorded}: using it)", file=sys.stderr)
+            print(f"(the stack in {state_dir} was started with --config.file {recorded}: using it)", file=sys.stderr)
+        elif recorded:
+            print(f"warning: the stack in {state_dir} was started with --config.file {recorded}, which is gone: "
+                  "using the defaults", file=sys.stderr)
     stack = Stack(_load(args), capabilities=args.capabilities)
     stack.config_file = Path(args.config_file) if args.config_file else None
     return stack

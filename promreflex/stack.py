@@ -288,12 +288,14 @@ class Stack:
     def flags(self) -> str:
         """The command-line flags that find this stack again (for the hints we print)."""
         cfg = self.config_file or self.recorded_config_file()
-        return f" --config.file {cfg}" if cfg else f" --state.dir {self.dir}"
+        return f" --config.file {cfg} --state.dir {self.dir}" if cfg else f" --state.dir {self.dir}"
 
     def dead(self) -> list[str]:
-        """Recorded components of a stack started from this state dir that are no longer alive."""
+        """Recorded components of a stack started from this state dir that are no longer alive
+        (and still components of this configuration)."""
         alive = self.running()
-        return [n for n in self._recorded() if n not in alive]
+        known = {c.name for c in self.components()}
+        return [n for n in self._recorded() if n not in alive and n in known]
 
     def preflight(self) -> None:
         alive = self.running()
@@ -322,6 +324,8 @@ class Stack:
     def up(self, timeout: float = 60.0, progress=print) -> dict[str, int]:
         """Start every component, in order, each ready before the next; returns PIDs."""
         self.preflight()
+        # Nothing of an earlier stack runs here: its record (a crash, a reboot) is not this one's.
+        self.pids_file.unlink(missing_ok=True)
         self.render()
         n = self.s.nginx
         if n.external and n.access_log is not None and not n.access_log.exists():
@@ -441,9 +445,13 @@ class Stack:
             progress(self._reload_outcome(audit_size))
         for comp in self.components():
             info = recorded.get(comp.name)
-            if comp.name in RELOADABLE or comp.name not in alive or not info or "argv" not in info:
+            if comp.name in RELOADABLE or comp.name not in alive or not info:
                 continue
-            if info["argv"] != comp.argv:
+            if "argv" not in info:  # started by a version that did not record it
+                progress(f"  {comp.name}: started before this version recorded command lines; a change to it "
+                         f"applies after `promreflex stack restart {comp.name}{self.flags()}`")
+                continue
+            if info["argv"][1:] != comp.argv[1:]:  # (argv[0]: the interpreter a later command runs under)
                 progress(f"  {comp.name}: its command line changed, restarting it")
                 self.stop_component(comp.name)
                 self.start_component(comp.name, progress=progress)

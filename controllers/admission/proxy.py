@@ -31,7 +31,6 @@ a slow reader does not hold a slot). The app may not set this proxy's cookie: su
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
@@ -164,21 +163,23 @@ class BodyPump:
 
     async def _chunks(self) -> Any:
         loop = asyncio.get_running_loop()
-        start, received = loop.time(), len(self.head)
+        received, waited = len(self.head), 0.0  # waited: on the client only (not while the app reads slowly)
         if self.head:
             self.handed = loop.time()
             yield self.head
             self.handed = None
         while True:
-            allowed = start + self.idle * (1 + received / MAX_BUFFERED_REQUEST)
-            wait = min(self.idle, allowed - loop.time())
+            wait = min(self.idle, self.idle * (1 + received / MAX_BUFFERED_REQUEST) - waited)
             if wait <= 0:
                 raise UploadStalled(f"the body arrived slower than 1 MiB per {self.idle:g}s")
+            t0 = loop.time()
             try:
                 async with asyncio.timeout(wait):
                     chunk = await self.request.content.readany()
             except TimeoutError:
                 raise UploadStalled(f"the body paused for more than {wait:g}s") from None
+            finally:
+                waited += loop.time() - t0
             if not chunk:
                 return
             received += len(chunk)
@@ -780,8 +781,7 @@ class AdmissionProxy:
                     return task.result()
                 if pump.handed is not None and loop.time() - pump.handed > limit:
                     task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
+                    await asyncio.gather(task, return_exceptions=True)  # (our own cancellation still raises)
                     raise AppNotReading
         except asyncio.CancelledError:
             task.cancel()

@@ -422,6 +422,7 @@ OPEN_LOOP_LEAD_S = 4.0
 
 #: Loads running now: a signal handler kills them (see :func:`cleanup_on_signals`).
 _LIVE: set[ShopLoad] = set()
+LOADS_STARTED = 0  # loads this process started (calibrate notes its last one: LAST_LOAD)
 
 
 def _die_with_parent() -> None:
@@ -463,6 +464,8 @@ class ShopLoad:
         self.started = 0.0
 
     def start(self) -> ShopLoad:
+        global LOADS_STARTED
+        LOADS_STARTED += 1
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.started = time.time()
         if self.open_loop:  # the schedule's 0 s: late enough for Locust to be up (it takes 1-3 s)
@@ -573,7 +576,8 @@ OWN_RPS_QUERY = "sum(irate(nginx_http_requests_total[1m]) / clamp_min(idelta(ngi
 IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
               'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
 #: When this user's last calibration load ended (Unix s): the next baseline must not count it.
-LAST_LOAD = Path(tempfile.gettempdir()) / f"promreflex-calibrate-{os.getuid()}.last-load"
+#: In the user's own cache directory (a predictable name in /tmp could be a planted symlink).
+LAST_LOAD = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "promreflex" / "calibrate-last-load"
 #: The baseline window is the minute before the load, or the time since calibrate's own last load
 #: ended if that is shorter, but at least this long (calibrate waits for it).
 MIN_BASELINE_S = 15.0
@@ -583,7 +587,10 @@ def note_load_ended(path: Path = LAST_LOAD) -> None:
     """Remember that a calibration load just ended (or was interrupted): its requests stay in the
     demand series for a minute, and a retry's baseline counted them as the shop's own demand."""
     try:
-        path.write_text(f"{time.time():.3f}\n")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{time.time():.3f}\n")
     except OSError:
         pass
 
@@ -912,6 +919,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"(warm-up {args.warmup:g}s dropped), method {args.method}, source {args.source}")
     baseline = measure_baseline(prometheus_url, args.site)
     print(baseline.note)
+    loads_before = LOADS_STARTED
     try:
         cal = calibrate(target, site=args.site, rate=args.rate, users=args.users, duration_s=args.duration,
                         runs=args.runs, warmup_s=args.warmup, method=args.method, q=args.quantile,
@@ -924,7 +932,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"calibrate: {e}", file=sys.stderr)
         return 1
     finally:  # also on a signal (cleanup_on_signals raises SystemExit) and for a dry run
-        note_load_ended()
+        if loads_before < LOADS_STARTED:  # (not when the shop did not answer: nothing was loaded)
+            note_load_ended()
     print()
     print(cal.table())
     for line in cal.discarded:

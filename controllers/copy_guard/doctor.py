@@ -272,7 +272,7 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
             continue
         if comp == "nginx_exporter":
             try:  # the exporter drops its nginx_* series when it cannot read stub_status: nginx_up first
-                blind = [lb for lb, v in prom_query(prom, "nginx_up") if v != 1]
+                blind = [lb for lb, v in prom_query(prom, f'nginx_up{{job="{job}"}}') if v != 1]
             except Exception:  # noqa: BLE001 - the checks below stand
                 blind = []
             if blind:

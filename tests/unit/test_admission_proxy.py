@@ -783,3 +783,27 @@ async def test_a_malformed_header_is_counted_and_logged_without_its_bytes(caplog
         assert status.startswith((b"HTTP/1.1 400", b"HTTP/1.0 400"))
         await until(lambda: r.value("promreflex_admission_request_rejections_total", reason="malformed") == 1)
     assert "TOPSECRET" not in caplog.text
+
+
+async def test_an_app_reading_slowly_does_not_count_against_the_uploader() -> None:
+    """The upload budget (a MiB per body timeout) counts the time spent waiting for the client
+    only: an app draining slowly made a fast client's upload a 408 (a reviewer's reading)."""
+    from controllers.admission.proxy import BodyPump
+
+    class Content:
+        def __init__(self) -> None:
+            self.left = 40
+
+        async def readany(self) -> bytes:
+            self.left -= 1
+            return b"x" * 1000 if self.left >= 0 else b""
+
+    class Request:
+        content = Content()
+
+    pump = BodyPump(Request(), b"", idle=0.1)  # type: ignore[arg-type]
+    got = 0
+    async for chunk in pump:  # the app takes a chunk every 50 ms: 2 s in all, 20x the budget
+        got += len(chunk)
+        await asyncio.sleep(0.05)
+    assert got == 40_000

@@ -248,7 +248,7 @@ def test_a_missing_series_of_the_stacks_own_exporter_names_the_stacks_fix(tmp_pa
         if expr.startswith("group by"):
             calls["n"] += 1
             return [({"job": "x", "instance": "127.0.0.1:9"}, 1.0)] if calls["n"] > 2 else []
-        return [({}, 1.0)] if expr == "nginx_up" else []
+        return [({}, 1.0)] if expr.startswith("nginx_up") else []
 
     monkeypatch.setattr(doctor, "prom_query", slowly)
     fresh = doctor.check_prometheus(_stack_target(tmp_path, stack_alive={"nginx_exporter": 11, "accesslog_exporter": 12},
@@ -258,7 +258,7 @@ def test_a_missing_series_of_the_stacks_own_exporter_names_the_stacks_fix(tmp_pa
     # the exporter is up but cannot read stub_status (a 404 or 403 there): it serves nginx_up 0
     # and drops its nginx_* series, so "no series" must not read as "not scraped"
     monkeypatch.setattr(doctor, "prom_query", lambda prom, expr: (
-        [({}, 0.0)] if expr == "nginx_up" else [({}, 1.0)] if expr == "vector(1)" else []))
+        [({}, 0.0)] if expr == 'nginx_up{job="nginx"}' else [({}, 1.0)] if expr == "vector(1)" else []))
     blind = {c.link: c for c in doctor.check_prometheus(_stack_target(tmp_path), settle_s=0)}
     assert blind["nginx exporter"].status == doctor.FAIL and "nginx_up 0" in blind["nginx exporter"].detail
 

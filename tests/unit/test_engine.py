@@ -143,6 +143,11 @@ async def test_a_notification_reusing_a_held_fingerprint_with_other_labels_chang
     await engine.drain()
     forged = {**alert("Overload", starts="2026-11-23T11:00:00Z", instance="b"), "fingerprint": FIRING["fingerprint"]}
     assert (await deliver(engine, forged))["conflict"] == 1
+    # the genuine resolve's own key (fingerprint, status, startsAt), sent first with other labels:
+    # not remembered, so the genuine one is no "duplicate"
+    forged_resolve = {**alert("Overload", status="resolved", starts=STARTS, instance="b"),
+                      "fingerprint": FIRING["fingerprint"]}
+    assert (await deliver(engine, forged_resolve))["conflict"] == 1
     assert registry.get_sample_value("promreflex_controller_notifications_total",
                                      {"status": "firing", "result": "conflict"}) == 1
     assert (await deliver(engine, RESOLVED))["accepted"] == 1  # the real one still resolves

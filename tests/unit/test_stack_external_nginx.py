@@ -151,3 +151,15 @@ def test_each_component_needs_its_own_port_but_an_unused_nginx_port_is_free(tmp_
     assert load_config(None, {**ext, "stack.ports.accesslog_exporter": 8080}).stack.ports.accesslog_exporter == 8080
     with pytest.raises(ConfigError, match="shared"):
         load_config(None, {"stack.ports.accesslog_exporter": 8080})
+
+
+
+def test_a_recorded_name_that_is_no_component_any_more_is_not_dead(tmp_path):
+    """A record left by another configuration (the stack's own nginx, now external) kept a
+    component NOT RUNNING for ever, and `stack restart` raised StopIteration on it."""
+    import json
+
+    stack = Stack(load_config(None, {"stack.state_dir": str(tmp_path)}))
+    gone = {"pid": 999999999, "argv0": "/bin/false", "port": 1}
+    (tmp_path / "pids.json").write_text(json.dumps({"components": {"ghost": gone, "prometheus": gone}}))
+    assert stack.dead() == ["prometheus"]
