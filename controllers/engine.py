@@ -274,7 +274,11 @@ class Engine:
         return counts
 
     def _conflicts(self, alert: Alert) -> bool:
-        """The fingerprint names an alert held with other labels (see _observe)."""
+        """The fingerprint names an alert held with other labels. A fingerprint is
+        Alertmanager's hash of the labels; one that arrives with other labels is not that alert
+        (a forged or broken notification: with the webhook token, one took over a real alert's
+        fingerprint with another site's label, so the real alert's resolve was "stale" and the
+        reconcile resolved the wrong site): it changes nothing, and is not remembered as seen."""
         for name in self.routes:
             held = self.entries.get((name, alert.fingerprint))
             if held is not None and held.alert.labels != alert.labels:
@@ -285,14 +289,8 @@ class Engine:
 
     def _observe(self, alert: Alert, now: float) -> str:
         """Record the alert's newest known status and set the desired state of matching routes.
-        Returns "accepted", "stale" (an older episode, or firing after resolved) or "conflict":
-        the fingerprint names an alert held with other labels. A fingerprint is Alertmanager's
-        hash of the labels; one that arrives with other labels is not that alert (a forged or
-        broken notification: with the webhook token, one took over a real alert's fingerprint
-        with another site's label, so the real alert's resolve was "stale" and the reconcile
-        resolved the wrong site), and it changes nothing."""
-        if self._conflicts(alert):
-            return "conflict"
+        Returns "accepted" or "stale" (an older episode, or firing after resolved). Callers
+        check :meth:`_conflicts` first."""
         latest = self._latest.get(alert.fingerprint)
         episode = episode_start(alert)
         if latest is not None:
@@ -379,7 +377,8 @@ class Engine:
         self._expire(now)
         active_fps = {a.fingerprint for a in active}
         for alert in active:
-            self._observe(alert, now)
+            if not self._conflicts(alert):
+                self._observe(alert, now)
         resolved = 0
         for entry in list(self.entries.values()):
             if entry.alert.fingerprint not in active_fps and entry.desired == FIRING:

@@ -39,19 +39,20 @@ def _stack(args: argparse.Namespace) -> Any:
     """The Stack of a `stack` subcommand. With `--state.dir` and no `--config.file`, the file the
     stack there was started with (recorded at `up`): a restart with the embedded defaults would
     start a component on the default ports and files, beside the running stack's."""
-    from promreflex.fsutil import read_json
-    from promreflex.stack import Stack
+    from promreflex.stack import Stack, read_record
 
+    cfg = _load(args)
     if args.config_file is None:
-        state_dir = Path(getattr(args, "state_dir", None) or _load(args).stack.state_dir).expanduser().resolve()
-        recorded = (read_json(state_dir / "pids.json", default={}) or {}).get("config_file")
+        state_dir = cfg.stack.state_dir.expanduser().resolve()
+        recorded = read_record(state_dir).get("config_file")
         if recorded and Path(recorded).exists():
             args.config_file = Path(recorded)
             print(f"(the stack in {state_dir} was started with --config.file {recorded}: using it)", file=sys.stderr)
+            cfg = _load(args)
         elif recorded:
             print(f"warning: the stack in {state_dir} was started with --config.file {recorded}, which is gone: "
                   "using the defaults", file=sys.stderr)
-    stack = Stack(_load(args), capabilities=args.capabilities)
+    stack = Stack(cfg, capabilities=args.capabilities)
     stack.config_file = Path(args.config_file) if args.config_file else None
     return stack
 

@@ -298,18 +298,29 @@ async def read_body(request: web.Request, limit: int, timeout: float | None = No
         raise BodyTooLarge(f"Content-Length {request.content_length} is above the limit of {limit} bytes")
     if timeout is None:
         timeout = request.app.get(LIMITS, Limits()).body_timeout
+    body, whole = await read_head(request, limit, timeout)
+    if not whole:
+        raise BodyTooLarge(f"body larger than {limit} bytes")
+    return body
+
+
+async def read_head(request: web.Request, limit: int, timeout: float) -> tuple[bytes, bool]:
+    """Up to about ``limit`` bytes of the request body, read within ``timeout``: (the bytes, True
+    when that is the whole body; False: more than ``limit`` came, the rest is unread).
+    BodyTimeout / BodyError as :func:`read_body`."""
     buf = bytearray()
     try:
         async with asyncio.timeout(timeout):
-            while chunk := await request.content.readany():
+            while len(buf) <= limit:
+                chunk = await request.content.readany()
+                if not chunk:
+                    return bytes(buf), True
                 buf += chunk
-                if len(buf) > limit:
-                    raise BodyTooLarge(f"body larger than {limit} bytes")
     except TimeoutError:
         raise BodyTimeout(f"the body was not received within {timeout:g}s ({len(buf)} bytes arrived)") from None
     except web.RequestPayloadError as e:
         raise BodyError(f"the body cannot be read: {str(e).strip()}") from None
-    return bytes(buf)
+    return bytes(buf), False
 
 
 async def discard_small_body(request: web.Request, limit: int = DISCARD_LIMIT, timeout: float = 1.0) -> None:

@@ -280,9 +280,13 @@ class Stack:
                 alive[name] = pid
         return alive
 
+    def record(self) -> dict[str, Any]:
+        """What ``up`` recorded in ``pids.json``: ``components``, ``started``, ``config_file``."""
+        return read_record(self.dir)
+
     def recorded_config_file(self) -> Path | None:
         """The configuration file the running stack was started with, if it was recorded."""
-        value = (read_json(self.pids_file, default={}) or {}).get("config_file")
+        value = self.record().get("config_file")
         return Path(value) if value else None
 
     def flags(self) -> str:
@@ -349,7 +353,7 @@ class Stack:
                     progress(f"  warning ({cap.name}): {warning}")
 
     def _recorded(self) -> dict[str, dict[str, Any]]:
-        return (read_json(self.pids_file, default={}) or {}).get("components", {})
+        return self.record().get("components", {})
 
     def start_component(self, name: str, timeout: float = 60.0, progress=print) -> int:
         """Start one component (again) and record its PID; waits until it is ready."""
@@ -358,7 +362,7 @@ class Stack:
         recorded = self._recorded()
         recorded[comp.name] = {"pid": child.pid, "argv0": comp.argv[0], "argv": comp.argv, "port": comp.port,
                                "log": str(child.log_path), "url": self.urls.get(comp.name, "")}
-        previous = read_json(self.pids_file, default={}) or {}
+        previous = self.record()
         started = previous.get("started", time.time())
         config_file = str(self.config_file.resolve()) if self.config_file else previous.get("config_file")
         # Insertion order is start order: `down` stops in reverse.
@@ -394,7 +398,7 @@ class Stack:
     def down(self, quiet: bool = False, progress=print) -> list[str]:
         """Stop what ``up`` started (reverse order), by PID. pids.json is removed only when
         nothing it names is left running, so a failed stop can be retried."""
-        recorded = read_json(self.pids_file, default={}) or {}
+        recorded = self.record()
         components = recorded.get("components", {})
         stopped, left = [], {}
         for name, info in reversed(list(components.items())):
@@ -508,6 +512,11 @@ class Stack:
     def wipe(self) -> None:
         """Remove the state directory (tests use a temporary one)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def read_record(state_dir: Path) -> dict[str, Any]:
+    """The ``pids.json`` of the stack in ``state_dir`` ({} when none)."""
+    return read_json(Path(state_dir) / "pids.json", default={}) or {}
 
 
 def _ready_or_dead(comp: Component, child: Child) -> bool:

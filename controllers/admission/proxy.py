@@ -67,7 +67,7 @@ from controllers.admission.sched import (
     SessionState,
     Waiting,
 )
-from promreflex.httpd import LIMITS, BodyError, BodyTimeout, Limits, add_standard_routes, read_body
+from promreflex.httpd import LIMITS, BodyError, Limits, add_standard_routes, read_body, read_head
 
 log = logging.getLogger("promreflex.admission")
 
@@ -121,24 +121,6 @@ def own_cookies(headers: Any, prefix: str) -> list[str]:
 
 class UploadStalled(Exception):
     """The client paused a streamed request body longer than the body timeout."""
-
-
-async def read_head(request: web.Request, limit: int, timeout: float) -> tuple[bytes, bool]:
-    """Up to about ``limit`` bytes of the request body, read within ``timeout``: (the bytes, True
-    when that is the whole body). BodyTimeout / BodyError as :func:`promreflex.httpd.read_body`."""
-    buf = bytearray()
-    try:
-        async with asyncio.timeout(timeout):
-            while len(buf) <= limit:
-                chunk = await request.content.readany()
-                if not chunk:
-                    return bytes(buf), True
-                buf += chunk
-    except TimeoutError:
-        raise BodyTimeout(f"the body was not received within {timeout:g}s ({len(buf)} bytes arrived)") from None
-    except web.RequestPayloadError as e:
-        raise BodyError(f"the body cannot be read: {str(e).strip()}") from None
-    return bytes(buf), False
 
 
 class AppNotReading(Exception):

@@ -35,7 +35,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,23 +158,8 @@ def check_stub_status(t: Target) -> Check:
     return Check(OK, "stub_status", f"{t.stub_status_url}: {s['requests']} requests so far, {s['writing']} writing")
 
 
-def _timed_parser() -> Callable[[str], bool]:
-    from exporters.accesslog.parse import build_parser
-
-    regex = build_parser("nginx_timed").regex
-    return lambda line: regex.match(line.rstrip("\n")) is not None
-
-
 #: The status field of a request line ("GET /x HTTP/1.1" 200 ...) when it is a 2xx or 3xx.
 _SERVED = re.compile(r'" [23]\d\d ')
-
-
-def _tail(path: Path, limit: int = 64 << 10) -> list[str]:
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - limit))
-        data = f.read().decode("utf-8", "replace")
-    lines = data.splitlines()
-    return lines[1:] if len(data) >= limit else lines
 
 
 def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
@@ -199,10 +183,12 @@ def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
     if p.stat().st_size == size:
         out.append(Check(FAIL, "access log", f"{p} did not grow after a request to {t.site_url}: that server block logs "
                          "elsewhere (or buffers: drop `buffer=` from its access_log)"))
-    lines = _tail(p)[-200:]
+    from exporters.accesslog.preflight import tail_lines, timed_matcher
+
+    lines = tail_lines(p, 64 << 10)[-200:]
     if not lines:
         return out or [Check(FAIL, "access log", f"{p} is empty")]
-    matches = _timed_parser()
+    matches = timed_matcher()
     bad = [ln for ln in lines if not matches(ln)]
     if len(bad) == len(lines):
         out.append(Check(FAIL, "log format", f"none of the last {len(lines)} lines of {p} is in the promreflex format "
@@ -597,7 +583,6 @@ def render(checks: list[Check]) -> str:
 def target_from(args: argparse.Namespace) -> Target:
     """Flags first, then the configuration (the local stack's, or its ``stack.nginx`` external)."""
     from promreflex.config import DEFAULT_CONFIG, load_config
-    from promreflex.fsutil import read_json
     from promreflex.stack import Stack
 
     overrides = {"stack.state_dir": str(args.state_dir)} if args.state_dir else {}
@@ -611,7 +596,7 @@ def target_from(args: argparse.Namespace) -> Target:
     alive = stack.running()
     running = bool(alive)
     site = args.site or getattr(getattr(cfg, "accesslog", None), "site", "shop")
-    started = (read_json(stack.pids_file, default={}) or {}).get("started") if running else None
+    started = stack.record().get("started") if running else None
     # the flags that find this configuration again, for the commands our fixes name
     flags = f" --config.file {args.config_file}" if args.config_file else (
         f" --state.dir {args.state_dir}" if args.state_dir else "")

@@ -4,11 +4,13 @@ capability's ``preflight``): a guarded nginx's log that its exporter cannot read
 The exporter reads the stack's log as ``nginx_timed`` (the ``promreflex`` log_format of README
 "Guard a shop you already run"). An nginx that already runs writes ``combined`` unless step 1 was
 followed: the exporter would count nothing and only say so in its own log after 100 rejected
-lines, so ``stack up`` names it at once (``copy-guard doctor`` checks it too).
+lines, so ``stack up`` names it at once (``copy-guard doctor`` checks it too, with the same two
+helpers: :func:`tail_lines` and :func:`timed_matcher`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from exporters.accesslog.parse import build_parser
@@ -18,19 +20,32 @@ TAIL_BYTES = 16 << 10
 TAIL_LINES = 20
 
 
+def tail_lines(path: Path, limit: int = TAIL_BYTES) -> list[str]:
+    """The complete lines in the last ``limit`` bytes of ``path`` (OSError if unreadable)."""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - limit))
+        data = f.read().decode("utf-8", "replace")
+    lines = data.splitlines()
+    return lines[1:] if len(data) >= limit else lines  # the first may be cut
+
+
+def timed_matcher() -> Callable[[str], bool]:
+    """Whether a line is in the promreflex (``nginx_timed``) format."""
+    regex = build_parser("nginx_timed").regex
+    return lambda line: regex.match(line.rstrip("\n")) is not None
+
+
 def foreign_last_line(path: Path) -> str | None:
     """The last line of ``path`` when none of its last lines is in the ``nginx_timed`` format,
     else None (also for an empty or unreadable file: the exporter waits for it)."""
     try:
-        with path.open("rb") as f:
-            f.seek(max(0, path.stat().st_size - TAIL_BYTES))
-            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines()[-TAIL_LINES:] if ln.strip()]
+        lines = [ln for ln in tail_lines(path)[-TAIL_LINES:] if ln.strip()]
     except OSError:
         return None
     if not lines:
         return None
-    regex = build_parser("nginx_timed").regex
-    return None if any(regex.match(ln) for ln in lines) else lines[-1]
+    matches = timed_matcher()
+    return None if any(matches(ln) for ln in lines) else lines[-1]
 
 
 def warnings(ctx: Context) -> list[str]:
