@@ -83,6 +83,9 @@ LIMITS = web.AppKey("httpd_limits", Limits)
 # listens: how a server on port 0 learns its port.
 ADDRESSES = web.AppKey("httpd_addresses", list)
 
+#: The pool's connection a request came on (set by the pool's middleware; see on_disconnect).
+CONNECTION: web.RequestKey[Any] = web.RequestKey("httpd_connection", object)
+
 
 def default_max_connections(nofile: int | None = None) -> int:
     """The connection cap for a soft open-file limit of ``nofile`` (this process's by default):
@@ -137,8 +140,9 @@ def rate_limit_logs(names: tuple[str, ...] = RATE_LIMITED_LOGGERS, interval: flo
 
 # --------------------------------------------------------------------------- connections
 class _Connection(asyncio.Protocol):
-    """Wraps aiohttp's protocol to count the connection and know whether a request is in
-    progress on it (set by the pool's middleware)."""
+    """Wraps aiohttp's protocol to count the connection, know whether a request is in progress
+    on it (set by the pool's middleware) and tell who asked (:func:`on_disconnect`) when its
+    client leaves."""
 
     def __init__(self, pool: _ConnectionPool, inner: asyncio.Protocol):
         self.pool = pool
@@ -148,6 +152,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = time.monotonic()
         self.partial_since: float | None = None  # a request's first byte arrived, its handler not entered
         self.started = False
+        self.lost = False
+        self.watchers: list[Callable[[], None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -166,6 +172,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.release(self)
+        self.lost = True
+        watchers, self.watchers = self.watchers, []
+        for callback in watchers:
+            callback()
         if self.started:
             self.inner.connection_lost(exc)
 
@@ -247,11 +257,38 @@ class _ConnectionPool:
             return await handler(request)
         conn.busy += 1
         conn.partial_since = None
+        request[CONNECTION] = conn
         try:
             return await handler(request)
         finally:
             conn.busy -= 1
             conn.idle_since = time.monotonic()
+
+
+def on_disconnect(request: web.Request, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` once when the client of ``request`` disconnects (soon, if it already
+    has); returns the function that takes the call back. For a server run with aiohttp's
+    ``handler_cancellation=False`` that still wants to drop work a gone client was waiting for,
+    but not work already handed on (a proxy's request at its app). A request served without
+    :func:`serving`'s connection pool is never told."""
+    conn = request.get(CONNECTION)
+    if conn is None:
+        return _nothing
+    if conn.lost:
+        handle = asyncio.get_running_loop().call_soon(callback)
+        return handle.cancel
+    conn.watchers.append(callback)
+
+    def forget() -> None:
+        try:
+            conn.watchers.remove(callback)
+        except ValueError:  # already called
+            pass
+    return forget
+
+
+def _nothing() -> None:
+    pass
 
 
 class _CappedSite(web.TCPSite):

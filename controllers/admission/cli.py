@@ -89,6 +89,7 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
             if ready is not None:
                 ready.set()
             await stop.wait()
+            proxy.drop_lingering()  # before the server waits for its handlers
     except OSError as e:
         raise UserError(f"admission proxy: cannot listen: {e.strerror or e}") from None
     finally:

@@ -20,7 +20,8 @@ record of adopted copies is the lease the watchdog enforces (see ``watchdog.py``
 The directory is a trust boundary: whoever can write an entry can have the guard stop a
 process group and make the controller send control requests. So the controller refuses to
 start (:func:`check_dir`) unless the directory is owned by root or by the controller's own
-user and is not writable by group or others; entries carry no secrets and no token paths (an
+user and is not writable by group or others, nor is any directory above it (sticky ``/tmp``
+aside), as written or through symbolic links; entries carry no secrets and no token paths (an
 entry's ``token_file`` from older versions is ignored); where control requests may go and
 with which token is the route's decision (``control_hosts``, ``control_token_file``).
 """
@@ -87,28 +88,47 @@ def same_process(pid: int, pid_start: float | None) -> bool:
 
 
 def check_dir(directory: str | Path, *, create: bool = False) -> None:
-    """Refuse (:class:`UserError`, one line) a registry directory that someone else could write:
-    it must be a directory owned by root or by this process's user, not writable by group or
-    others. ``create`` makes a missing one (mode 0700); otherwise a missing one is fine (the
-    first copy creates it that way)."""
-    path = Path(directory)
-    if create:
+    """Refuse (:class:`UserError`, one line) a registry directory that someone else could write
+    or replace: it must be a directory owned by root or by this process's user, not writable by
+    group or others, and so must every directory above it, both as the path is written and as
+    it resolves through symbolic links (whoever can write a parent can rename the registry away
+    and put their own in its place, or point a link elsewhere); a parent writable by others is
+    fine with the sticky bit (``/tmp``: nobody can rename or remove what another user owns).
+    ``create`` makes a missing one (mode 0700); otherwise a missing one is fine (the first copy
+    creates it that way)."""
+    path = Path(directory).absolute()
+    uid = os.geteuid()
+    for parent in dict.fromkeys([*path.parents, *path.resolve().parents]):
+        try:
+            pst = parent.stat()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise UserError(f"copy registry {path}: {parent}: {e.strerror}") from None
+        if pst.st_uid not in (0, uid):
+            raise UserError(f"copy registry {path}: {parent} above it is owned by uid {pst.st_uid}, who could replace "
+                            f"the registry: put it under directories owned by root or the controller's user (uid {uid})")
+        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+            raise UserError(f"copy registry {path}: {parent} above it is writable by group or others (mode "
+                            f"{stat.filemode(pst.st_mode)}), who could replace the registry: run chmod go-w {parent} "
+                            f"or put the registry elsewhere")
+    if create:  # (only under directories that passed)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         st = path.stat()
     except FileNotFoundError:
-        return
+        st = None
     except OSError as e:
         raise UserError(f"copy registry {path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise UserError(f"copy registry {path} is not a directory")
-    uid = os.geteuid()
-    if st.st_uid not in (0, uid):
-        raise UserError(f"copy registry {path} is owned by uid {st.st_uid}: it must be owned by root or by the "
-                        f"controller's user (uid {uid}), since its entries decide which processes the guard stops")
-    if st.st_mode & 0o022:
-        raise UserError(f"copy registry {path} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
-                        f"run chmod go-w {path}")
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise UserError(f"copy registry {path} is not a directory")
+        if st.st_uid not in (0, uid):
+            raise UserError(f"copy registry {path} is owned by uid {st.st_uid}: it must be owned by root or by the "
+                            f"controller's user (uid {uid}), since its entries decide which processes the guard stops")
+        if st.st_mode & 0o022:
+            raise UserError(f"copy registry {path} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
+                            f"run chmod go-w {path}")
 
 
 def new_id(prefix: str = "copy") -> str:

@@ -387,6 +387,48 @@ async def test_a_client_that_leaves_while_the_app_works_keeps_its_page_slot_unti
         assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
 
 
+async def test_stopping_the_proxy_does_not_wait_for_answers_to_clients_that_left():
+    """The client of a request at the app left (the request keeps its slot until the app
+    answers): on SIGTERM the proxy drops that wait instead of holding its shutdown until the
+    app answers or its page timeout ends the wait."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controllers.admission.cli import serve
+    from promreflex.proc import free_port
+
+    async def sample(c: aiohttp.ClientSession, control: str, name: str, **labels: str) -> float:
+        async with c.get(f"{control}/metrics") as resp:
+            text = await resp.text()
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    async with serving("127.0.0.1:0", upstream_app(), handler_cancellation=True) as up:
+        listen, control = free_port(), free_port()
+        cfg = section(f"http://127.0.0.1:{up[ADDRESSES][0][1]}", listen_address=f"127.0.0.1:{listen}",
+                      control__listen_address=f"127.0.0.1:{control}")
+        ready, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(serve(cfg, ready, stop))
+        await asyncio.wait_for(ready.wait(), 30)
+        url, ctl = f"http://127.0.0.1:{listen}", f"http://127.0.0.1:{control}"
+        async with client() as c, client() as plain:
+            async with c.get(f"{url}/login"):
+                pass
+            gone = asyncio.ensure_future(c.get(f"{url}/slow?s=300"))
+            deadline = time.monotonic() + 10
+            while await sample(plain, ctl, "promreflex_admission_page_in_flight", page="slow") != 1:
+                assert time.monotonic() < deadline, "the request never reached the app"
+                await asyncio.sleep(0.02)
+            gone.cancel()
+            while await sample(plain, ctl, "promreflex_admission_requests_total", page="slow",
+                               outcome="client_gone") != 1:
+                assert time.monotonic() < deadline + 10, "the client's leaving was not counted"
+                await asyncio.sleep(0.02)
+            assert await sample(plain, ctl, "promreflex_admission_page_in_flight", page="slow") == 1
+        stop.set()
+        # (the page timeout, 30 s by default, would end the wait otherwise; the app takes 300 s)
+        assert await asyncio.wait_for(task, 15) == 0
+
+
 async def test_a_logout_whose_client_left_does_not_complete_the_session():
     async with rig() as r, client() as c:
         async with c.get(f"{r.url}/login"):
@@ -807,3 +849,28 @@ async def test_an_app_reading_slowly_does_not_count_against_the_uploader() -> No
         got += len(chunk)
         await asyncio.sleep(0.05)
     assert got == 40_000
+
+
+async def test_a_request_leaves_no_reference_cycle_for_the_garbage_collector():
+    """The proxy's p99 at 1,000 req/s: every object a request left in a reference cycle waits
+    for the cyclic collector, and a collection of them stalls the requests in flight (a
+    registration that referred back to its request's watch left 13 objects per request: the
+    static path's added p99 went from +0.76 to +1.5 ms). Client and proxy share this process,
+    so both are counted."""
+    import gc
+
+    async with rig() as r, client() as c:
+        for path in ("/static/x.css", "/login", "/slow?s=0"):
+            for _ in range(10):  # warm: connections, lazily made objects
+                async with c.get(r.url + path) as resp:
+                    await resp.read()
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(100):
+                    async with c.get(r.url + path) as resp:
+                        await resp.read()
+                left = gc.collect()
+            finally:
+                gc.enable()
+            assert left < 100, f"{path}: {left} objects in reference cycles after 100 requests"

@@ -144,16 +144,43 @@ def test_a_registry_others_can_write_is_refused(tmp_path, mode):
     assert list(d.iterdir()) == []
 
 
-def test_a_registry_owned_by_someone_else_is_refused(tmp_path):
+@pytest.mark.parametrize("theirs", ["copies", "parent"])
+def test_a_registry_owned_by_someone_else_or_under_their_directory_is_refused(tmp_path, theirs):
     from promreflex.errors import UserError
 
     if os.geteuid() != 0:
         pytest.fail("needs root to chown (this suite runs as root)")
-    d = tmp_path / "copies"
-    d.mkdir(mode=0o700)
-    os.chown(d, 12345, 12345)
-    with pytest.raises(UserError, match="owned by uid 12345"):
-        check_dir(d)
+    d = tmp_path / "parent" / "copies"
+    d.mkdir(mode=0o700, parents=True)
+    os.chown(tmp_path / theirs if theirs == "parent" else d, 12345, 12345)
+    words = "above it is owned by uid 12345" if theirs == "parent" else "copies is owned by uid 12345"
+    with pytest.raises(UserError, match=words):
+        check_dir(d, create=True)
+
+
+@pytest.mark.parametrize("via", ["parent", "link"])
+def test_a_registry_under_a_directory_others_can_write_is_refused(tmp_path, via):
+    """Whoever can write a directory above the registry can rename it away and put their own
+    in its place (or repoint a link): refused like a registry they can write."""
+    from promreflex.errors import UserError
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    (shared / "copies").mkdir(mode=0o700)
+    shared.chmod(0o777)  # no sticky bit
+    target = shared / "copies"
+    if via == "link":  # a private-looking path whose link resolves under the shared directory
+        private = tmp_path / "private"
+        private.mkdir(mode=0o700)
+        (private / "copies").symlink_to(target)
+        target = private / "copies"
+    with pytest.raises(UserError, match=f"{shared} above it is writable by group or others"):
+        check_dir(target)
+    with pytest.raises(UserError):
+        Registry(target).add(Entry(id="a", kind="adopted", pid=os.getpid(), site="s"))
+    assert list((shared / "copies").iterdir()) == []
+    shared.chmod(0o1777)  # sticky, like /tmp: nobody can rename what another user owns
+    check_dir(target)
 
 
 def test_a_new_registry_is_private(tmp_path):

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    BodyError, Limits, RateLimitFilter, default_max_connections, read_body, read_token_file, serving,
+    BodyError, Limits, RateLimitFilter, default_max_connections, on_disconnect, read_body, read_token_file, serving,
 )
 from promreflex.proc import free_port
 
@@ -197,3 +197,47 @@ async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
             assert (await asyncio.wait_for(r.read(), 10)).endswith(b"done")
             w.close()
         assert (await _get_ok(port)).startswith(b"HTTP/1.1 200")
+
+
+async def test_on_disconnect_tells_once_when_the_client_leaves_and_not_after_it_is_taken_back():
+    """What a server run without aiohttp's handler cancellation needs to drop work a gone client
+    waited for: a call when the client leaves, none once taken back, a prompt one when the
+    client had already left."""
+    calls: list[str] = []
+    entered: dict[str, asyncio.Event] = {"wait": asyncio.Event(), "late": asyncio.Event(), "kept": asyncio.Event()}
+    release = asyncio.Event()
+
+    async def wait(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        forget = on_disconnect(request, lambda: calls.append(name))
+        if name == "kept":
+            forget()
+        entered[name].set()
+        await release.wait()
+        if name == "late":  # asked only after its client left
+            on_disconnect(request, lambda: calls.append("late, after"))
+            await asyncio.sleep(0.1)
+        return web.Response(text="done")
+
+    app = web.Application()
+    app.router.add_get("/{name}", wait)
+    port = free_port()
+    async with serving(f"127.0.0.1:{port}", app):
+        conns = {}
+        for name in entered:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await writer.drain()
+            await asyncio.wait_for(entered[name].wait(), 10)
+            conns[name] = writer
+        for writer in conns.values():
+            writer.close()
+        deadline = time.monotonic() + 10
+        while sorted(calls) != ["late", "wait"]:
+            assert time.monotonic() < deadline, calls
+            await asyncio.sleep(0.01)
+        release.set()
+        while "late, after" not in calls:
+            assert time.monotonic() < deadline, calls
+            await asyncio.sleep(0.01)
+        assert sorted(calls) == ["late", "late, after", "wait"]  # once each; "kept" was taken back
