@@ -274,7 +274,7 @@ def on_disconnect(request: web.Request, callback: Callable[[], None]) -> Callabl
     conn = request.get(CONNECTION)
     if conn is None:
         return _nothing
-    if conn.lost:
+    if conn.lost or request.transport is None or request.transport.is_closing():
         handle = asyncio.get_running_loop().call_soon(callback)
         return handle.cancel
     conn.watchers.append(callback)

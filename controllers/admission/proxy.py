@@ -295,6 +295,7 @@ class AdmissionProxy:
         # Requests whose client left while the app worked on them: they keep their page slot
         # until the app answers (or its page timeout ends the wait), see through_page.
         self._lingering: set[ClientWatch] = set()
+        self._stopping = False
         self._own_cookie = cfg.session.cookie_name + "="
         # Labelled children looked up once (a labels() call per use costs more than the count).
         self._requests = {(p, o): self.metrics.requests.labels(p, o) for p in self.pages for o in OUTCOMES}
@@ -323,6 +324,7 @@ class AdmissionProxy:
     def drop_lingering(self) -> None:
         """Stop waiting for the app's answers to clients that left (at shutdown: nobody reads
         them, and the server would wait for them)."""
+        self._stopping = True
         for watch in list(self._lingering):
             watch.drop()
 
@@ -650,10 +652,10 @@ class AdmissionProxy:
                 try:  # most requests neither carry a new cookie nor end the session: nothing to add
                     resp, outcome = await self.forward(request, page, body,
                                                        extra if cookie is not None or page.logout else None)
-                except ConnectionError:  # the client left as its streamed answer began
+                except ConnectionError:  # (forward answers these itself; a last net, never a 500 and its traceback)
                     if not watch.lost:
                         self._requests[page.name, "client_gone"].inc()
-                    raise
+                    return _plain(400, "the client left")
                 finally:
                     watch.handed_on = None
                     self._lingering.discard(watch)
@@ -673,7 +675,10 @@ class AdmissionProxy:
         streamed answer: that is the app's failure (counted as such), not a client leaving."""
         if not request.get(UPSTREAM_BROKE):
             self._requests[page.name, "client_gone"].inc()
-            self._lingering.add(watch)
+            if self._stopping:  # nobody will read the answer and shutdown would wait for it
+                watch.drop()
+            else:
+                self._lingering.add(watch)
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
@@ -783,7 +788,10 @@ class AdmissionProxy:
                     return done(_plain(502, "the app's response was cut short"), "upstream_error")
                 return done(web.Response(status=status, reason=up.reason, body=payload, headers=headers), outcome)
             resp = web.StreamResponse(status=status, reason=up.reason, headers=headers)
-            await resp.prepare(request)
+            try:
+                await resp.prepare(request)
+            except ConnectionError:  # the client left before its answer began (counted where it left)
+                return done(resp, "client_gone")
             if not empty:
                 try:
                     async for chunk in up.content.iter_any():
@@ -796,7 +804,10 @@ class AdmissionProxy:
                     request[UPSTREAM_BROKE] = True  # the cancellation that follows is not a client leaving
                     request.transport.abort()
                     return done(resp, "upstream_error")
-            await resp.write_eof()
+            try:
+                await resp.write_eof()
+            except ConnectionError:  # the client left as its answer ended
+                return done(resp, "client_gone")
             return done(resp, outcome)
         finally:
             up.release()

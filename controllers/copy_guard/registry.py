@@ -20,8 +20,8 @@ record of adopted copies is the lease the watchdog enforces (see ``watchdog.py``
 The directory is a trust boundary: whoever can write an entry can have the guard stop a
 process group and make the controller send control requests. So the controller refuses to
 start (:func:`check_dir`) unless the directory is owned by root or by the controller's own
-user and is not writable by group or others, nor is any directory above it (sticky ``/tmp``
-aside), as written or through symbolic links; entries carry no secrets and no token paths (an
+user and is not writable by group or others, nor is any directory or symbolic link on the way
+to it (sticky ``/tmp`` aside); entries carry no secrets and no token paths (an
 entry's ``token_file`` from older versions is ignored); where control requests may go and
 with which token is the route's decision (``control_hosts``, ``control_token_file``).
 """
@@ -89,46 +89,119 @@ def same_process(pid: int, pid_start: float | None) -> bool:
 
 def check_dir(directory: str | Path, *, create: bool = False) -> None:
     """Refuse (:class:`UserError`, one line) a registry directory that someone else could write
-    or replace: it must be a directory owned by root or by this process's user, not writable by
-    group or others, and so must every directory above it, both as the path is written and as
-    it resolves through symbolic links (whoever can write a parent can rename the registry away
-    and put their own in its place, or point a link elsewhere); a parent writable by others is
-    fine with the sticky bit (``/tmp``: nobody can rename or remove what another user owns).
-    ``create`` makes a missing one (mode 0700); otherwise a missing one is fine (the first copy
-    creates it that way)."""
+    or replace. Walked one component at a time from ``/`` (as the kernel resolves it, symbolic
+    links followed in place, at most 40): the registry must be a directory owned by root or by
+    this process's user and writable by nobody else; every directory on the way must be owned
+    by root or the user and not writable by others (whoever can write a parent can rename the
+    registry away and put their own in its place), unless it is sticky (``/tmp``: nobody can
+    rename or remove what another user owns); every symbolic link on the way must be owned by
+    root or the user (in a sticky directory its owner can repoint it). Group write is fine for
+    the user's private group (Debian's and Ubuntu's one group per user, umask 002), as OpenSSH
+    on Debian allows it. ``create`` makes the missing directories (mode 0700, each checked); a
+    missing registry is otherwise fine (the first copy creates it that way)."""
     path = Path(directory).absolute()
-    uid = os.geteuid()
-    for parent in dict.fromkeys([*path.parents, *path.resolve().parents]):
-        try:
-            pst = parent.stat()
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise UserError(f"copy registry {path}: {parent}: {e.strerror}") from None
-        if pst.st_uid not in (0, uid):
-            raise UserError(f"copy registry {path}: {parent} above it is owned by uid {pst.st_uid}, who could replace "
-                            f"the registry: put it under directories owned by root or the controller's user (uid {uid})")
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            raise UserError(f"copy registry {path}: {parent} above it is writable by group or others (mode "
-                            f"{stat.filemode(pst.st_mode)}), who could replace the registry: run chmod go-w {parent} "
-                            f"or put the registry elsewhere")
-    if create:  # (only under directories that passed)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    missing = _walk(path, path)
+    if missing is not None and create:
+        at, rest = missing
+        for part in rest:  # one by one, 0700 whatever the umask, each checked by the walk below
+            at = at / part
+            try:
+                os.mkdir(at, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise UserError(f"copy registry {path}: cannot create {at}: {e.strerror}") from None
+        _walk(path, path)
+
+
+_MAX_LINKS = 40  # as the kernel's path walk (ELOOP beyond)
+
+
+def _private_group(gid: int) -> bool:
+    """The user's own group with nobody else in it (Debian's user private groups)."""
+    import grp
+    import pwd
+
+    if gid == 0 or gid != os.getegid():  # (root's group is no user's private group)
+        return False
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise UserError(f"copy registry {path}: {e.strerror}") from None
-    if st is not None:
-        if not stat.S_ISDIR(st.st_mode):
-            raise UserError(f"copy registry {path} is not a directory")
+        members = grp.getgrgid(gid).gr_mem
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        others = [u.pw_name for u in pwd.getpwall() if u.pw_gid == gid and u.pw_uid != os.geteuid()]
+    except KeyError:
+        return False
+    return not others and set(members) <= {me}
+
+
+def _writable_by_others(st: os.stat_result) -> bool:
+    return bool(st.st_mode & 0o002) or bool(st.st_mode & 0o020) and not _private_group(st.st_gid)
+
+
+def _walk(path: Path, shown: Path) -> tuple[Path, list[str]] | None:
+    """Check every component of ``path`` (see :func:`check_dir`); None when the registry
+    exists, else (the last existing directory, the names still missing below it)."""
+    uid = os.geteuid()
+    todo = list(path.parts[1:])
+    at = Path("/")
+    links = 0
+
+    def check_parent(d: Path, st: os.stat_result) -> None:
         if st.st_uid not in (0, uid):
-            raise UserError(f"copy registry {path} is owned by uid {st.st_uid}: it must be owned by root or by the "
-                            f"controller's user (uid {uid}), since its entries decide which processes the guard stops")
-        if st.st_mode & 0o022:
-            raise UserError(f"copy registry {path} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
-                            f"run chmod go-w {path}")
+            raise UserError(f"copy registry {shown}: {d} above it is owned by uid {st.st_uid}, who could replace the "
+                            f"registry: put it under directories owned by root or the controller's user (uid {uid})")
+        if _writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
+            raise UserError(f"copy registry {shown}: {d} above it is writable by group or others (mode "
+                            f"{stat.filemode(st.st_mode)}), who could replace the registry: run chmod go-w {d} "
+                            f"or put the registry elsewhere")
+
+    def lstat(p: Path) -> os.stat_result | None:
+        try:
+            return os.lstat(p)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise UserError(f"copy registry {shown}: {p}: {e.strerror}") from None
+
+    st = lstat(at)
+    assert st is not None
+    while todo:
+        check_parent(at, st)  # the directory holding the next name
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            at = at.parent
+            st = lstat(at)
+            assert st is not None
+            continue
+        nxt = at / part
+        nst = lstat(nxt)
+        if nst is None:
+            return at, [part, *todo]
+        if stat.S_ISLNK(nst.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise UserError(f"copy registry {shown}: too many levels of symbolic links (a loop?)")
+            if nst.st_uid not in (0, uid):
+                raise UserError(f"copy registry {shown}: the symbolic link {nxt} on the way is owned by uid "
+                                f"{nst.st_uid}, who could point it elsewhere")
+            target = Path(os.readlink(nxt))
+            if target.is_absolute():
+                at = Path("/")
+                st = lstat(at)
+                assert st is not None
+            todo = [*target.parts[1 if target.is_absolute() else 0:], *todo]
+            continue
+        if not stat.S_ISDIR(nst.st_mode):
+            raise UserError(f"copy registry {shown}: {nxt} is not a directory")
+        at, st = nxt, nst
+    if st.st_uid not in (0, uid):
+        raise UserError(f"copy registry {shown} is owned by uid {st.st_uid}: it must be owned by root or by the "
+                        f"controller's user (uid {uid}), since its entries decide which processes the guard stops")
+    if _writable_by_others(st):
+        raise UserError(f"copy registry {shown} is writable by group or others (mode {stat.filemode(st.st_mode)}): "
+                        f"run chmod go-w {at}")
+    return None
 
 
 def new_id(prefix: str = "copy") -> str:

@@ -114,6 +114,13 @@ class RetuneParams(Strict):
             raise ValueError("window must be HH:MM-HH:MM (UTC)")
         return v
 
+    @field_validator("load_url", "health_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"must be an http(s) URL with a host, not {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _active_needs_url(self) -> RetuneParams:
         if self.mode == "active" and not self.load_url:
@@ -148,8 +155,10 @@ class RetuneNginx(Action):
         load run), each with a settle and a reload: far beyond the engine's 5-minute default.
         Bound it by that worst case plus 10 minutes, unless the route sets ``timeout``."""
         p = params if isinstance(params, RetuneParams) else RetuneParams.model_validate(params.model_dump())
-        per_trial = max(p.dwell, p.duration) + p.settle + p.reload_timeout
-        return len(p.candidates) * p.repeats * per_trial + 600.0
+        # (the current value is measured too when it is not a candidate; a trial may reload twice:
+        # its own and a rollback's)
+        per_trial = max(p.dwell, p.duration) + p.settle + 2 * p.reload_timeout
+        return (len(p.candidates) + 1) * p.repeats * per_trial + 600.0
 
     async def start(self, services: dict[str, Any]) -> None:
         self.services = services
@@ -163,9 +172,16 @@ class RetuneNginx(Action):
             self.retunes.labels(r)
         self.last_run = Gauge("promreflex_nginx_tuner_last_retune_timestamp_seconds",
                               "When the last alert-driven retuning ended (Unix time).", registry=registry)
-        # Show the value in force from the start, not only after the first retuning.
+        # A sweep killed mid-way (SIGKILL) left a trial value live: its original goes back
+        # first. Then show the value in force from the start, not only after the first retuning.
         for p in self.route_params:
             if isinstance(p, RetuneParams):
+                try:
+                    recovered = await asyncio.to_thread(self._control(p).recover)
+                    if recovered:
+                        self.log.warning("%s: an interrupted sweep's original: %s", p.nginx_config, recovered)
+                except Exception as e:  # noqa: BLE001 - said; the next sweep tries again before it starts
+                    self.log.error("%s: cannot put back an interrupted sweep's original: %s", p.nginx_config, e)
                 try:
                     args = await asyncio.to_thread(self._control(p).current_value)
                 except Exception as e:  # noqa: BLE001 - a config we cannot read yet is not fatal at start
@@ -193,7 +209,17 @@ class RetuneNginx(Action):
                             reload_timeout=p.reload_timeout, metrics=self.metrics)
 
     async def _retune(self, p: RetuneParams, services: dict[str, Any]) -> str:
+        try:
+            return await self._sweep(p, services)
+        except Exception:
+            self._count("failed")  # (the engine retries; the sweep put the pre-sweep config back)
+            raise
+
+    async def _sweep(self, p: RetuneParams, services: dict[str, Any]) -> str:
         ctl = self._control(p)
+        recovered = await asyncio.to_thread(ctl.recover)  # before "current" is read: not a trial's value
+        if recovered:
+            self.log.warning("%s: an interrupted sweep's original: %s", p.nginx_config, recovered)
         args = await asyncio.to_thread(ctl.current_value)
         current = nginx_seconds(args[0]) if args else 75.0
         if self.metrics is not None:
@@ -202,7 +228,6 @@ class RetuneNginx(Action):
         if p.mode == "passive":
             prom = services.get("prometheus")
             if prom is None:
-                self._count("failed")
                 raise RuntimeError("passive mode needs controller.prometheus_url")
             measure = PassiveMeasurer(prom, site=p.site, dwell_s=p.dwell, settle_s=p.settle, memory_query=p.memory_query,
                                       max_error_ratio=p.max_error_ratio, min_requests=p.min_requests)
@@ -212,11 +237,14 @@ class RetuneNginx(Action):
         settings = SweepSettings(candidates=tuple(float(c) for c in p.candidates), repeats=p.repeats, confidence=p.confidence,
                                  rule=p.rule, max_error_ratio=p.max_error_ratio, early_stop=p.early_stop,
                                  min_repeats=p.min_repeats)
-        sweep = Sweep(settings, ctl.apply, measure, current, metrics=self.metrics, progress=lambda line: self.log.info("%s", line))
+        sweep = Sweep(settings, ctl.apply, measure, current, metrics=self.metrics, progress=lambda line: self.log.info("%s", line),
+                      journal=ctl)
         result = await sweep.run()
         result.load_average = os.getloadavg()
         if p.results_dir is not None:
             await asyncio.to_thread(write_results, result, p.results_dir, "retune", f"retune-nginx ({p.mode})")
+        if ctl.journal_path.exists():  # the pre-sweep config could not be made live: retried
+            raise RuntimeError(f"tuning failed and the pre-sweep config is not live yet: {result.final}")
         if not result.final_ok or result.choice is None:
             self._count("failed")
             return f"tuning failed: {result.final}; {result.runs_used} trials"

@@ -137,6 +137,15 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
     ctl = NginxControl(args.nginx_config, prefix, args.nginx_binary, server_name=args.server_name,
                        health_url=args.health_url or (args.load_url if args.mode == "active" else None),
                        pid_path=args.nginx_pid_file, reload_timeout=args.reload_timeout)
+    from controllers.nginx_tuner.nginx_ctl import NginxError
+
+    try:  # a sweep killed mid-way left a trial value: its original goes back first
+        recovered = ctl.recover()
+    except NginxError as e:
+        progress(f"promreflex {TUNE}: {e}")
+        return 1
+    if recovered:
+        progress(f"an interrupted sweep's original: {recovered}")
     current = _current(ctl)
     metrics = TunerMetrics(sorted({*settings.candidates, *([current] if current is not None else [])}),
                            registry=registry)
@@ -148,7 +157,7 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
         return ctl.apply(int(value))  # the sweep passes whole seconds
 
     async def go(measure: Measure) -> int:
-        sweep = Sweep(settings, apply, measure, current, metrics=metrics, progress=progress)
+        sweep = Sweep(settings, apply, measure, current, metrics=metrics, progress=progress, journal=ctl)
         result = await sweep.run()
         result.load_average = os.getloadavg()
         paths = write_results(result, args.results_dir, title=f"keepalive_timeout sweep ({args.mode})")

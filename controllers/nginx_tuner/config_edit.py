@@ -187,6 +187,13 @@ def get_directive(conf_path: str | os.PathLike, directive: str, server_name: str
     return Location(Path(f), s["line"], tuple(s["args"]))
 
 
+def target_file(conf_path: str | os.PathLike, directive: str, server_name: str | None = None) -> Path:
+    """The one file :func:`set_directive` would write: the file holding the directive in the
+    scope, else the file holding the scope's block (where it would be inserted)."""
+    _, (scope_file, _), direct, _ = _locate(Path(conf_path), directive, server_name)
+    return Path(direct[0][0] if direct else scope_file)
+
+
 def main_args(conf_path: str | os.PathLike, directive: str) -> list[tuple[str, ...]]:
     """Arguments of every main-context ``directive`` (e.g. ``pid``, ``error_log``), in order."""
     configs = _parse(Path(conf_path))
@@ -360,12 +367,17 @@ def backup_path(file: Path, backup_dir: Path) -> Path:
 def atomic_write(path: Path, text: str, like: Path | None = None) -> None:
     """Replace ``path`` atomically with ``text``, keeping mode and owner of ``like`` (or of ``path``).
 
+    A symbolic link is followed, not replaced: ``sites-enabled/shop -> ../sites-available/shop``
+    stays a link and the file it names gets the new text (replacing the link with a file would
+    fork the config: nginx runs one copy, the operator edits the other).
+
     :func:`promreflex.fsutil.atomic_write_text` does the work: a hidden ``.name.XXXX.tmp`` in the
     same folder (so ``include dir/*`` globs never see it), mode and owner set on it before the
     rename, fsync, rename, folder fsync. A config deployed as ``deploy:www-data`` while we run as
     root keeps its owner, and a crash leaves the old file or the new one, never half of one.
     """
-    atomic_write_text(path, text, like=like)
+    target = path.resolve() if path.is_symlink() else path
+    atomic_write_text(target, text, like=like if like is not None else target)
 
 
 def save_backup(file: Path, backup_dir: Path) -> Path:

@@ -39,11 +39,22 @@ controllers never interleave:
 5. health check fails -> restore, ``nginx -t``, reload, health check again.
 The result says which stage failed, whether it rolled back and whether nginx is serving
 the last good config afterwards.
+
+A sweep's journal (:meth:`NginxControl.begin_sweep`): the backup above holds the file before
+the LAST edit, i.e. the previous trial's. What a sweep must return to is the file before its
+FIRST edit, so ``begin_sweep`` writes it (the one file the tuner edits, and its text) to
+``<backup dir>/sweep.json`` before the first trial, durably; :meth:`restore_original` puts it
+back and makes it live (``nginx -t``, reload, health) on any way a sweep ends without its
+choice applied (an error, a cancellation, nginx not returning to health); :meth:`end_sweep`
+removes it once the choice is live. A controller killed mid-sweep finds the journal at its
+next start (:meth:`recover`) or sweep, and the original comes back before anything reads the
+"current" value (which would otherwise be a trial's).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import signal
@@ -61,6 +72,7 @@ from controllers.nginx_tuner import config_edit
 from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.procfs import children, cmdline
+from promreflex.fsutil import atomic_write_text
 from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
 
 Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
@@ -137,7 +149,9 @@ class NginxControl:
         health_timeout: float = 10.0,
         metrics: TunerMetrics | None = None,
     ):
-        self.conf_path = Path(conf_path).resolve()
+        # absolute(), not resolve(): nginx reads relative includes from the directory of the -c
+        # path as given, so a symlinked nginx.conf must be tested and edited as nginx reads it
+        self.conf_path = Path(conf_path).absolute()
         self.prefix = Path(prefix).resolve()
         self.nginx_bin = nginx_bin
         self.directive = directive
@@ -287,12 +301,84 @@ class NginxControl:
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         self.backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self._lock, open(self.backup_dir / ".lock", "w") as fh:
+        # O_NOFOLLOW: the config's directory may be writable by its deploy user, and a lock
+        # opened by root through a planted link would create or touch any file
+        fd = os.open(self.backup_dir / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with self._lock, os.fdopen(fd, "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------ sweep journal
+
+    @property
+    def journal_path(self) -> Path:
+        return self.backup_dir / "sweep.json"
+
+    def begin_sweep(self) -> str:
+        """Before a sweep's first change: put back what an interrupted sweep left (its
+        original, see :meth:`recover`), then record the file the sweep will edit and its text
+        now. Returns what was recovered ('' when nothing). Raises NginxError when an
+        interrupted sweep's original cannot be made live (nothing new starts then)."""
+        with self._exclusive():
+            recovered = self._recover()
+            file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
+            record = {"file": str(file), "content": config_edit._read_text(file), "started": time.time()}
+            atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
+        return recovered
+
+    def end_sweep(self) -> None:
+        """The sweep's choice is live: its original is no longer needed."""
+        with self._exclusive():
+            self.journal_path.unlink(missing_ok=True)
+
+    def recover(self) -> str:
+        """What :meth:`restore_original` does, for a journal left by a sweep that did not end
+        (a SIGKILL): '' when there is none."""
+        with self._exclusive():
+            return self._recover()
+
+    def restore_original(self) -> str:
+        """Put back the file as it was before the sweep and make it live; says what it did.
+        The journal stays (and the next sweep or start tries again) until nginx serves it."""
+        with self._exclusive():
+            return self._recover() or "no sweep journal: nothing to restore"
+
+    def _recover(self) -> str:
+        try:
+            record = json.loads(self.journal_path.read_text(encoding="utf-8"))
+            file, content = Path(record["file"]), record["content"]
+            if not isinstance(content, str):
+                raise ValueError("content is not text")
+        except FileNotFoundError:
+            return ""
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise NginxError(f"sweep journal {self.journal_path} is unreadable ({e}); "
+                             "check the config by hand, then remove the journal") from None
+        try:
+            changed = config_edit._read_text(file) != content
+        except (OSError, ConfigEditError):
+            changed = True
+        if changed:
+            config_edit.atomic_write(file, content)
+        what = f"the pre-sweep {file} " + ("put back" if changed else "already on disk")
+        try:
+            self.master_pid()
+        except NginxError:  # nginx does not run: it starts on the original
+            self.journal_path.unlink(missing_ok=True)
+            return f"{what}; nginx is not running"
+        ok, msg = self.test()
+        if not ok:
+            raise NginxError(f"{what}, but it fails nginx -t ({msg}); the journal {self.journal_path} is kept")
+        reload = self.reload()
+        if not reload.ok:
+            raise NginxError(f"{what}, but the reload failed ({reload.message}); the journal {self.journal_path} is kept")
+        if not self._healthy_within():
+            raise NginxError(f"{what} and reloaded, but the health check fails; the journal {self.journal_path} is kept")
+        self.journal_path.unlink(missing_ok=True)
+        return f"{what} and live"
 
     def _state(self, state: str) -> None:
         if self.metrics is not None:
@@ -332,11 +418,17 @@ class NginxControl:
         if not ok:
             res.message = f"not touching the config: it already fails nginx -t: {msg}"
             return
+        if not self._healthy_within():  # a rollback could not bring back a health that was never there
+            res.message = "not touching the config: the health check already fails"
+            return
         res.stage = "edit"
         try:
             edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name, backup_dir=self.backup_dir)
         except ConfigEditError as e:
             res.message = f"edit refused, nothing written: {e}"
+            return
+        except OSError as e:  # (a file or directory it cannot write; the edit is atomic)
+            res.message = f"edit failed, the config is unchanged: {e}"
             return
         res.edit = edit
         if not edit.changed:

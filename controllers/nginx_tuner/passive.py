@@ -31,8 +31,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from controllers.nginx_tuner.sweep import Measurement
+import aiohttp
+
 from controllers.nginx_tuner.trial import LoadError
 from promreflex.clients import APIError, PrometheusClient
+
+#: What a query to Prometheus can raise: it answered with an error, it is unreachable or
+#: restarting, it timed out, or a proxy before it answered with something that is not its JSON.
+QUERY_ERRORS = (APIError, aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError)
 
 DEFAULT_MEMORY_QUERY = "sum(promreflex_nginx_memory_bytes)"
 
@@ -91,7 +97,7 @@ class PassiveMeasurer:
             try:
                 reqs = await self._value(q["requests"]) or 0.0
                 errs = await self._value(q["errors"]) or 0.0
-            except APIError:
+            except QUERY_ERRORS:  # a check missed; the dwell goes on, the final read decides
                 continue
             if reqs >= self.min_requests and errs / reqs > self.max_error_ratio:
                 aborted = f"5xx ratio {errs / reqs:.2%} > {self.max_error_ratio:.2%} after {elapsed:.0f}s of the dwell"
@@ -105,8 +111,8 @@ class PassiveMeasurer:
             mean = await self._value(q["mean"], at)
             p95 = await self._value(q["p95"], at)
             mem = await self._value(q["memory"], at)
-        except APIError as e:
-            raise LoadError(f"Prometheus query failed: {e}") from e
+        except QUERY_ERRORS as e:
+            raise LoadError(f"Prometheus query failed: {e!r}") from e
         if aborted:
             return Measurement(mean or math.nan, p95 or math.nan, mem or math.nan, "prometheus", round(reqs), round(errs), aborted=aborted)
         if reqs < self.min_requests or mean is None:

@@ -33,6 +33,13 @@ The sweep (:class:`Sweep`):
 5. chooses with ``pareto.choose`` (front, normalised sum rule, keep-current significance
    check) and applies the chosen value, which is the current one when it is kept.
 
+With a journal (:class:`Journal`, ``NginxControl`` is one), the file as it was before the
+first trial is recorded durably first, and the sweep puts it back (text as it was, not only
+the value) and makes it live on every way it can end without its choice applied: an error of
+any kind, a cancellation, nginx not returning to health after a trial, no decision, a kept
+current value; the journal is removed only once the choice is live. Without one, the last good
+value is applied again instead (what ``restore`` means then).
+
 Nothing here imports locust; ``run_load`` starts it in a child process.
 """
 
@@ -107,6 +114,16 @@ class TrialRecord:
 
 class Measure(Protocol):
     def __call__(self, value: float) -> Awaitable[Measurement]: ...
+
+
+class Journal(Protocol):
+    """The pre-sweep file, kept durably (``NginxControl``: ``<backup dir>/sweep.json``)."""
+
+    def begin_sweep(self) -> str: ...
+
+    def restore_original(self) -> str: ...
+
+    def end_sweep(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -269,6 +286,7 @@ class Sweep:
         *,
         metrics: TunerMetrics | None = None,
         progress: Callable[[str], None] = print,
+        journal: Journal | None = None,
     ):
         cands = tuple(settings.candidates)
         if current is not None and not float(current).is_integer():
@@ -282,6 +300,7 @@ class Sweep:
         self.current = current
         self.metrics = metrics
         self.progress = progress
+        self.journal = journal
         self.plan = trial_plan(settings.candidates, settings.repeats, settings.seed)
         self.stop_requested = False
 
@@ -301,6 +320,11 @@ class Sweep:
         return await asyncio.to_thread(self.apply, int(value))
 
     async def _restore_last_good(self) -> str:
+        if self.journal is not None:
+            try:
+                return "restored: " + await asyncio.to_thread(self.journal.restore_original)
+            except Exception as e:  # noqa: BLE001 - said, and the journal stays for the next try
+                return f"could NOT restore the pre-sweep config: {e}"
         if self.current is None:
             return "no last good value known; left as is"
         res = await self._apply(self.current)
@@ -320,6 +344,10 @@ class Sweep:
         )
         self._state("sweeping")
         broken = False
+        if self.journal is not None:
+            recovered = await asyncio.to_thread(self.journal.begin_sweep)
+            if recovered:
+                self.progress(f"an interrupted sweep's original was recovered first: {recovered}")
         try:
             for rnd in range(n_rounds):
                 for t in (t for t in self.plan if t.round == rnd):
@@ -355,21 +383,32 @@ class Sweep:
             points = points_of(records, s.confidence)
             result = SweepResult(s, self.current, records, points, choice, len(records), len(self.plan), dropped, stopped_after)
             if broken:
-                result.final, result.final_ok = "sweep stopped: nginx could not be returned to a good config", False
+                restored = await self._restore_last_good()
+                result.final, result.final_ok = f"sweep stopped: nginx did not return to health after a trial; {restored}", False
             elif choice is None:
                 why = "the current value's own trial failed, no decision" if current_lost else "nothing was measured"
                 restored = await self._restore_last_good()
                 result.final, result.final_ok = f"{why}; {restored}", False
+            elif choice.kept_current and self.journal is not None:
+                restored = await self._restore_last_good()  # the file as it was, text and all
+                result.final_ok = restored.startswith("restored")
+                result.final = f"kept {choice.value:g}: {restored}"
             else:
                 res = await self._apply(choice.value)
                 result.final_ok = res.ok
                 verb = "kept" if choice.kept_current else "applied"
                 result.final = f"{verb} {choice.value:g}: {res.message}" if res.ok else f"applying {choice.value:g} failed: {res.message}"
+                if not res.ok:
+                    result.final += f"; {await self._restore_last_good()}"
+                elif self.journal is not None:
+                    await asyncio.to_thread(self.journal.end_sweep)
             return result
-        except asyncio.CancelledError:
-            # The controller is stopping mid-sweep: never leave a candidate behind.
-            self.progress("sweep cancelled; restoring the last good value")
-            await self._restore_last_good()
+        except BaseException as e:
+            # Stopping mid-sweep (cancelled) or anything unexpected (Prometheus gone, a disk
+            # error, a measurement that raised): never leave a candidate behind.
+            why = "cancelled" if isinstance(e, asyncio.CancelledError) else f"failed ({e!r})"
+            self.progress(f"sweep {why}; restoring the pre-sweep config")
+            self.progress(await self._restore_last_good())
             raise
         finally:
             self._state("idle")

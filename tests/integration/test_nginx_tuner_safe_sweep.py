@@ -11,9 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers.nginx_tuner.metrics import TunerMetrics
+from controllers.nginx_tuner.nginx_ctl import NginxControl
 from controllers.nginx_tuner.sweep import LoadMeasurer, Measurement, Sweep, SweepSettings, write_results
 from promreflex.proc import http_ok
-from tests.integration.test_nginx_tuner_nginx import BackgroundGets, Live, live, port_conflict  # noqa: F401 - live: the fixture
+from tests.integration.test_nginx_tuner_nginx import NGINX, BackgroundGets, Live, live, port_conflict  # noqa: F401 - live: the fixture
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +61,83 @@ async def test_small_sweep_with_injected_failures_never_fails_a_request(live: Li
     assert reg.get_sample_value("promreflex_nginx_tuner_applied_keepalive_timeout_seconds") == 65
     paths = write_results(result, tmp_path)
     assert paths["csv"].read_text().count("\n") == 5
+
+
+async def test_a_sweep_that_fails_any_way_puts_the_pre_sweep_file_back(live: Live) -> None:  # noqa: F811
+    """Whatever ends a sweep early (here a measurement raising what no one caught: Prometheus
+    unreachable, a disk error), the file goes back as it was before the first trial, not as
+    the previous trial left it, and nginx serves it (issue: the trial value stayed live, and
+    the retry took it for the original)."""
+    ctl = live.control()
+    original = live.conf.read_text()
+    calls: list[float] = []
+
+    async def measure(value: float) -> Measurement:
+        calls.append(value)
+        if len(calls) == 2:
+            raise ConnectionRefusedError("Prometheus is not answering")
+        return Measurement(0.001, 0.002, 1e6, "pss", 100, 0)
+
+    settings = SweepSettings(candidates=(1.0, 2.0, 3.0), repeats=1, seed=3)
+    with pytest.raises(ConnectionRefusedError):
+        await Sweep(settings, ctl.apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert len(calls) == 2
+    assert live.conf.read_text() == original and not ctl.journal_path.exists()
+    assert http_ok(live.url)
+
+
+async def test_a_sweep_killed_mid_way_is_undone_before_the_next_reads_the_current_value(live: Live) -> None:  # noqa: F811
+    """SIGKILL between two trials leaves a trial value live and the journal on disk: the next
+    start (``recover``) puts the pre-sweep text back, `1m`-style spelling included, and makes
+    it live; the current value read after that is the original, not the trial's."""
+    ctl = live.control()
+    live.conf.write_text(live.conf.read_text().replace("keepalive_timeout 65;", "keepalive_timeout 1m5s;"))
+    assert ctl.apply(65).ok  # (reload with the respelled file: same value)
+    live.conf.write_text(live.conf.read_text().replace("keepalive_timeout 65;", "keepalive_timeout 1m5s;"))
+    original = live.conf.read_text()
+    ctl.begin_sweep()
+    assert ctl.apply(7).ok and ctl.current_value() == ("7",)  # a trial, then the controller dies
+    again = NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0, health_url=live.url)  # restarted
+    said = again.recover()
+    assert "put back and live" in said, said
+    assert live.conf.read_text() == original and again.current_value() == ("1m5s",)
+    assert not again.journal_path.exists() and again.recover() == ""
+    assert http_ok(live.url)
+
+
+async def test_a_health_blip_after_a_trial_ends_on_the_pre_sweep_file(live: Live) -> None:  # noqa: F811
+    """The health check fails for a while after the second trial: its rollback could only
+    return to the FIRST trial's file (the per-edit backup); the sweep stops and puts back the
+    file from before the sweep once nginx is healthy again."""
+    healthy = {"on": True, "blip": False}
+    ctl = live.control(health_check=lambda: healthy["on"])
+    ctl.health_timeout = 0.5
+    original = live.conf.read_text()
+    applied: list[int] = []
+
+    real_reload = ctl.reload
+
+    def reload(timeout: float | None = None):  # noqa: ANN202
+        out = real_reload(timeout)
+        if healthy["blip"]:
+            healthy["on"] = False  # down from this trial's reload through its rollback
+        return out
+
+    ctl.reload = reload  # type: ignore[method-assign]
+
+    def apply(value: int):  # noqa: ANN202
+        applied.append(value)
+        healthy["blip"] = len(applied) == 2
+        try:
+            return ctl.apply(value)
+        finally:
+            healthy["on"], healthy["blip"] = True, False
+
+    async def measure(value: float) -> Measurement:
+        return Measurement(0.001, 0.002, 1e6, "pss", 100, 0)
+
+    settings = SweepSettings(candidates=(1.0, 2.0, 3.0), repeats=1, seed=3)
+    result = await Sweep(settings, apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert not result.final_ok and "did not return to health" in result.final, result.final
+    assert "restored" in result.final and live.conf.read_text() == original
+    assert ctl.current_value() == ("65",) and not ctl.journal_path.exists()

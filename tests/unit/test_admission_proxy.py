@@ -54,12 +54,16 @@ def upstream_app() -> web.Application:
         return web.Response(text="slow done")
 
     async def stream(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(float(request.query.get("s", "0")))
         resp = web.StreamResponse()
-        await resp.prepare(request)
-        for i in range(20):
-            await resp.write(bytes([65 + i]) * 10_000)
-            await asyncio.sleep(0.005)
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            for i in range(20):
+                await resp.write(bytes([65 + i]) * 10_000)
+                await asyncio.sleep(0.005)
+            await resp.write_eof()
+        except ConnectionError:  # the proxy closed the connection (its client left): not this app's error
+            pass
         return resp
 
     async def raw(request: web.Request) -> web.Response:
@@ -91,6 +95,7 @@ def upstream_app() -> web.Application:
     app.router.add_get("/fail", fail)
     app.router.add_route("*", "/hang", hang)  # (never reads a body)
     app.router.add_get("/slow", slow)
+    app.router.add_get("/slow/stream", stream)  # (a page of class slow, answered in chunks)
     app.router.add_get("/stream", stream)
     app.router.add_route("*", "/{tail:.*}", echo)
     return app
@@ -387,10 +392,35 @@ async def test_a_client_that_leaves_while_the_app_works_keeps_its_page_slot_unti
         assert r.value("promreflex_admission_requests_total", page="slow", outcome="served") == 1
 
 
-async def test_stopping_the_proxy_does_not_wait_for_answers_to_clients_that_left():
+@pytest.mark.parametrize("path", ["/slow/stream?s=0.4", "/slow?s=0.4"])
+async def test_a_client_that_left_while_the_app_works_on_a_streamed_answer_is_counted_without_an_error(path, caplog):
+    """The app's answer to a client that left comes back streamed (chunked, over 64 KiB): the
+    proxy starts it on a closed connection. Counted client_gone once, and no 'Error handling
+    request' with its traceback (which the log's rate limit would also use to hide real ones)."""
+    caplog.set_level(logging.INFO)
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            cookie = resp.cookies[COOKIE].value
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(r.url.rsplit(":", 1)[1]))
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nCookie: {COOKIE}={cookie}\r\n\r\n".encode())
+        await writer.drain()
+        page = r.proxy.pages["slow"]
+        await until(lambda: page.in_flight == 1)
+        writer.close()
+        await until(lambda: page.in_flight == 0 and not r.proxy._lingering)
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="client_gone") == 1
+        assert sum(r.value("promreflex_admission_requests_total", page="slow", outcome=o)
+                   for o in ("served", "upstream_error", "upstream_5xx", "upstream_timeout")) == 0
+    errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR or rec.exc_info]
+    assert not errors, [(rec.name, rec.getMessage()) for rec in errors]
+
+
+@pytest.mark.parametrize("leaves", ["before the stop", "during the stop"])
+async def test_stopping_the_proxy_does_not_wait_for_answers_to_clients_that_left(leaves):
     """The client of a request at the app left (the request keeps its slot until the app
     answers): on SIGTERM the proxy drops that wait instead of holding its shutdown until the
-    app answers or its page timeout ends the wait."""
+    app answers or its page timeout ends the wait; also for a client that leaves while the
+    proxy stops (nginx closing its connections as the stack stops)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from controllers.admission.cli import serve
@@ -418,13 +448,18 @@ async def test_stopping_the_proxy_does_not_wait_for_answers_to_clients_that_left
             while await sample(plain, ctl, "promreflex_admission_page_in_flight", page="slow") != 1:
                 assert time.monotonic() < deadline, "the request never reached the app"
                 await asyncio.sleep(0.02)
-            gone.cancel()
-            while await sample(plain, ctl, "promreflex_admission_requests_total", page="slow",
-                               outcome="client_gone") != 1:
-                assert time.monotonic() < deadline + 10, "the client's leaving was not counted"
-                await asyncio.sleep(0.02)
-            assert await sample(plain, ctl, "promreflex_admission_page_in_flight", page="slow") == 1
-        stop.set()
+            if leaves == "before the stop":
+                gone.cancel()
+                while await sample(plain, ctl, "promreflex_admission_requests_total", page="slow",
+                                   outcome="client_gone") != 1:
+                    assert time.monotonic() < deadline + 10, "the client's leaving was not counted"
+                    await asyncio.sleep(0.02)
+                assert await sample(plain, ctl, "promreflex_admission_page_in_flight", page="slow") == 1
+            stop.set()
+            if leaves == "during the stop":
+                await asyncio.sleep(0.5)  # the proxy is stopping, waiting for its handlers
+                assert not task.done()
+                gone.cancel()
         # (the page timeout, 30 s by default, would end the wait otherwise; the app takes 300 s)
         assert await asyncio.wait_for(task, 15) == 0
 

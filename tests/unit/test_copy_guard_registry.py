@@ -183,6 +183,49 @@ def test_a_registry_under_a_directory_others_can_write_is_refused(tmp_path, via)
     check_dir(target)
 
 
+def test_a_link_someone_else_owns_on_the_way_is_refused_even_in_a_sticky_directory(tmp_path):
+    """A link planted in /tmp by another user to a private directory of ours passes a check
+    that follows links, and its owner can repoint it afterwards: refused."""
+    from promreflex.errors import UserError
+
+    if os.geteuid() != 0:
+        pytest.fail("needs root to chown (this suite runs as root)")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir(mode=0o700)
+    sticky.chmod(0o1777)
+    private = tmp_path / "private"
+    (private / "copies").mkdir(mode=0o700, parents=True)
+    link = sticky / "promreflex"
+    link.symlink_to(private)
+    check_dir(link / "copies")  # our own link: fine
+    os.lchown(link, 12345, 12345)
+    with pytest.raises(UserError, match=f"symbolic link {link} on the way is owned by uid 12345"):
+        check_dir(link / "copies")
+
+
+def test_a_loop_of_links_is_a_one_line_refusal(tmp_path):
+    from promreflex.errors import UserError
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(UserError, match="too many levels of symbolic links"):
+        check_dir(tmp_path / "a" / "copies", create=True)
+
+
+def test_missing_directories_are_made_private_whatever_the_umask(tmp_path):
+    """Under umask 002 (Ubuntu's), parents made with the umask came out group-writable and the
+    second start refused the registry the first one had made."""
+    old = os.umask(0o002)
+    try:
+        reg = Registry(tmp_path / "state" / "promreflex" / "copies")
+        reg.add(Entry(id="a", kind="adopted", pid=os.getpid(), site="s"))
+        reg.add(Entry(id="b", kind="adopted", pid=os.getpid(), site="s"))
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "state", tmp_path / "state" / "promreflex", reg.dir):
+        assert d.stat().st_mode & 0o077 == 0, d
+
+
 def test_a_new_registry_is_private(tmp_path):
     reg = Registry(tmp_path / "a" / "copies")
     reg.add(Entry(id="a", kind="adopted", pid=os.getpid(), site="s"))

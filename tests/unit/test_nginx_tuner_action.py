@@ -63,6 +63,8 @@ def test_params_defaults_and_rejections() -> None:
         {"nginx_config": "/x", "mode": "active"},  # needs load_url
         {"nginx_config": "/x", "site": 'shop"} or vector(1) #'},
         {"nginx_config": "/x", "surprise": 1},
+        {"nginx_config": "/x", "mode": "active", "load_url": "127.0.0.1:8080/"},  # no scheme: every trial would fail
+        {"nginx_config": "/x", "health_url": "localhost/health"},
     ]
     for data in bad:
         with pytest.raises(ValidationError):
@@ -155,6 +157,26 @@ async def test_passive_aborts_when_errors_rise_and_refuses_thin_traffic() -> Non
                             sleep=c3.sleep, clock=c3)  # type: ignore[arg-type]
     with pytest.raises(LoadError, match="no memory series"):
         await nomem(30.0)
+
+
+async def test_passive_turns_an_unreachable_prometheus_into_a_failed_trial() -> None:
+    """Prometheus restarting or a proxy's HTML error page: the trial fails (LoadError, the sweep
+    goes on and restores), not an exception that ends the sweep on a trial value."""
+    import aiohttp
+
+    class Down(FakeProm):
+        async def query(self, expr: str, time: float | None = None) -> list[dict]:
+            raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1:9090")
+
+    class Garbled(FakeProm):
+        async def query(self, expr: str, time: float | None = None) -> list[dict]:
+            return [{"metric": {}, "value": [0, "<html>"]}]
+
+    for prom in (Down({}), Garbled({})):
+        clock = Clock()
+        m = PassiveMeasurer(prom, dwell_s=10, settle_s=0, check_interval=5, sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+        with pytest.raises(LoadError, match="Prometheus query failed"):
+            await m(30.0)
 
 
 def test_passive_site_is_quoted_as_data() -> None:

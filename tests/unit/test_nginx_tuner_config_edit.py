@@ -82,6 +82,21 @@ def test_directive_in_included_file_is_edited_there(conf: Path) -> None:
     assert changes(inc_before, inc.read_text()) == (["keepalive_timeout 75s;"], ["keepalive_timeout 40s;"])
 
 
+@pytest.mark.parametrize("conf", ["include"], indirect=True)
+def test_a_symlinked_include_stays_a_link_and_its_target_is_edited(conf: Path) -> None:
+    """sites-enabled/x -> ../sites-available/x: the file nginx reads through the link is edited
+    and the link stays (replacing it with a file forked the config), backup and restore too."""
+    inc = conf.parent / "conf.d" / "tuning.conf"
+    real = conf.parent / "available.conf"
+    inc.rename(real)
+    inc.symlink_to(Path("..") / real.name)
+    before = real.read_text()
+    res = set_directive(conf, "keepalive_timeout", "40s")
+    assert inc.is_symlink() and "keepalive_timeout 40s;" in real.read_text()
+    config_edit.restore_backup(res.file, conf.parent / config_edit.DEFAULT_BACKUP_DIRNAME)
+    assert inc.is_symlink() and real.read_text() == before
+
+
 @pytest.mark.parametrize("conf", ["servers"], indirect=True)
 def test_named_server_only_changes_that_server(conf: Path) -> None:
     before = conf.read_text()
