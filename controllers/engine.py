@@ -58,7 +58,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from controllers.actions.base import Action, ActionContext, registry
+from controllers.actions.base import Action, ActionContext, Deferred, registry
 from controllers.audit import AuditLog
 from controllers.metrics import ControllerMetrics
 from controllers.models import Alert, WebhookPayload, alert_from_api
@@ -456,6 +456,7 @@ class Engine:
             await self.store.commit()
             return False
         error = detail = ""
+        deferred: Deferred | None = None
         sem = self._action_sems.setdefault(action.name, asyncio.Semaphore(action.concurrency))
         async with sem:
             started = time.monotonic()
@@ -464,11 +465,20 @@ class Engine:
                 detail = await asyncio.wait_for(run, timeout=bound.timeout)
             except TimeoutError:
                 error = f"timed out after {bound.timeout:g}s (cancelled)"
+            except Deferred as e:
+                deferred = e
             except Exception as e:  # noqa: BLE001 - an action's failure is counted, audited, retried
                 error = f"{type(e).__name__}: {e}"
                 log.warning("action %s %s failed for %s: %s", action.name, transition, key, error)
         seconds = time.monotonic() - started
         entry.inflight = None
+        if deferred is not None:  # not done, not failed: again later, if still wanted
+            self._save(entry)
+            self._record(entry, action, transition, "deferred", f"{deferred}; again in {deferred.seconds:.0f}s", seconds)
+            entry.not_before = loop.time() + deferred.seconds
+            self._schedule_retry(key, entry, deferred.seconds)
+            await self.store.commit()
+            return False
         if transition == "fire" and bound.route.cooldown > 0:
             self._last_fire[(entry.route, target)] = now = self.clock()
             self.store.put_last_fire(entry.route, target, now)

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REJECTION_REASONS = ("unauthorized", "too_large", "not_json", "invalid_payload", "unsupported_media_type",
                      "timeout", "bad_body")
 NOTIFICATION_RESULTS = ("accepted", "duplicate", "stale", "conflict")
-ACTION_RESULTS = ("ok", "error", "skipped", "cooldown")
+ACTION_RESULTS = ("ok", "error", "skipped", "cooldown", "deferred")
 
 
 class ControllerMetrics:

@@ -54,6 +54,17 @@ class ActionContext:
         return self.alert.labels
 
 
+class Deferred(Exception):  # noqa: N818 - an outcome, not an error
+    """Raised by an action that cannot act NOW but will later (a tuning allowed only in a
+    window): the engine neither counts a failure nor starts the route's cooldown; it records
+    ``deferred`` and runs the transition again after ``seconds`` if it is still wanted (the
+    alert still firing, checked with Alertmanager as for any fire)."""
+
+    def __init__(self, message: str, seconds: float):
+        super().__init__(message)
+        self.seconds = max(1.0, float(seconds))
+
+
 class Action(abc.ABC):
     """Base class; subclasses set ``name`` and ``Params`` and implement fire/resolve."""
 

@@ -18,8 +18,9 @@ Behaviour:
 - one tuning at a time: ``concurrency = 1`` and the target is the nginx config path (from the
   route's params, never from alert labels), so two alerts about the same proxy queue up behind
   one lock and the route's ``cooldown`` then applies to the second;
-- outside ``window`` the firing alert is acknowledged and NOT acted on (counted as
-  ``outside_window``); it acts when the alert fires again inside the window;
+- outside ``window`` the firing alert is not acted on yet (counted as ``outside_window``): the
+  engine records it ``deferred`` and runs it again when the window opens, if the alert still
+  fires then (no cooldown started, no failure counted);
 - passive mode by default (``controllers.nginx_tuner.passive``): each candidate is held for
   ``dwell`` under live traffic, then the Pareto choice is applied, or the current value kept
   when the pick is not significantly better. Errors rising during a dwell restore the last
@@ -42,7 +43,7 @@ from typing import Any, Literal
 from prometheus_client import Counter, Gauge
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from controllers.actions.base import Action, ActionContext, register
+from controllers.actions.base import Action, ActionContext, Deferred, register
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.nginx_ctl import NginxControl, nginx_seconds
 from controllers.nginx_tuner.passive import DEFAULT_MEMORY_QUERY, PassiveMeasurer
@@ -66,6 +67,19 @@ def in_window(window: str | None, now: dt.datetime) -> bool:
     t = now.astimezone(dt.UTC)
     minute = t.hour * 60 + t.minute
     return start <= minute < end if start <= end else (minute >= start or minute < end)
+
+
+def seconds_to_window(window: str | None, now: dt.datetime) -> float:
+    """Seconds from ``now`` until ``window`` next opens (0 inside it)."""
+    if window is None or in_window(window, now):
+        return 0.0
+    m = _WINDOW.match(window)
+    assert m is not None  # in_window checked it
+    t = now.astimezone(dt.UTC)
+    opens = t.replace(hour=int(m[1]), minute=int(m[2]), second=0, microsecond=0)
+    if opens <= t:
+        opens += dt.timedelta(days=1)
+    return (opens - t).total_seconds()
 
 
 class RetuneParams(Strict):
@@ -110,8 +124,12 @@ class RetuneParams(Strict):
     @field_validator("window")
     @classmethod
     def _window(cls, v: str | None) -> str | None:
-        if v is not None and not _WINDOW.match(v):
-            raise ValueError("window must be HH:MM-HH:MM (UTC)")
+        if v is not None:
+            m = _WINDOW.match(v)
+            if not m:
+                raise ValueError("window must be HH:MM-HH:MM (UTC)")
+            if m.group(1, 2) == m.group(3, 4):
+                raise ValueError(f"window {v} is empty (start = end)")
         return v
 
     @field_validator("load_url", "health_url")
@@ -197,9 +215,11 @@ class RetuneNginx(Action):
 
     async def fire(self, ctx: ActionContext) -> str:
         p: RetuneParams = ctx.params  # type: ignore[assignment]
-        if not in_window(p.window, self.clock()):
+        now = self.clock()
+        if not in_window(p.window, now):
             self._count("outside_window")
-            return f"outside the allowed window {p.window} UTC; not tuning (acts when the alert fires inside it)"
+            wait = seconds_to_window(p.window, now)
+            raise Deferred(f"outside the allowed window {p.window} UTC; tuning when it opens if the alert still fires", wait)
         async with self._lock:
             return await self._retune(p, ctx.services or self.services)
 

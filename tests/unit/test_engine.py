@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from controllers.actions.base import Action, ActionContext, register
+from controllers.actions.base import Action, ActionContext, Deferred, register
 from controllers.audit import AuditLog, read_audit
 from controllers.engine import Engine, retry_delay
 from controllers.metrics import ControllerMetrics
@@ -33,6 +34,7 @@ class Recorder(Action):
     name = "test-recorder"
     concurrency = 4  # so that serialisation per target is the engine's lock, not the semaphore
     failures_left = 0
+    defer_left = 0  # runs that answer Deferred (not now: later)
     delay = 0.0
     running = 0
     max_running = 0
@@ -51,6 +53,9 @@ class Recorder(Action):
             if type(self).failures_left > 0:
                 type(self).failures_left -= 1
                 raise RuntimeError("injected failure")
+            if type(self).defer_left > 0:
+                type(self).defer_left -= 1
+                raise Deferred("not in its window", 1.0)
             CALLS.append((what, ctx.alert.fingerprint, ctx.labels.get("instance", "")))
             return what
         finally:
@@ -67,6 +72,7 @@ class Recorder(Action):
 def _reset():
     CALLS.clear()
     Recorder.failures_left, Recorder.delay, Recorder.running, Recorder.max_running = 0, 0.0, 0, 0
+    Recorder.defer_left = 0
     Recorder.hang = set()
 
 
@@ -254,6 +260,27 @@ async def test_cooldown_delays_a_new_fire_but_never_a_resolve(tmp_path):
     await engine.reconcile()
     await engine.drain()
     assert [c[0] for c in CALLS] == ["fire", "resolve", "fire"]
+    await engine.shutdown()
+
+
+async def test_a_deferred_fire_runs_later_without_a_failure_or_a_cooldown(tmp_path):
+    """An action that cannot act now (a tuning outside its window) raises Deferred: recorded
+    `deferred`, no failure counted (max_retries 0 would give up on a failure), no cooldown
+    started, and the fire runs again after the given time while the alert still fires (the
+    repeated notifications of the same episode are duplicates and would not)."""
+    Recorder.defer_left = 1
+    engine, registry = make_engine(tmp_path, cooldown=600, max_retries=0)
+    await deliver(engine, FIRING)
+    deadline = time.monotonic() + 10
+    while not CALLS:
+        assert time.monotonic() < deadline, "the deferred fire never ran again"
+        await asyncio.sleep(0.05)
+    await engine.drain()
+    assert [("fire", FIRING["fingerprint"], "a")] == CALLS
+    sample = registry.get_sample_value
+    assert sample("promreflex_controller_actions_total", {"action": "test-recorder", "transition": "fire", "result": "deferred"}) == 1
+    assert sample("promreflex_controller_actions_total", {"action": "test-recorder", "transition": "fire", "result": "error"}) == 0
+    assert sample("promreflex_controller_actions_total", {"action": "test-recorder", "transition": "fire", "result": "ok"}) == 1
     await engine.shutdown()
 
 

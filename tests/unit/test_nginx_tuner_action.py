@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from controllers.actions.base import ActionContext, registry
+from controllers.actions.base import ActionContext, Deferred, registry
 from controllers.models import Alert
 from controllers.nginx_tuner.action import RetuneNginx, RetuneParams, in_window
 from controllers.nginx_tuner.memory import NginxMemoryCollector
@@ -60,6 +60,7 @@ def test_params_defaults_and_rejections() -> None:
         {"nginx_config": "/x", "candidates": [0, 5]},
         {"nginx_config": "/x", "candidates": [5]},
         {"nginx_config": "/x", "window": "25:00-01:00"},
+        {"nginx_config": "/x", "window": "00:00-00:00"},  # empty: never
         {"nginx_config": "/x", "mode": "active"},  # needs load_url
         {"nginx_config": "/x", "site": 'shop"} or vector(1) #'},
         {"nginx_config": "/x", "surprise": 1},
@@ -99,8 +100,10 @@ async def test_outside_the_window_nothing_is_touched(tmp_path: Path) -> None:
     conf.write_text((FIXTURES / "simple" / "nginx.conf").read_text())
     before = conf.read_bytes()
     p = RetuneParams.model_validate({"nginx_config": str(conf), "window": "02:00-05:00"})
-    detail = await action.fire(ctx(p))
-    assert "outside the allowed window" in detail and conf.read_bytes() == before
+    with pytest.raises(Deferred, match="outside the allowed window") as deferred:
+        await action.fire(ctx(p))
+    assert deferred.value.seconds == 14 * 3600  # 12:00 -> 02:00 the next day
+    assert conf.read_bytes() == before
     assert reg.get_sample_value("promreflex_nginx_tuner_retunes_total", {"result": "outside_window"}) == 1
 
 
