@@ -52,12 +52,12 @@ def rotated_set(path: Path, pattern: str | None = None) -> list[Path]:
 def backfill(config: AccessLogConfig, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
              registry: CollectorRegistry | None = None) -> CollectorRegistry:
     """Count every configured log's rotated set; print the exposition to ``out``. Returns the registry."""
-    sets = {s.site: rotated_set(s.path, s.rotated) for s in config.logs}
+    # one rotated set per configured log (a site may have several logs: each is read once)
+    sets = [rotated_set(s.path, s.rotated) for s in config.logs]
     problems = []
-    for site, files in sets.items():
+    for source, files in zip(config.logs, sets, strict=True):
         if not files:
-            problems.append(f"site {site}: no file at {next(s.path for s in config.logs if s.site == site)} "
-                            "nor rotated copies of it")
+            problems.append(f"site {source.site}: no file at {source.path} nor rotated copies of it")
         for f in files:
             try:
                 problem = check_text(f, allow_gzip=True)
@@ -69,8 +69,8 @@ def backfill(config: AccessLogConfig, *, out: TextIO = sys.stdout, err: TextIO =
         raise NotTextError("backfill refused: " + "; ".join(problems))
     registry = registry if registry is not None else CollectorRegistry()
     metrics = AccessLogMetrics(route_label=config.has_routes, buckets=config.duration_buckets, registry=registry)
-    for source in config.logs:
-        files = sets[source.site]
+    last_of_site = {source.site: i for i, source in enumerate(config.logs)}
+    for i, (source, files) in enumerate(zip(config.logs, sets, strict=True)):
         reader = _Files(files)
         counter = SiteLog(source, config, metrics, follower=reader)  # type: ignore[arg-type]
         for f in files:
@@ -78,7 +78,8 @@ def backfill(config: AccessLogConfig, *, out: TextIO = sys.stdout, err: TextIO =
             for batch in read_lines(f, max_line_bytes=config.max_line_bytes, stats=reader.stats):
                 counter.handle(batch)
             print(f"site {source.site}: {f}: {reader.stats.lines - before} lines", file=err)
-        _summary(registry, source.site, err)
+        if last_of_site[source.site] == i:  # the site's total, after its last log
+            _summary(registry, source.site, err)
     out.write(generate_latest(registry).decode())
     return registry
 

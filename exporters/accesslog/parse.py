@@ -36,7 +36,6 @@ a bad value is counted under its own rejection reason instead of a vague "no mat
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, NamedTuple
 
@@ -52,7 +51,10 @@ REASONS = ("no_match", "bad_status", "bad_bytes", "bad_time", "oversized", "bad_
 _VAR = re.compile(r"\$(?:\{([A-Za-z0-9_]+)\}|([A-Za-z0-9_]+))")
 # "" too: with ``escape=json`` nginx writes an empty value, not "-", for a request that never
 # reached an upstream
-_TIME_NUMBER = r"\d+(?:\.\d+)?"
+# A time nginx logs: whole seconds up to 5 digits (27.8 h; a longer one is junk, not a slow
+# request: it would add years to a histogram's sum), see MAX_SECONDS.
+_TIME_NUMBER = r"\d{1,5}(?:\.\d+)?"
+MAX_SECONDS = 100_000.0
 _TIME_ITEM = rf"(?:-|{_TIME_NUMBER})"
 _TIME_SEP = "(?:, | : )"
 _TIMES = rf"{_TIME_ITEM}(?:{_TIME_SEP}{_TIME_ITEM})*|"
@@ -119,7 +121,11 @@ def _field_pattern(next_literal: str, quoted: str = _QUOTED) -> str:
         return r"\S*"
     if c == "]":
         return r"[^\]]*"
-    return ".*?"
+    # Any other separator (`|`, `;`, `,`, a tab): the value runs to its first occurrence. A lazy
+    # `.*?` here let a value hold its separator, at the cost of trying every split of a line that
+    # does not match: O(n^3) for a few fields (a 4 KB line of a drifted format took 37 s). A value
+    # holding its own separator is ambiguous anyway; it is counted as a format mismatch.
+    return "[^" + re.escape(c) + "]*"
 
 
 def compile_log_format(log_format: str, *, trailing: bool = False) -> tuple[re.Pattern[str], list[str]]:
@@ -215,7 +221,7 @@ _STRICT = {
     "status": "(?P<status>[1-5][0-9][0-9])",
     "body_bytes_sent": "(?:(?P<body_bytes_sent>[0-9]+)|-)",
     "bytes_sent": "(?:(?P<bytes_sent>[0-9]+)|-)",
-    "request_time": r"(?P<request_time>[0-9]+(?:\.[0-9]+)?)",
+    "request_time": rf"(?P<request_time>{_TIME_NUMBER})",
     # the same strings as _TIMES (numbers first: the common case matches on the first try), but
     # "-" (no upstream) and "" (escape=json) leave the group empty
     "upstream_response_time": (rf"(?:(?P<upstream_response_time>{_TIME_NUMBER}(?:{_TIME_SEP}{_TIME_ITEM})*"
@@ -379,12 +385,12 @@ class LineParser:
 
 
 def _seconds(text: str) -> float | None:
-    """A non-negative finite number of seconds, or None."""
+    """A non-negative finite number of seconds below :data:`MAX_SECONDS`, or None."""
     try:
         v = float(text)
     except ValueError:
         return None
-    return v if v >= 0 and math.isfinite(v) else None
+    return v if 0 <= v < MAX_SECONDS else None
 
 
 def sum_times(text: str) -> float | None:

@@ -100,6 +100,10 @@ INT_COMMANDS = frozenset(
 )
 FLAG_COMMANDS = frozenset({"RESPONSE_FLAGS", "RESPONSE_FLAGS_LONG"})
 TIME_COMMANDS = frozenset({"START_TIME", "EMIT_TIME"})
+DURATION_COMMANDS = frozenset({"DURATION", "REQUEST_DURATION", "REQUEST_TX_DURATION", "RESPONSE_DURATION",
+                               "RESPONSE_TX_DURATION"})
+MAX_DURATION_MS = 86_400_000  # a day: beyond it a logged duration is junk, not a slow request
+MAX_INT = 2**53
 HEADER_COMMANDS = frozenset({"REQ", "RESP", "TRAILER"})
 
 # Operators whose values are protocol tokens (never spaces or quotes): matching them tightly
@@ -191,6 +195,17 @@ class Operator:
             return _text_class(stop, None, lazy=False)
         return _text_class(stop, self.max_length, lazy=False)
 
+    def _bounded(self, value: int) -> int:
+        """An integer field's value, or ValueError when no request could have it: negative (a
+        JSON number; text digits cannot be), a duration over :data:`MAX_DURATION_MS` (a
+        histogram's sum would jump by years, and go down with a negative one: a counter reset
+        to ``rate()``), anything over 2**53 (no longer exact as a float)."""
+        if value < 0:
+            raise ValueError(f"{self.key}: {value} is negative")
+        if value > MAX_INT or (self.command in DURATION_COMMANDS and value > MAX_DURATION_MS):
+            raise ValueError(f"{self.key}: {value} is out of range")
+        return value
+
     def convert(self, raw: Any) -> Any:
         """Typed value from a text field or a JSON value; ``-``/``null``/empty -> None.
 
@@ -199,7 +214,7 @@ class Operator:
         if raw is None:
             return None
         if self.kind in ("int", "int_header") and isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
+            return self._bounded(raw)
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             raw = str(raw)
         if not isinstance(raw, str):
@@ -209,7 +224,7 @@ class Operator:
         if self.kind == "int":
             if not raw.isdigit():
                 raise ValueError(f"{self.key}: {raw[:20]!r} is not an integer")
-            return int(raw)
+            return self._bounded(int(raw))
         if self.kind == "int_header":
             return int(raw) if raw.isdigit() else None
         if self.kind == "flags":

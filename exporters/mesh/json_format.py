@@ -59,6 +59,14 @@ ISTIO_JSON_EXTRA_FIELDS: dict[str, str] = {
 
 _SCALAR = (str, int, float, bool, type(None))
 
+# Record keys that operators produce, with types the collector relies on: a line's key that the
+# format does not name may not fill one of them with an untyped raw value (a string
+# "response_code" then reached the status class and the exporter died on it).
+_TYPED_KEYS = frozenset(
+    op.key for op in (parse_operator(v) for v in {**ISTIO_JSON_FORMAT, **ISTIO_JSON_EXTRA_FIELDS}.values())
+    if op is not None and op.kind != "str"
+)
+
 
 class JsonFormat:
     """Parser and writer for one JSON format dictionary (key -> operator string).
@@ -79,11 +87,14 @@ class JsonFormat:
         for k, v in (extra_fields or {}).items():
             self.ops.setdefault(k, parse_operator(v))
         self.required = required
+        self._typed = _TYPED_KEYS | {op.key for op in self.ops.values() if op is not None and op.kind != "str"}
 
     def parse(self, line: str) -> dict[str, Any]:
         """Typed record for one JSON line; raises :class:`ParseError` (never anything else)."""
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise ParseError("invalid_json", "nested too deeply") from None
         except ValueError as e:
             pos, msg = getattr(e, "pos", 0), getattr(e, "msg", "")
             ended_early = pos >= len(line.rstrip()) or msg.startswith("Unterminated string")
@@ -97,7 +108,7 @@ class JsonFormat:
         for key, value in obj.items():
             op = self.ops.get(key)
             if op is None:
-                if isinstance(value, _SCALAR):
+                if isinstance(value, _SCALAR) and key not in self._typed:
                     extras[key] = value
                 continue
             try:

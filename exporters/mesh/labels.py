@@ -136,6 +136,8 @@ def code_class(code: int | None, grpc_status: str | None = None) -> str:
 
     A 2xx answer carrying a gRPC status other than OK takes the class of the status' HTTP
     equivalent (``Unavailable`` -> ``5xx``), so a gRPC failure is a failure."""
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        return OTHER  # (a record's code is an int or None; anything else is junk, not a crash)
     if code and 200 <= code <= 299 and grpc_status not in (None, "OK"):
         equivalent = GRPC_HTTP_EQUIVALENT.get(grpc_status, 500)
         return f"{equivalent // 100}xx"

@@ -91,7 +91,7 @@ class RuntimeUnwrapper:
                 stream = obj.get("stream", "stdout")
                 if not isinstance(msg, str) or not isinstance(stream, str):
                     raise TypeError("log and stream must be strings")
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
                 return [*self.flush(), Unwrapped(None, "bad_wrapper", {"detail": str(e)[:80]})]
             attrs = obj.get("attrs")
             fields = {k: v for k, v in attrs.items() if isinstance(v, str)} if isinstance(attrs, dict) else {}
@@ -134,7 +134,7 @@ def _beats_message(line: str) -> str | None:
     """The original line inside a Filebeat event, or None when ``line`` is not one."""
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("message"), str):
         return None

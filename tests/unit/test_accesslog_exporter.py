@@ -267,3 +267,17 @@ def test_promtool_check_metrics(tmp_path: Path, which: str) -> None:
     res = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout + res.stderr == ""
+
+
+def test_an_absurd_time_is_bad_time_in_a_batch_too(tmp_path: Path) -> None:
+    """The batch path (most lines) took any run of digits as a time: rt=1e20 s went into the
+    histogram's sum."""
+    log = tmp_path / "shop.log"
+    line = '203.0.113.9 - - [27/Nov/2026:01:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "ua" rt={} urt="0.003"\n'
+    log.write_text(line.format("0.004") * 50 + line.format("99999999999999999999") + line.format("0.006") * 49)
+    exp, reg = make({"logs": [{"site": "shop", "path": str(log), "format": "nginx_timed"}], "from_start": True})
+    assert exp.poll() == 100
+    get = reg.get_sample_value
+    assert get("promreflex_accesslog_parse_errors_total", {"site": "shop", "reason": "bad_time"}) == 1
+    assert get("promreflex_http_request_duration_seconds_count", {"site": "shop"}) == 99
+    assert get("promreflex_http_request_duration_seconds_sum", {"site": "shop"}) == pytest.approx(50 * 0.004 + 49 * 0.006)

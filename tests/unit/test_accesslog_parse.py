@@ -155,3 +155,26 @@ def test_literal_regex_characters_in_format_are_escaped() -> None:
     p = build_parser("custom", "($status) [$body_bytes_sent] *$request_time+")
     assert p.parse("(200) [5] *0.1+") == Parsed(200, 5, 0.1, None, None)
     assert p.parse("x200) [5] *0.1+") == "no_match"
+
+
+def test_absurd_times_are_bad_time_on_both_paths() -> None:
+    """A time no request has (20 digits: 1e20 s) went into the histogram's sum, where later
+    observations vanish in float precision: bad_time, by the line parser and the batch path."""
+    p = build_parser("nginx_timed")
+    line = ('203.0.113.9 - - [27/Nov/2026:01:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "ua" '
+            'rt={} urt="0.003"')
+    assert p.parse(line.format("0.004")).request_time == 0.004
+    for junk in ("99999999999999999999", "100000.0", "1e308", "inf", "nan"):
+        assert p.parse(line.format(junk)) == "bad_time", junk
+
+
+def test_a_custom_separator_splits_without_trying_every_split() -> None:
+    """`$a|$b|$c`: each value runs to its separator. A lazy `.*?` per field tried every split
+    of a line that did not match (O(n^3): a 4 KB line of a drifted format took 37 s)."""
+    from exporters.accesslog.parse import compile_log_format
+
+    rx, names = compile_log_format("$remote_addr|$host|$request_id|$x $status")
+    assert ".*?" not in rx.pattern
+    m = rx.match("1.2.3.4|shop.example|abc123|y 200")
+    assert m is not None and m.group("host") == "shop.example" and m.group("status") == "200"
+    assert rx.match("1.2.3.4|" + "a|" * 2000 + "x") is None

@@ -26,6 +26,7 @@ from exporters.accesslog.metrics import HistogramFamily
 from exporters.accesslog.parse import build_parser
 from promreflex.config import ConfigError
 from promreflex.errors import UserError
+from promreflex.follow import check_text
 from tests.corpus import corpus, needs_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,6 +243,38 @@ def test_backfill_of_a_generated_rotated_set_equals_zcat(tmp_path: Path) -> None
     check_against_zcat(log, "nginx_timed")
     reg, _ = run_backfill(log, "nginx_timed")
     assert reg.get_sample_value("promreflex_accesslog_lines_total", {"site": "s"}) == n
+
+
+def test_a_log_with_a_hole_of_zeros_from_a_crash_is_read(tmp_path: Path) -> None:
+    """A crash leaves a block of NUL bytes in a log: the exporters refused to start on it and the
+    backfill refused the file (100 good lines lost, the service down). Now the lines are counted;
+    the one holding the hole is rejected with a reason."""
+    log = tmp_path / "access.log"
+    log.write_bytes("".join(timed(i) for i in range(50)).encode() + b"\0" * 4096
+                    + "".join(timed(i) for i in range(50, 100)).encode())
+    assert check_text(log, allow_gzip=True) is None
+    reg, err = run_backfill(log, "nginx_timed")
+    get = reg.get_sample_value
+    assert get("promreflex_http_requests_total", {"site": "s", "status_class": "2xx"}) == 99, err
+    assert get("promreflex_accesslog_lines_total", {"site": "s"}) == 100, err
+    (tmp_path / "elf").write_bytes(bytes(range(256)) * 64)  # a binary file is still refused
+    assert check_text(tmp_path / "elf", allow_gzip=True) is not None
+
+
+def test_backfill_of_two_logs_of_one_site_reads_each_once(tmp_path: Path) -> None:
+    """Two logs for one site (two vhosts' files): the first was ignored and the second counted twice."""
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("".join(timed(i) for i in range(100)))
+    b.write_text("".join(timed(i, 404) for i in range(109)))
+    out, err = io.StringIO(), io.StringIO()
+    cfg = AccessLogConfig.model_validate({"logs": [{"site": "s", "path": str(a), "format": "nginx_timed"},
+                                                   {"site": "s", "path": str(b), "format": "nginx_timed"}]})
+    reg = backfill(cfg, out=out, err=err)
+    get = reg.get_sample_value
+    assert get("promreflex_accesslog_lines_total", {"site": "s"}) == 209, err.getvalue()
+    assert get("promreflex_http_requests_total", {"site": "s", "status_class": "2xx"}) == 100
+    assert get("promreflex_http_requests_total", {"site": "s", "status_class": "4xx"}) == 109
+    assert err.getvalue().count("total 209 lines") == 1
 
 
 @needs_corpus

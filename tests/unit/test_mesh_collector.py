@@ -268,6 +268,34 @@ def test_oversized_line_is_rejected_not_fatal() -> None:
     assert sample(reg, "promreflex_mesh_parse_errors_total", workload="carts", reason="too_long") == 3
 
 
+def test_hostile_json_lines_are_counted_not_fatal() -> None:
+    """Lines that killed the exporter (served too: every log stopped): JSON nested past
+    Python's recursion limit (plain, in a Docker wrapper, under `auto`), a string status under
+    a key the operator's own format does not map; and values no request has (a negative or
+    absurd duration) that went into the histograms' sums."""
+    reg = CollectorRegistry()
+    ex = MeshExporter(registry=reg)
+    deep = '{"a":' + "[" * 30000 + "]" * 30000 + "}"
+    plain = ex.add_stream("plain", "istio_json")
+    auto = ex.add_stream("auto", "auto")
+    docker = ex.add_stream("docker", "istio_json")
+    custom = ex.add_stream("custom", "istio_json", json_format={"my_code": "%RESPONSE_CODE%", "duration": "%DURATION%"})
+    good = ('{"start_time":"2024-01-01T00:00:00.000Z","method":"GET","path":"/","protocol":"HTTP/1.1",'
+            '"response_code":200,"duration":%s,"authority":"carts","upstream_cluster":"-"}')
+    assert plain.feed([deep, good % "-100000", good % "10000000000000", good % "5"]).parsed == 1
+    assert auto.feed([deep]).parsed == 0
+    assert docker.feed(['{"log":"' + "[" * 30000 + '\\n","stream":"stdout"}', '{"log":' + "[" * 30000 + "]" * 30000 + "}"]).parsed == 0
+    assert custom.feed(['{"my_code":503,"response_code":"200","duration":3}', '{"response_code":"200","duration":3}']).parsed == 1
+    rejected = {(w, r): sample(reg, "promreflex_mesh_parse_errors_total", workload=w, reason=r)
+                for w, r in (("plain", "invalid_json"), ("plain", "bad_value"), ("auto", "invalid_json"),
+                             ("docker", "invalid_json"), ("docker", "bad_wrapper"))}
+    assert rejected == {("plain", "invalid_json"): 1, ("plain", "bad_value"): 2, ("auto", "invalid_json"): 1,
+                        ("docker", "invalid_json"): 1, ("docker", "bad_wrapper"): 1}, rejected
+    assert sample(reg, "promreflex_mesh_parse_errors_total", workload="custom", reason="missing_field") == 1
+    sums = [s.value for m in reg.collect() for s in m.samples if s.name.endswith("duration_seconds_sum")]
+    assert sums and all(0 <= v < 1 for v in sums), sums
+
+
 # ---------------------------------------------------------------- golden /metrics
 
 
