@@ -22,13 +22,16 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.swift.roles import RoleMap, load_roles
 from promreflex.config import is_loopback, parse_duration, split_host_port
 from promreflex.errors import UserError
+
+if TYPE_CHECKING:
+    from exporters.swift.live import LiveSource
 
 COMMAND = "swift-timing"
 log = logging.getLogger("promreflex.exporter.swift")
@@ -46,6 +49,12 @@ def _duration(value: str) -> float:
         return parse_duration(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _signed_duration(value: str) -> float:
+    """A duration that may be negative here: ``serve`` refuses it with a one-line error."""
+    text = value.strip()
+    return -_duration(text[1:]) if text.startswith("-") else _duration(text)
 
 
 def _common(p: argparse.ArgumentParser, live: bool = False) -> None:
@@ -88,10 +97,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="where /metrics is served (default 127.0.0.1:9315)")
     s.add_argument("--web.token-file", dest="token_file", type=Path, default=None,
                    help="bearer token required on every request (mandatory beyond loopback)")
-    s.add_argument("--interval", type=_duration, default=5.0, metavar="DURATION", help="live: analysis interval")
-    s.add_argument("--grace", type=_duration, default=2.0, metavar="DURATION",
+    s.add_argument("--interval", type=_signed_duration, default=5.0, metavar="DURATION", help="live: analysis interval")
+    s.add_argument("--grace", type=_signed_duration, default=2.0, metavar="DURATION",
                    help="live: how far behind the slowest capture a window ends")
-    s.add_argument("--keep", type=_duration, default=30.0, metavar="DURATION",
+    s.add_argument("--keep", type=_signed_duration, default=30.0, metavar="DURATION",
                    help="live: segments kept for matching (longest request counted)")
     s.add_argument("--snaplen", type=int, default=512, help="live: tcpdump snap length (X-Trans-Id needs ~400+)")
     s.add_argument("--threshold.node-processing", dest="node_threshold", type=_duration, default=0.25,
@@ -115,8 +124,11 @@ def _check_captures(args: argparse.Namespace) -> dict[str, Path]:
     for node, path in args.captures:
         if node in caps:
             raise UserError(f"--capture: node {node!r} given twice")
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"--capture {node}={path}: no such file")
+        if not path.is_file():
+            raise UserError(f"--capture {node}={path}: not a regular file (a FIFO, directory or device); "
+                            "copy it to a file first")
         caps[node] = path
     return caps
 
@@ -134,7 +146,33 @@ def _analyze(args: argparse.Namespace) -> Any:
         raise UserError(f"cannot read a capture: {e}") from e
 
 
+def _check_out(flag: str, path: Path) -> None:
+    """Fail before the analysis when its result could not be written."""
+    import os
+    parent = path.parent
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: directory {parent} is not writable")
+
+
+def _window(text: str) -> tuple[float, float]:
+    """``START,END`` in epoch seconds: finite, START < END, between 1970 and 2116."""
+    import math
+
+    from exporters.swift.pcap import MAX_TS
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"--window {text!r}: START,END in epoch seconds") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi <= MAX_TS / 1e9):
+        raise UserError(f"--window {text!r}: START,END in epoch seconds, START < END (finite, 1970 to 2116)")
+    return lo, hi
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
+    if args.json_out != "-" and not args.metrics:
+        _check_out("--json", Path(args.json_out))
     b = _analyze(args)
     if args.metrics:
         from exporters.swift.metrics import SwiftTimingCollector
@@ -147,7 +185,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json_out == "-":
         print(text)
     else:
-        Path(args.json_out).write_text(text + "\n")
+        try:
+            Path(args.json_out).write_text(text + "\n")
+        except OSError as e:
+            raise UserError(f"--json {args.json_out}: {e.strerror or e}") from None
     return 0
 
 
@@ -156,13 +197,8 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
     if args.out.suffix.lower() not in (".png", ".svg"):
         raise UserError(f"--out {args.out}: .png or .svg")
-    window = None
-    if args.window:
-        try:
-            lo, hi = (float(x) for x in args.window.split(","))
-        except ValueError:
-            raise UserError(f"--window {args.window!r}: START,END in epoch seconds") from None
-        window = (lo, hi)
+    _check_out("--out", args.out)
+    window = _window(args.window) if args.window else None
     b = _analyze(args)
     drawn = draw(b, args.out, trans_id=args.trans_id, index=args.request_index, window=window, acks=not args.no_acks)
     print(f"{args.out}: {drawn['segments']} segments, {drawn['exchanges']} exchanges")
@@ -193,15 +229,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token_file(args.token_file, "--web.token-file")
     if not is_loopback(host) and not token:
         raise UserError(f"--web.listen-address {args.listen_address} is beyond loopback: give --web.token-file")
+    sources = _check_live(args)
     roles = _roles(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(args, roles, token))
+    return asyncio.run(_serve(args, roles, token, sources))
 
 
-async def _serve(args: argparse.Namespace, roles: RoleMap, token: str) -> int:
+def _check_live(args: argparse.Namespace) -> list[LiveSource]:
+    """The ``--live`` sources, checked before anything is served; the live durations."""
+    from exporters.swift.live import LiveSource, missing_tools
+
+    for name, value in (("--interval", args.interval), ("--keep", args.keep)):
+        if not value > 0:
+            raise UserError(f"{name}: must be above 0")
+    if not args.grace >= 0:
+        raise UserError("--grace: cannot be negative")
+    sources = [LiveSource.parse(v) for v in args.live]
+    if sum(1 for s in sources if s.interface is None) > 1:
+        raise UserError("--live NODE=-: only one node can read standard input")
+    seen: set[str] = set()
+    for s in sources:
+        if s.node in seen:
+            raise UserError(f"--live: node {s.node!r} given twice")
+        seen.add(s.node)
+    if missing := missing_tools(sources):
+        raise UserError(f"--live needs {' and '.join(missing)}: not found on PATH")
+    return sources
+
+
+async def _serve(args: argparse.Namespace, roles: RoleMap, token: str, sources: list[LiveSource]) -> int:
     from prometheus_client import REGISTRY
 
-    from exporters.swift.live import LiveAnalyzer, LiveSource, run_live
+    from exporters.swift.live import LiveAnalyzer, StreamHealth, run_live
     from exporters.swift.metrics import SwiftTimingCollector
     from promreflex.httpd import metrics_app, serving, stop_on_signals
 
@@ -209,9 +268,6 @@ async def _serve(args: argparse.Namespace, roles: RoleMap, token: str) -> int:
     app = metrics_app(REGISTRY, "promreflex swift packet timing")
     if token:
         app.middlewares.append(_token_middleware(token))
-    sources = [LiveSource.parse(v) for v in args.live]
-    if sum(1 for s in sources if s.interface is None) > 1:
-        raise UserError("--live NODE=-: only one node can read standard input")
     nodes = [s.node for s in sources] or [n for n, _ in args.captures]
     collector = SwiftTimingCollector(nodes, registry=REGISTRY, node_threshold_s=args.node_threshold,
                                      hop_threshold_s=args.hop_threshold)
@@ -227,7 +283,8 @@ async def _serve(args: argparse.Namespace, roles: RoleMap, token: str) -> int:
             else:
                 live = LiveAnalyzer(nodes, roles, collector, grace_s=args.grace, keep_s=args.keep,
                                     window_s=args.clock_window)
-                await run_live(sources, live, stop, interval_s=args.interval, snaplen=args.snaplen)
+                health = StreamHealth(nodes, registry=REGISTRY)
+                await run_live(sources, live, stop, interval_s=args.interval, snaplen=args.snaplen, health=health)
                 await stop.wait()
     except OSError as e:
         raise UserError(f"cannot listen on {args.listen_address}: {e.strerror or e}") from None

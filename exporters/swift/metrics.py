@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from exporters.swift.analyze import Breakdown
 from exporters.swift.exchanges import phase_samples
 from exporters.swift.match import HOW_NAMES
-from exporters.swift.pcap import REASONS
+from exporters.swift.pcap import REASONS, ReadStats
 
 PREFIX = "promreflex_swift"
 TRANSIT_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
@@ -128,14 +128,23 @@ class SwiftTimingCollector(Collector):
                 self.last_duration = seconds
             self._last_end = time.time()
 
-    def _add(self, b: Breakdown) -> None:
+    def add_read(self, read: Mapping[str, ReadStats]) -> None:
+        """Packets read per node (live mode publishes them at every tick, windows or not)."""
+        with self._lock:
+            self._add_read(read)
+
+    def _add_read(self, read: Mapping[str, ReadStats]) -> None:
         c = self.counters
-        for node, st in b.read.items():
+        for node, st in read.items():
             self._touch_node(node)
             c["packets"][(node,)] += st.packets
             c["snapped"][(node,)] += st.snapped
             for reason, n in st.rejected.items():
                 c["rejected"][(node, reason)] += n
+
+    def _add(self, b: Breakdown) -> None:
+        c = self.counters
+        self._add_read(b.read)
         for hop, values in b.hops().items():
             self.transit.add(hop, values / 1e9)
         for x in b.exchanges:

@@ -14,12 +14,15 @@ raw IPv4. Everything else is counted, never fatal (:data:`REASONS`):
   records before it are kept.
 - ``corrupt``: a record header that cannot be right (a captured length over 256 KiB, a block
   length that is not a multiple of 4); the rest of the file cannot be framed and is dropped.
+  A pcapng block too short for its own fixed fields is counted the same way and skipped.
 - ``snaplen_headers``: the snap length cut the packet inside its IP or TCP header.
   A snap length that only cuts the payload is fine (the payload length comes from the IP
   header); such packets are counted apart, as ``snapped`` (not a rejection).
 - ``non_ip`` / ``non_tcp`` / ``ip_fragment`` / ``bad_header`` / ``linktype`` /
   ``no_timestamp`` (pcapng simple packet blocks) / ``bad_timestamp`` (pcapng: beyond 2116 or
-  before 1970 after its interface's resolution and offset): skipped packets.
+  before 1970 after its interface's resolution and offset; a capture file: a packet stamped
+  more than :data:`OUTLIER_GAP_NS` away from the rest of its capture, e.g. one packet in 2097):
+  skipped packets.
 - ``clock_backwards``: a timestamp earlier than its predecessor's in the same capture by more
   than 1 ms (a clock step). The packet is kept (and counted); the clock estimator
   (:mod:`exporters.swift.clocks`) handles the step.
@@ -27,7 +30,6 @@ raw IPv4. Everything else is counted, never fatal (:data:`REASONS`):
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections import Counter
@@ -46,6 +48,14 @@ REASONS = (
 MAX_TS = 1 << 62  # ns (year 2116): a later or negative timestamp is damage
 MAX_RECORD = 256 * 1024
 BACKWARDS_TOLERANCE_NS = 1_000_000
+# A capture file's packets more than this away from the bulk of its timestamps are damage (one
+# packet stamped in 2097 would add a 73-year transit sample): 1 day.
+OUTLIER_GAP_NS = 86_400 * 1_000_000_000
+IDB_MIN, EPB_MIN = 20, 32  # pcapng block lengths with the fixed fields (and the trailing length)
+_BAD_IFACE = -1  # link of a damaged interface description: its packets are counted ``corrupt``
+_PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
+                b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
+_PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 
 LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2 = 1, 101, 12, 113, 228, 276
 _SUPPORTED_LINKS = (LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2)
@@ -62,7 +72,7 @@ FIRST_BYTES = 96  # data bytes per packet copied at framing: Ethernet/VLAN + IPv
 HEAD_BYTES = 1024  # payload kept of each HTTP message start (request line, status, X-Trans-Id)
 
 U32 = npt.NDArray[np.uint32]
-Buffer = bytes | mmap.mmap  # a whole capture file is mapped, a stream's chunks are bytes
+Buffer = bytes  # a whole capture file (read at once) or a stream's chunks
 I64 = npt.NDArray[np.int64]
 
 
@@ -198,7 +208,7 @@ class StreamParser:
 
     def __init__(self) -> None:
         self.stats = ReadStats()
-        self._buf: bytes | mmap.mmap = b""
+        self._buf: bytes = b""
         self._pos = 0  # where the unread records of _buf start
         self._fmt: str | None = None  # "pcap" | "pcapng"
         self._endian = "<"
@@ -215,16 +225,13 @@ class StreamParser:
         if len(buf) < 4:
             return False
         magic = bytes(buf[:4])
-        if magic == b"\x0a\x0d\x0d\x0a":
+        check_magic(magic)
+        if magic == _PCAPNG_MAGIC:
             self._fmt = "pcapng"
             return True
-        known = {b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
-                 b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
-        if magic not in known:
-            raise CaptureError(f"not a pcap or pcapng capture (magic {magic.hex()})")
         if len(buf) < 24:
             return False
-        self._endian, self._ts_mult = known[magic]
+        self._endian, self._ts_mult = _PCAP_MAGICS[magic]
         self._link = struct.unpack_from(self._endian + "I", buf, 20)[0] & 0x0FFFFFFF
         self._fmt = "pcap"
         self._pos = 24
@@ -269,7 +276,7 @@ class StreamParser:
         n = len(buf)
         off = self._pos
         while off + 12 <= n:
-            if bytes(buf[off:off + 4]) == b"\x0a\x0d\x0d\x0a":  # section header: byte order
+            if bytes(buf[off:off + 4]) == _PCAPNG_MAGIC:  # section header: byte order
                 bom = bytes(buf[off + 8:off + 12])
                 if bom == b"\x4d\x3c\x2b\x1a":
                     self._endian = "<"
@@ -288,13 +295,16 @@ class StreamParser:
                 return n
             if off + blen > n:
                 break
-            if btype == 1:  # interface description
+            if btype == 1 and blen < IDB_MIN:  # no room for link type and snap length
+                self.stats.rejected["corrupt"] += 1
+                self._ifaces.append(_Iface(_BAD_IFACE, 1000, 1))  # keeps the later ids in place
+            elif btype == 1:  # interface description
                 link, _snap = struct.unpack_from(e + "HxxI", buf, off + 8)
                 iface = _Iface(link, 1000, 1)  # default resolution: microseconds
                 p, end = off + 16, off + blen - 4
                 while p + 4 <= end:
                     code, olen = struct.unpack_from(e + "HH", buf, p)
-                    if code == 0:
+                    if code == 0 or p + 4 + olen > end:  # end of options, or one that overruns
                         break
                     if code == 9 and olen >= 1:  # if_tsresol
                         r = buf[p + 4]
@@ -308,11 +318,15 @@ class StreamParser:
                         iface.offset_ns = struct.unpack_from(e + "q", buf, p + 4)[0] * 1_000_000_000
                     p += 4 + ((olen + 3) & ~3)
                 self._ifaces.append(iface)
+            elif btype == 6 and blen < EPB_MIN:  # no room for the packet header fields
+                self.stats.packets += 1
+                self.stats.rejected["corrupt"] += 1
             elif btype == 6:  # enhanced packet
                 ifid, hi, lo, cap, _orig = struct.unpack_from(e + "IIIII", buf, off + 8)
-                if ifid >= len(self._ifaces) or 28 + cap > blen:
+                broken = 28 + cap + 4 > blen or (ifid < len(self._ifaces) and self._ifaces[ifid].link == _BAD_IFACE)
+                if broken or ifid >= len(self._ifaces):
                     self.stats.packets += 1
-                    self.stats.rejected["corrupt" if 28 + cap > blen else "linktype"] += 1
+                    self.stats.rejected["corrupt" if broken else "linktype"] += 1
                 else:
                     iface = self._ifaces[ifid]
                     ts = ((hi << 32) | lo) * iface.mult // iface.div + iface.offset_ns
@@ -333,7 +347,10 @@ class StreamParser:
         return off
 
     # -- public ---------------------------------------------------------------------------------
-    def feed(self, chunk: bytes | mmap.mmap) -> Segments:
+    def feed(self, chunk: bytes, whole_file: bool = False) -> Segments:
+        """The segments of every record completed by ``chunk``. ``whole_file``: ``chunk`` is a
+        whole capture file, whose packets stamped far away from the rest are dropped
+        (``bad_timestamp``, see :func:`outliers`) before the clock check."""
         if self._dead:
             return Segments.empty()
         self._buf = bytes(self._buf) + bytes(chunk) if self._buf else chunk
@@ -344,6 +361,13 @@ class StreamParser:
         segs = decode(self._buf, fr, self.stats) if len(fr) else Segments.empty()
         self._buf = b"" if self._dead else self._buf[used:]
         self._pos = 0
+        if whole_file and len(segs):
+            bad = outliers(segs.ts)
+            if bad is not None:
+                k = int(np.count_nonzero(bad))
+                self.stats.rejected["bad_timestamp"] += k
+                self.stats.segments -= k
+                segs = segs.take(~bad)
         self._check_clock(segs)
         return segs
 
@@ -364,6 +388,29 @@ class StreamParser:
         if self._buf and not self._dead:
             self.stats.rejected["truncated"] += 1
         self._buf = b""
+
+
+def check_magic(magic: bytes) -> None:
+    """Raise :class:`CaptureError` unless ``magic`` (a file's first 4 bytes) starts a pcap or pcapng."""
+    if magic != _PCAPNG_MAGIC and magic not in _PCAP_MAGICS:
+        raise CaptureError(f"not a pcap or pcapng capture (magic {magic.hex()})")
+
+
+def outliers(ts: I64, gap: int = OUTLIER_GAP_NS) -> npt.NDArray[np.bool_] | None:
+    """Mask of the timestamps cut off from the capture's median by a gap of more than ``gap``
+    (no packet in between), or None when there is none. A capture spanning days with traffic
+    all along keeps every packet; one packet stamped in 2097 (or 1970) is an outlier."""
+    if not len(ts) or int(ts.max()) - int(ts.min()) <= gap:
+        return None
+    s = np.sort(ts)
+    mid = len(s) // 2
+    breaks = np.flatnonzero(np.diff(s) > gap)  # a break at i: a gap between s[i] and s[i + 1]
+    before = breaks[breaks < mid]
+    after = breaks[breaks >= mid]
+    lo = int(s[before[-1] + 1]) if len(before) else int(s[0])
+    hi = int(s[after[0]]) if len(after) else int(s[-1])
+    bad: npt.NDArray[np.bool_] = (ts < lo) | (ts > hi)
+    return bad if bad.any() else None
 
 
 def _first_bytes(buf: Buffer, starts: list[int], width: int) -> npt.NDArray[np.uint8]:
@@ -585,15 +632,19 @@ def read_capture(path: str | Path) -> tuple[Segments, ReadStats]:
     parser = StreamParser()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if not size:
+        head = f.read(4)
+        if not size or not head:
             parser.stats.rejected["truncated"] += 1
             return Segments.empty(), parser.stats
-        # Mapped, not read: no copy of the whole file (the kernel's page cache is the buffer).
-        # A capture file is not rewritten while it is read (tcpdump only appends; the mapping
-        # covers the size at open).
-        data = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
-                         prot=mmap.PROT_READ)
-    segs = parser.feed(data)
+        if len(head) == 4:
+            check_magic(head)  # before reading a big file that is not a capture
+        # Read, not mapped: a mapped file cut short while it is read (tcpdump -C/-W reusing the
+        # name, a restarted tcpdump -w) kills the process with SIGBUS. At most the size seen at
+        # open is read (a file still growing is read up to there); a file cut meanwhile gives
+        # fewer bytes, its last record counted as truncated.
+        f.seek(0)
+        data = f.read(size)  # one allocation of ``size`` bytes
+    segs = parser.feed(data, whole_file=True)
     parser.close()
     return segs, parser.stats
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import configparser
 import gzip
+import ipaddress
 import json
 import re
 import struct
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters.swift.pcap import ip_int, ip_str
+from exporters.swift.pcap import ip_str
 from promreflex.errors import UserError
 
 ROLES = ("client", "proxy", "account", "container", "object", "storage", "other")
@@ -47,6 +48,29 @@ _RING = re.compile(r"^(account|container|object(?:-\d+)?)\.ring\.gz$")
 
 class RoleError(UserError):
     """A ring, proxy configuration or mapping file that cannot be read; one line naming it."""
+
+
+def parse_ip(text: Any) -> int:
+    """A dotted IPv4 address as an int; RoleError for anything else (a number, ``300.1.1.1``)."""
+    if not isinstance(text, str):
+        raise RoleError(f"{text!r} is not an IPv4 address (a string like 10.0.0.1 is expected)")
+    try:
+        return int(ipaddress.IPv4Address(text.strip()))
+    except ValueError:
+        raise RoleError(f"{text!r} is not an IPv4 address") from None
+
+
+def parse_port(value: Any) -> int:
+    """A TCP port 1..65535 (an int or its decimal string); RoleError for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise RoleError(f"port {value!r} is not a number")
+    try:
+        port = int(value)
+    except ValueError:
+        raise RoleError(f"port {value!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise RoleError(f"port {value!r} is not in 1..65535")
+    return port
 
 
 def read_ring_devices(path: str | Path) -> list[dict[str, Any]]:
@@ -63,7 +87,12 @@ def read_ring_devices(path: str | Path) -> list[dict[str, Any]]:
             meta = json.loads(f.read(jlen))
     except (OSError, EOFError, ValueError, struct.error) as e:
         raise RoleError(f"{path}: cannot read the ring: {e}") from e
-    return [d for d in meta.get("devs", []) if d]
+    except RecursionError:
+        raise RoleError(f"{path}: cannot read the ring: its JSON header is nested too deeply") from None
+    devs = meta.get("devs") if isinstance(meta, dict) else None
+    if not isinstance(devs, list) or not all(isinstance(d, dict) for d in devs if d):
+        raise RoleError(f"{path}: not a Swift ring (no device list in its header)")
+    return [d for d in devs if d]
 
 
 @dataclass
@@ -81,9 +110,10 @@ class RoleMap:
     client_role: str | None = "client"
 
     # -- building -------------------------------------------------------------------------------
-    def add_service(self, ip: str, port: int, role: str) -> None:
+    def add_service(self, ip: str, port: int | str, role: str) -> None:
+        """RoleError for an address that is not IPv4 or a port out of 1..65535."""
         self.__dict__.pop("_role_cache", None)
-        self.services[(ip_int(ip), int(port))] = role
+        self.services[(parse_ip(ip), parse_port(port))] = role
 
     def add_swift_dir(self, swift_dir: str | Path) -> None:
         d = Path(swift_dir)
@@ -95,48 +125,81 @@ class RoleMap:
             for dev in read_ring_devices(ring):
                 for ip_key, port_key in (("ip", "port"), ("replication_ip", "replication_port")):
                     if dev.get(ip_key) and dev.get(port_key):
-                        self.add_service(str(dev[ip_key]), int(dev[port_key]), role)
+                        if isinstance(dev[ip_key], str) and ":" in dev[ip_key]:
+                            continue  # IPv6: captures are decoded for IPv4 only
+                        try:
+                            self.add_service(dev[ip_key], dev[port_key], role)
+                        except RoleError as e:
+                            raise RoleError(f"{ring}: device {dev.get('id', '?')}: {e}") from None
         if (d / "proxy-server.conf").exists():
             self.add_proxy_config(d / "proxy-server.conf")
 
     def add_proxy_config(self, path: str | Path) -> None:
         cp = configparser.ConfigParser(interpolation=None, strict=False)
         try:
-            cp.read(path)
+            with open(path, encoding="utf-8") as f:  # (ConfigParser.read skips a missing file)
+                cp.read_file(f)
+        except OSError as e:
+            raise RoleError(f"{path}: cannot read the proxy configuration: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise RoleError(f"{path}: not a text (UTF-8) configuration file") from None
         except configparser.Error as e:
             raise RoleError(f"{path}: {e}") from e
         ip = cp.get("DEFAULT", "bind_ip", fallback="0.0.0.0")
-        port = cp.getint("DEFAULT", "bind_port", fallback=8080)
+        port = cp.get("DEFAULT", "bind_port", fallback="8080")
         if ip in ("0.0.0.0", ""):
             raise RoleError(f"{path}: bind_ip is {ip or 'unset'}; name the proxy's address in the mapping file")
-        self.add_service(ip, port, "proxy")
+        try:
+            self.add_service(ip, port, "proxy")
+        except RoleError as e:
+            raise RoleError(f"{path}: bind_ip/bind_port: {e}") from None
 
     def add_mapping(self, path: str | Path) -> None:
         import yaml  # only for mapping files (keeps the decoder's start-up small)
 
         try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise RoleError(f"{path}: cannot read the mapping file: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise RoleError(f"{path}: not a text (UTF-8) file") from None
+        except yaml.YAMLError as e:
             raise RoleError(f"{path}: {e}") from e
+        except RecursionError:
+            raise RoleError(f"{path}: nested too deeply to be a mapping file") from None
         self.add_mapping_dict(data or {}, str(path))
 
     def add_mapping_dict(self, data: dict[str, Any], source: str = "mapping") -> None:
         self.__dict__.pop("_role_cache", None)
         if not isinstance(data, dict):
             raise RoleError(f"{source}: a mapping with nodes/services is expected")
-        if isinstance(data.get("nodes"), list):
-            data = _from_lab(data)
         try:
-            for name, spec in (data.get("nodes") or {}).items():
+            if isinstance(data.get("nodes"), list):
+                data = _from_lab(data)
+            nodes, services = data.get("nodes") or {}, data.get("services") or {}
+            if not isinstance(nodes, dict) or not isinstance(services, dict):
+                raise RoleError("nodes and services must be mappings (name: {addresses: [...]}, ip:port: role)")
+            for name, spec in nodes.items():
                 spec = spec or {}
-                self.nodes[str(name)] = Node(str(name), [ip_int(str(a)) for a in spec.get("addresses", [])],
-                                             spec.get("host"))
-            for key, role in (data.get("services") or {}).items():
+                if not isinstance(spec, dict):
+                    raise RoleError(f"node {name}: a mapping with addresses (and host) is expected")
+                addrs = spec.get("addresses") or []
+                if not isinstance(addrs, list):
+                    raise RoleError(f"node {name}: addresses must be a list of IPv4 addresses")
+                host = spec.get("host")
+                self.nodes[str(name)] = Node(str(name), [parse_ip(a) for a in addrs],
+                                             None if host is None else str(host))
+            for key, role in services.items():
                 ip, _, port = str(key).rpartition(":")
-                self.add_service(ip, int(port), str(role))
+                self.add_service(ip, port, str(role))
             if "client_role" in data:
-                self.client_role = data["client_role"]
-        except (ValueError, TypeError, AttributeError) as e:
+                role = data["client_role"]
+                if role is not None and not isinstance(role, str):
+                    raise RoleError(f"client_role {role!r} is not a name")
+                self.client_role = role
+        except RoleError as e:
+            raise RoleError(f"{source}: {e}") from None
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:
             raise RoleError(f"{source}: {e}") from e
 
     def add_node(self, node: Node) -> None:
@@ -199,10 +262,15 @@ def _from_lab(data: dict[str, Any]) -> dict[str, Any]:
     services: dict[str, str] = {}
     for item in data["nodes"]:
         if not isinstance(item, dict) or "node" not in item:
-            raise RoleError("roles: each entry of nodes needs a node name")
-        addrs = [item["address"]] if item.get("address") else list(item.get("addresses", []))
+            raise RoleError("each entry of nodes needs a node name")
+        addrs = [item["address"]] if item.get("address") else item.get("addresses") or []
+        if not isinstance(addrs, list):
+            raise RoleError(f"node {item['node']}: addresses must be a list of IPv4 addresses")
+        served = item.get("services") or {}
+        if not isinstance(served, dict):
+            raise RoleError(f"node {item['node']}: services must map a role to its port (object: 6200)")
         nodes[str(item["node"])] = {"addresses": addrs, "host": "shared" if shared else item.get("host")}
-        for role, port in (item.get("services") or {}).items():
+        for role, port in served.items():
             for a in addrs:
                 services[f"{a}:{port}"] = role
     return {"nodes": nodes, "services": services}
