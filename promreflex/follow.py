@@ -193,16 +193,20 @@ def compression_of(head: bytes) -> str | None:
     return None
 
 
+_NUL_RUN = re.compile(rb"\0{16,}")
+
+
 def _binary_problem(sample: bytes) -> str | None:
     """Why ``sample`` is not the start of a text log, or None. Logs are text: (nginx and Apache
     escape them) almost no control characters. Runs of NUL bytes are left out of the judgement:
     a machine that crashed while the log was written leaves a block of zeros where the last
     writes were (the lines around it are the log's, the damaged line is counted when read);
-    a binary file has other control bytes too."""
-    sample = sample.replace(b"\0", b"")
+    a binary file has other control bytes too. Only runs (16 and more): a UTF-16 file's
+    every other NUL is not text for this reader."""
+    sample = _NUL_RUN.sub(b"", sample)
     if not sample:
         return None
-    controls = sum(sample.count(bytes([c])) for c in (*range(1, 9), *range(14, 32), 127))
+    controls = sum(sample.count(bytes([c])) for c in (*range(0, 9), *range(14, 32), 127))
     if controls > len(sample) // 100:
         return f"not text ({controls} control bytes in its first {len(sample)} bytes)"
     return None

@@ -35,8 +35,9 @@ the host in ``control_hosts``; the bearer token sent is the one in the route's
 ``control_token_file`` (read once by the controller; group/world-readable files are refused).
 A registry entry names no token and no token file: whoever can write an entry must not be able
 to make the controller send a secret anywhere. At start (and in ``check-config``) the registry
-directory must be owned by root or the controller's user and not writable by group or others,
-and so must every directory above it (:func:`~controllers.copy_guard.registry.check_dir`). Its default is absolute
+directory must be owned by root or the controller's user and not writable by group (but the
+user's private group) or others, and so must every directory and link on the way to it
+(:func:`~controllers.copy_guard.registry.check_dir`). Its default is absolute
 (:func:`~controllers.copy_guard.registry.default_dir`); a relative ``registry_dir`` is resolved
 against the configuration file's directory when validation is given ``config_dir`` in its
 context, and refused otherwise (issue 16: resolved against each command's working directory,

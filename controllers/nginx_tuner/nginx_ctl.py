@@ -56,6 +56,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import re
 import signal
 import subprocess
@@ -346,24 +347,57 @@ class NginxControl:
         with self._exclusive():
             return self._recover() or "no sweep journal: nothing to restore"
 
-    def _recover(self) -> str:
+    def _read_journal(self) -> tuple[Path, str] | None:
+        """The journal's (file, text), or None when there is none. Trusted only when this
+        process's user wrote it: a regular file of its own, mode 0600, not reached through a
+        link, naming the file this tuner edits (the configuration's directory may be writable
+        by a deploy user, and recovery writes as the controller's user: root)."""
         try:
-            record = json.loads(self.journal_path.read_text(encoding="utf-8"))
+            fd = os.open(self.journal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise NginxError(f"sweep journal {self.journal_path}: {e.strerror}; check the config by hand, "
+                             "then remove the journal") from None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            problem = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+                       f"owned by uid {st.st_uid}, not this process's" if st.st_uid != os.geteuid() else
+                       f"mode {stat.filemode(st.st_mode)}, not 0600" if st.st_mode & 0o077 else "")
+            data = fh.read(16 << 20) if not problem else b""
+        try:
+            if problem:
+                raise ValueError(problem)
+            record = json.loads(data.decode("utf-8"))
             file, content = Path(record["file"]), record["content"]
             if not isinstance(content, str):
                 raise ValueError("content is not text")
-        except FileNotFoundError:
-            return ""
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise NginxError(f"sweep journal {self.journal_path} is unreadable ({e}); "
+            target = config_edit.target_file(self.conf_path, self.directive, self.server_name)
+            if file.absolute() != target.absolute():
+                raise ValueError(f"it names {file}, not {target}, the file this tuner edits")
+        except (ValueError, KeyError, TypeError, ConfigEditError) as e:
+            raise NginxError(f"sweep journal {self.journal_path} is not trusted ({e}); "
                              "check the config by hand, then remove the journal") from None
+        return file, content
+
+    def _recover(self) -> str:
+        found = self._read_journal()
+        if found is None:
+            return ""
+        file, content = found
         try:
-            changed = config_edit._read_text(file) != content
+            now = config_edit._read_text(file)
         except (OSError, ConfigEditError):
-            changed = True
+            now = None
+        changed = now != content
+        kept = ""
+        if changed and now is not None:  # (a trial's, or a newer deployment's: kept beside the backups)
+            aside = Path(f"{config_edit.backup_path(file, self.backup_dir)}.at-recovery")
+            atomic_write_text(aside, now, mode=0o600)
+            kept = f" (what it held is kept in {aside})"
         if changed:
             config_edit.atomic_write(file, content)
-        what = f"the pre-sweep {file} " + ("put back" if changed else "already on disk")
+        what = f"the pre-sweep {file} " + (f"put back{kept}" if changed else "already on disk")
         try:
             self.master_pid()
         except NginxError:  # nginx does not run: it starts on the original

@@ -342,12 +342,12 @@ class Sweep:
             f"sweep: {len(s.candidates)} candidates x {s.repeats} repeats = {len(self.plan)} trials planned"
             f"{' (early stopping on)' if s.early_stop else ''}; current value {self.current}"
         )
-        self._state("sweeping")
         broken = False
         if self.journal is not None:
             recovered = await asyncio.to_thread(self.journal.begin_sweep)
             if recovered:
                 self.progress(f"an interrupted sweep's original was recovered first: {recovered}")
+        self._state("sweeping")
         try:
             for rnd in range(n_rounds):
                 for t in (t for t in self.plan if t.round == rnd):

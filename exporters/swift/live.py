@@ -130,16 +130,8 @@ class LiveAnalyzer:
         self._ended = {n: ReadStats() for n in nodes}  # the counts of the parsers of restarted streams
 
     def feed(self, node: str, chunk: bytes) -> None:
-        parser = self.parsers[node]
-        segs = parser.feed(chunk)
-        if len(segs):
-            # Stamped beyond `keep` ahead of now: damage or a clock far off; it would hold the cut there.
-            ahead = segs.ts > time.time_ns() + self.keep
-            if ahead.any():
-                n = int(np.count_nonzero(ahead))
-                parser.stats.rejected["bad_timestamp"] += n
-                parser.stats.segments -= n
-                segs = segs.take(np.flatnonzero(~ahead))
+        # Stamped beyond `keep` ahead of now: damage or a clock far off; it would hold the cut there.
+        segs = self.parsers[node].feed(chunk, not_after=time.time_ns() + self.keep)
         if len(segs):
             self.buffers[node].append(segs)
             self.latest[node] = max(self.latest.get(node, 0), int(segs.ts.max()))

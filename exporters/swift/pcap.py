@@ -347,10 +347,12 @@ class StreamParser:
         return off
 
     # -- public ---------------------------------------------------------------------------------
-    def feed(self, chunk: bytes, whole_file: bool = False) -> Segments:
+    def feed(self, chunk: bytes, whole_file: bool = False, not_after: int | None = None) -> Segments:
         """The segments of every record completed by ``chunk``. ``whole_file``: ``chunk`` is a
         whole capture file, whose packets stamped far away from the rest are dropped
-        (``bad_timestamp``, see :func:`outliers`) before the clock check."""
+        (``bad_timestamp``, see :func:`outliers`); ``not_after`` (ns): a stream's packets stamped
+        later are dropped the same way. Both before the clock check, which would otherwise
+        count every later packet as ``clock_backwards``."""
         if self._dead:
             return Segments.empty()
         self._buf = bytes(self._buf) + bytes(chunk) if self._buf else chunk
@@ -361,13 +363,15 @@ class StreamParser:
         segs = decode(self._buf, fr, self.stats) if len(fr) else Segments.empty()
         self._buf = b"" if self._dead else self._buf[used:]
         self._pos = 0
-        if whole_file and len(segs):
-            bad = outliers(segs.ts)
-            if bad is not None:
-                k = int(np.count_nonzero(bad))
-                self.stats.rejected["bad_timestamp"] += k
-                self.stats.segments -= k
-                segs = segs.take(~bad)
+        bad = outliers(segs.ts) if whole_file and len(segs) else None
+        if not_after is not None and len(segs):
+            late = segs.ts > not_after
+            bad = late if bad is None else bad | late
+        if bad is not None and bad.any():
+            k = int(np.count_nonzero(bad))
+            self.stats.rejected["bad_timestamp"] += k
+            self.stats.segments -= k
+            segs = segs.take(np.flatnonzero(~bad))
         self._check_clock(segs)
         return segs
 
@@ -398,8 +402,10 @@ def check_magic(magic: bytes) -> None:
 
 def outliers(ts: I64, gap: int = OUTLIER_GAP_NS) -> npt.NDArray[np.bool_] | None:
     """Mask of the timestamps cut off from the capture's median by a gap of more than ``gap``
-    (no packet in between), or None when there is none. A capture spanning days with traffic
-    all along keeps every packet; one packet stamped in 2097 (or 1970) is an outlier."""
+    (no packet in between) in a group of at most :data:`OUTLIER_MAX` of the packets (3, or
+    0.1 %), or None when there is none. A capture spanning days keeps every packet, one with a
+    quiet weekend in it too (each side is more than a few packets); one packet stamped in 2097
+    (or 1970) is an outlier."""
     if not len(ts) or int(ts.max()) - int(ts.min()) <= gap:
         return None
     s = np.sort(ts)
@@ -407,9 +413,11 @@ def outliers(ts: I64, gap: int = OUTLIER_GAP_NS) -> npt.NDArray[np.bool_] | None
     breaks = np.flatnonzero(np.diff(s) > gap)  # a break at i: a gap between s[i] and s[i + 1]
     before = breaks[breaks < mid]
     after = breaks[breaks >= mid]
-    lo = int(s[before[-1] + 1]) if len(before) else int(s[0])
-    hi = int(s[after[0]]) if len(after) else int(s[-1])
-    bad: npt.NDArray[np.bool_] = (ts < lo) | (ts > hi)
+    small = max(3, len(s) // 1000)
+    # only a few packets beyond a gap are damage; drop groups from the outside in while they are
+    lo_i = next((int(b) + 1 for b in before[::-1] if int(b) + 1 <= small), 0)
+    hi_i = next((int(b) for b in after if len(s) - int(b) - 1 <= small), len(s) - 1)
+    bad: npt.NDArray[np.bool_] = (ts < int(s[lo_i])) | (ts > int(s[hi_i]))
     return bad if bad.any() else None
 
 

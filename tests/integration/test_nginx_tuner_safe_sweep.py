@@ -99,7 +99,7 @@ async def test_a_sweep_killed_mid_way_is_undone_before_the_next_reads_the_curren
     assert ctl.apply(7).ok and ctl.current_value() == ("7",)  # a trial, then the controller dies
     again = NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0, health_url=live.url)  # restarted
     said = again.recover()
-    assert "put back and live" in said, said
+    assert "put back" in said and said.endswith("and live") and ".at-recovery" in said, said
     assert live.conf.read_text() == original and again.current_value() == ("1m5s",)
     assert not again.journal_path.exists() and again.recover() == ""
     assert http_ok(live.url)

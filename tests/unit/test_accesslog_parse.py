@@ -178,3 +178,7 @@ def test_a_custom_separator_splits_without_trying_every_split() -> None:
     m = rx.match("1.2.3.4|shop.example|abc123|y 200")
     assert m is not None and m.group("host") == "shop.example" and m.group("status") == "200"
     assert rx.match("1.2.3.4|" + "a|" * 2000 + "x") is None
+    # lists nginx writes with ", " stay one value under a comma-separated format
+    rx, _ = compile_log_format("$remote_addr,$http_x_forwarded_for,$status,$request_time")
+    m = rx.match("10.0.0.1,1.2.3.4, 5.6.7.8,200,0.010")
+    assert m is not None and m.group("http_x_forwarded_for") == "1.2.3.4, 5.6.7.8" and m.group("status") == "200"

@@ -259,6 +259,8 @@ def test_a_log_with_a_hole_of_zeros_from_a_crash_is_read(tmp_path: Path) -> None
     assert get("promreflex_accesslog_lines_total", {"site": "s"}) == 100, err
     (tmp_path / "elf").write_bytes(bytes(range(256)) * 64)  # a binary file is still refused
     assert check_text(tmp_path / "elf", allow_gzip=True) is not None
+    (tmp_path / "utf16").write_bytes(timed(1).encode("utf-16-le") * 20)  # every other byte NUL: not this reader's text
+    assert check_text(tmp_path / "utf16", allow_gzip=True) is not None
 
 
 def test_backfill_of_two_logs_of_one_site_reads_each_once(tmp_path: Path) -> None:

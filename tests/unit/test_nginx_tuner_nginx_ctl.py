@@ -54,3 +54,51 @@ def test_pid_and_error_log_paths_come_from_the_config(tmp_path: Path) -> None:
     ctl = NginxControl(conf, tmp_path / "prefix")
     assert ctl.pid_path == tmp_path / "prefix" / "run" / "n.pid"
     assert ctl.error_log == tmp_path / "prefix" / "logs" / "e.log"
+
+
+@pytest.mark.parametrize("plant", ["names another file", "mode 0644", "a link"])
+def test_a_sweep_journal_someone_else_could_have_written_is_not_trusted(tmp_path: Path, plant: str) -> None:
+    """Recovery writes the journal's text, as the controller's user (root), to the file it
+    names: a journal planted in a config directory a deploy user can write (naming
+    /root/.ssh/authorized_keys, say) must not be followed."""
+    import json
+    import os
+
+    shutil.copytree(FIXTURES / "simple", tmp_path / "simple")
+    conf = tmp_path / "simple" / "nginx.conf"
+    ctl = NginxControl(conf, tmp_path / "simple", pid_path=tmp_path / "none.pid")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    ctl.backup_dir.mkdir(mode=0o700)
+    record = {"file": str(victim if plant == "names another file" else conf), "content": "owned\n", "started": 0}
+    if plant == "a link":
+        elsewhere = tmp_path / "elsewhere.json"
+        elsewhere.write_text(json.dumps(record))
+        os.chmod(elsewhere, 0o600)
+        ctl.journal_path.symlink_to(elsewhere)
+    else:
+        ctl.journal_path.write_text(json.dumps(record))
+        os.chmod(ctl.journal_path, 0o644 if plant == "mode 0644" else 0o600)
+    before = conf.read_text()
+    with pytest.raises(NginxError, match="sweep journal"):
+        ctl.recover()
+    assert victim.read_text() == "precious\n" and conf.read_text() == before
+
+
+def test_recovery_keeps_what_the_file_held_beside_the_backups(tmp_path: Path) -> None:
+    """A controller killed mid-sweep, then a newer config deployed before it restarts: recovery
+    puts the pre-sweep text back (the journal cannot tell a trial from a deployment) but keeps
+    what the file held, and says where."""
+    shutil.copytree(FIXTURES / "simple", tmp_path / "simple")
+    conf = tmp_path / "simple" / "nginx.conf"
+    ctl = NginxControl(conf, tmp_path / "simple", pid_path=tmp_path / "none.pid")
+    original = conf.read_text()
+    ctl.begin_sweep()
+    newer = original.replace("keepalive_timeout 65 60;", "keepalive_timeout 33 60;  # deployed")
+    assert newer != original
+    conf.write_text(newer)
+    said = ctl.recover()
+    assert "put back" in said and "nginx is not running" in said
+    assert conf.read_text() == original
+    kept = next(ctl.backup_dir.glob("*.at-recovery"))
+    assert kept.read_text() == newer and str(kept) in said

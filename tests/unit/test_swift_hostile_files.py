@@ -170,6 +170,11 @@ def test_outliers_on_both_sides() -> None:
     ts = np.array([5, T0, T0 + 1, T0 + 2 * day // 3, T0 + 4 * day // 3, T0 + 10 * day], dtype=np.int64)
     assert outliers(ts).tolist() == [True, False, False, False, False, True]  # type: ignore[union-attr]
     assert outliers(ts[1:5]) is None
+    # a quiet weekend in a long capture: both sides are more than a few packets, nothing dropped
+    weekend = np.concatenate([T0 + np.arange(50), T0 + 3 * day + np.arange(40)]).astype(np.int64)
+    assert outliers(weekend) is None
+    # a few packets beyond the gap on the side of the larger group are still damage
+    assert outliers(np.concatenate([weekend[:50], [T0 + 10 * day]]).astype(np.int64)).tolist() == [False] * 50 + [True]  # type: ignore[union-attr]
 
 
 # -- roles ------------------------------------------------------------------------------------------

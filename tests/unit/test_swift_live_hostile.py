@@ -72,6 +72,8 @@ def test_far_future_packet_is_dropped_and_windows_go_on(tmp_path: Path) -> None:
     g = reg.get_sample_value
     assert g("promreflex_swift_node_processing_seconds_count", {"node": "storage", "role": "object"}) == 6
     assert g("promreflex_swift_packets_rejected_total", {"node": "proxy", "reason": "bad_timestamp"}) == 1
+    # dropped before the parser's clock check: the packets after it are not "clock_backwards"
+    assert g("promreflex_swift_packets_rejected_total", {"node": "proxy", "reason": "clock_backwards"}) == 0
 
 
 def test_a_node_stamping_ahead_does_not_hold_the_others_back(tmp_path: Path) -> None:
