@@ -129,6 +129,9 @@ def _check_captures(args: argparse.Namespace) -> dict[str, Path]:
         if not path.is_file():
             raise UserError(f"--capture {node}={path}: not a regular file (a FIFO, directory or device); "
                             "copy it to a file first")
+        same = next((n for n, p in caps.items() if p.samefile(path)), None)
+        if same is not None:  # every segment would match itself: 0 us transits
+            raise UserError(f"--capture {node}={path}: the same file as node {same}'s")
         caps[node] = path
     return caps
 
@@ -138,12 +141,15 @@ def _analyze(args: argparse.Namespace) -> Any:
     from exporters.swift.pcap import CaptureError
 
     caps = _check_captures(args)
+    for log in args.swift_logs:
+        if not log.is_file():
+            raise UserError(f"--swift-log {log}: " + ("no such file" if not log.exists() else "not a regular file"))
     try:
         return analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
     except CaptureError as e:
         raise UserError(str(e)) from e
     except OSError as e:
-        raise UserError(f"cannot read a capture: {e}") from e
+        raise UserError(f"cannot read {e.filename or 'a capture'}: {e.strerror or e}") from e
 
 
 def _check_out(flag: str, path: Path) -> None:

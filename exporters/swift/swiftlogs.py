@@ -79,13 +79,23 @@ def parse_line(line: str) -> LogRequest | None:
         return None
 
 
+MAX_LINE = 64 * 1024  # a Swift access line is a few hundred bytes; longer is not one
+
+
 def read_logs(paths: Iterable[str | Path]) -> tuple[list[LogRequest], int]:
-    """Every access line of the files; and how many lines were not access lines."""
+    """Every access line of the files; and how many lines were not access lines (one longer
+    than :data:`MAX_LINE` is skipped in bounded pieces: ``/dev/zero`` or a binary file given by
+    mistake cannot fill the memory)."""
     out: list[LogRequest] = []
     skipped = 0
     for p in paths:
         with open(p, encoding="utf-8", errors="replace") as f:
-            for line in f:
+            while line := f.readline(MAX_LINE):
+                if len(line) >= MAX_LINE and not line.endswith("\n"):
+                    skipped += 1
+                    while (rest := f.readline(MAX_LINE)) and not rest.endswith("\n"):
+                        pass
+                    continue
                 r = parse_line(line)
                 if r is None:
                     skipped += 1

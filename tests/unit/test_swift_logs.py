@@ -61,3 +61,27 @@ def test_logs_give_the_joins_their_transaction_ids(tmp_path: Path) -> None:
     assert after.trans_ids_from_logs == 6  # the proxy's view, and the client's of the same exchange
     assert after.joins.trans_id == 0  # the calls to storage have no id (no storage log given)
     assert {x.trans_id for x in after.exchanges if x.side == "server" and x.server_role == "proxy"} == set(txs)
+
+
+def test_a_line_without_end_is_skipped_in_bounded_pieces(tmp_path) -> None:
+    """`--swift-log /dev/zero` (or a binary file) was read as one endless line into memory: a
+    line past MAX_LINE is skipped (counted) and the lines after it are read."""
+    from exporters.swift.swiftlogs import MAX_LINE, read_logs
+
+    log = tmp_path / "proxy.log"
+    log.write_text(PROXY_LINE.rstrip("\n") + "\n" + "x" * (3 * MAX_LINE + 7) + "\n" + PROXY_LINE.rstrip("\n") + "\n")
+    got, skipped = read_logs([log])
+    assert len(got) == 2 and skipped == 1
+
+
+def test_swift_log_and_capture_mistakes_are_one_line(tmp_path, capsys) -> None:
+    from exporters.swift.cli import main
+    from exporters.swift.synth import tcp_packet, write_pcap
+
+    cap = tmp_path / "c.pcap"
+    write_pcap(cap, [(1_795_448_405_000_000_000, tcp_packet("10.0.0.1", "10.0.0.2", 40000, 8080, 1, 0, 0x18, b"x"))])
+    assert main(["analyze", f"--capture=client={cap}", f"--capture=proxy={cap}"]) == 1
+    assert "the same file as node client's" in capsys.readouterr().err
+    assert main(["analyze", f"--capture=client={cap}", f"--swift-log={tmp_path / 'nope.log'}"]) == 1
+    err = capsys.readouterr().err
+    assert "--swift-log" in err and "no such file" in err and err.count("\n") == 1
