@@ -239,14 +239,15 @@ class ClientWatch:
         self.task = asyncio.current_task()
         self.lost = False
         self.handed_on: Callable[[ClientWatch], None] | None = None
-        self._forget = on_disconnect(request, self._gone)
+        self._forget: Callable[[], None] | None = on_disconnect(request, self._gone)
 
     def close(self) -> None:
         """The request is over: no call any more, and no reference cycle left for the garbage
         collector (the registration refers back to this watch; one cycle per request made the
         collections that stall a request, +1 ms at the p99)."""
-        self._forget()
-        self._forget = _nothing
+        if self._forget is not None:
+            self._forget()
+            self._forget = None
         self.task = None
         self.handed_on = None
 
@@ -261,10 +262,6 @@ class ClientWatch:
         """Stop waiting for the app's answer (the proxy is stopping)."""
         if self.task is not None:
             self.task.cancel()
-
-
-def _nothing() -> None:
-    pass
 
 
 class AdmissionProxy:

@@ -350,7 +350,7 @@ def _verify(old_path: Path, new_path: Path, directive: str, old_args: tuple[str,
 # ----------------------------------------------------------------------------- writes
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """File text with its line endings untouched (CRLF files stay CRLF)."""
     try:
         with open(path, encoding="utf-8", newline="") as fh:
@@ -384,7 +384,7 @@ def save_backup(file: Path, backup_dir: Path) -> Path:
     """Copy ``file`` into ``backup_dir`` atomically (same mode/owner); return the copy's path."""
     backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     dest = backup_path(file, backup_dir)
-    atomic_write(dest, _read_text(file), like=file)
+    atomic_write(dest, read_text(file), like=file)
     return dest
 
 
@@ -393,7 +393,7 @@ def restore_backup(file: Path, backup_dir: Path) -> None:
     src = backup_path(file, backup_dir)
     if not src.exists():
         raise ConfigEditError(f"no backup of {file} in {backup_dir}")
-    atomic_write(file, _read_text(src))
+    atomic_write(file, read_text(src))
 
 
 def _indent(line: str) -> str:
@@ -432,7 +432,7 @@ def set_directive(
         file_s, stmt = direct[0]
         file = Path(file_s)
         parsed = next(c["parsed"] for c in configs if c["file"] == file_s)
-        text = _read_text(file)
+        text = read_text(file)
         new_text, old_args, new_args = _replace_args(text, directive, stmt["line"], _occurrence_index(parsed, stmt), value)
         line, inserted = stmt["line"], False
         if new_args == old_args:
@@ -442,7 +442,7 @@ def set_directive(
     else:
         file = Path(scope_file)
         new_args = _validate_args([value] if isinstance(value, str) else value)
-        text = _read_text(file)
+        text = read_text(file)
         new_text, line = _insert_line(text, scope["line"], directive, new_args)
         old_args, inserted = None, True
         msg = f"{directive} was absent from {scope_name}; inserted '{directive} {' '.join(new_args)};' at {file}:{line}"

@@ -326,7 +326,7 @@ class NginxControl:
         with self._exclusive():
             recovered = self._recover()
             file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
-            record = {"file": str(file), "content": config_edit._read_text(file), "started": time.time()}
+            record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time()}
             atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
         return recovered
 
@@ -386,7 +386,7 @@ class NginxControl:
             return ""
         file, content = found
         try:
-            now = config_edit._read_text(file)
+            now = config_edit.read_text(file)
         except (OSError, ConfigEditError):
             now = None
         changed = now != content
