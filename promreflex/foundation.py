@@ -259,7 +259,8 @@ FOUNDATION = Capability(
         Scrape("node", "node_exporter", "slow"),
         Scrape("selftest", "node_exporter", "fast", params={"collect[]": ["textfile"]},
                comment="the same node_exporter, textfile collector only, scraped fast: the self-test gauge"),
-        Scrape("nginx", "nginx_exporter", 1.0),
+        Scrape("nginx", "nginx_exporter", "fast",
+               comment="fast (200 ms, was 1 s): rules that read arrivals over 1 s need 4 samples in it"),
         Scrape("promreflex-controller", "controller", "fast"),
     ),
     routes=(

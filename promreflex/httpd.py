@@ -85,6 +85,8 @@ ADDRESSES = web.AppKey("httpd_addresses", list)
 
 #: The pool's connection a request came on (set by the pool's middleware; see on_disconnect).
 CONNECTION: web.RequestKey[Any] = web.RequestKey("httpd_connection", object)
+#: Set on a request whose connection the pool had already released when it arrived.
+GONE: web.RequestKey[bool] = web.RequestKey("httpd_gone", bool)
 
 
 def default_max_connections(nofile: int | None = None) -> int:
@@ -254,6 +256,10 @@ class _ConnectionPool:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         conn = self.open.get(request.transport) if request.transport is not None else None
         if conn is None:
+            # Released already: the client left before its request got here (connection_lost
+            # takes the connection out of the pool before anything else). on_disconnect tells
+            # such a request's watchers at once.
+            request[GONE] = True
             return await handler(request)
         conn.busy += 1
         conn.partial_since = None
@@ -272,9 +278,9 @@ def on_disconnect(request: web.Request, callback: Callable[[], None]) -> Callabl
     but not work already handed on (a proxy's request at its app). A request served without
     :func:`serving`'s connection pool is never told."""
     conn = request.get(CONNECTION)
-    if conn is None:
+    if conn is None and not request.get(GONE):
         return _nothing
-    if conn.lost or request.transport is None or request.transport.is_closing():
+    if conn is None or conn.lost or request.transport is None or request.transport.is_closing():
         handle = asyncio.get_running_loop().call_soon(callback)
         return handle.cancel
     conn.watchers.append(callback)

@@ -61,15 +61,27 @@ def load(dirs: list[Path], scenario: str) -> tuple[list[dict[str, Any]], dict[st
     return sums, target or {}
 
 
-def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
-    """Per arm, in the order first met: each round's share, and the pooled one."""
-    out: dict[str, Pooled] = {}
+def rounds_of(sums: list[dict[str, Any]], scenario: str) -> list[tuple[int, int]]:
+    """Every round, in order: (summary index, the round's number in it). A summary of a run with
+    ``--rounds N`` holds N rounds, each a round of its own here."""
+    out: list[tuple[int, int]] = []
     for i, s in enumerate(sums):
-        for r in s["rows"]:
-            if r.get("scenario") != scenario or r.get("lost_responses") is None:
+        for rnd in sorted({int(r.get("round", 1)) for r in s["rows"] if r.get("scenario") == scenario}):
+            out.append((i, rnd))
+    return out
+
+
+def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
+    """Per arm, in the order first met: each round's share (:func:`rounds_of`), and the pooled one."""
+    out: dict[str, Pooled] = {}
+    rounds = rounds_of(sums, scenario)
+    for k, (i, rnd) in enumerate(rounds):
+        for r in sums[i]["rows"]:
+            if (r.get("scenario") != scenario or int(r.get("round", 1)) != rnd
+                    or r.get("lost_responses") is None):
                 continue
             p = out.setdefault(r["arm"], Pooled(r["arm"], r["label"]))
-            p.shares += [None] * (i - len(p.shares))
+            p.shares += [None] * (k - len(p.shares))
             p.shares.append(r.get("saved_share"))
             if r.get("saved_share") is not None:  # counted: the round's window held its copy
                 p.saved += r["saved_responses"]
@@ -77,7 +89,7 @@ def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
                 if r.get("copy_slower") is not None:
                     p.slower.append(r["copy_slower"])
     for p in out.values():
-        p.shares += [None] * (len(sums) - len(p.shares))
+        p.shares += [None] * (len(rounds) - len(p.shares))
     return list(out.values())
 
 
@@ -86,9 +98,14 @@ def render(dirs: list[Path], sums: list[dict[str, Any]], rows: list[Pooled], tar
     def pct(v: float | None, sign: bool = False) -> str:
         return "-" if v is None else (f"{v:+.0%}" if sign else f"{v:.0%}")
 
-    heads = [f"round {i + 1}" for i in range(len(sums))]
+    rounds = rounds_of(sums, scenario)
+    heads = [f"round {k + 1}" for k in range(len(rounds))]
+
+    def which(i: int) -> str:
+        mine = [k + 1 for k, (j, _) in enumerate(rounds) if j == i]
+        return (f"round {mine[0]}" if len(mine) == 1 else f"rounds {mine[0]}-{mine[-1]}") if mine else "no round"
     lines = [f"Pooled {scenario} rounds of the copy-guard bench ({sums[0].get('shop')} shop): "
-             + ", ".join(f"round {i + 1} = `{d}` ({s.get('when', '?')})" for i, (d, s) in enumerate(zip(dirs, sums))),
+             + ", ".join(f"{which(i)} = `{d}` ({s.get('when', '?')})" for i, (d, s) in enumerate(zip(dirs, sums))),
              "",
              "| arm | " + " | ".join(heads) + " | pooled saved (sum saved / sum lost) | copy slower, mean |",
              "|---|" + "---|" * len(heads) + "---|---|"]
@@ -102,7 +119,7 @@ def render(dirs: list[Path], sums: list[dict[str, Any]], rows: list[Pooled], tar
              and p.share >= target.get("saved_share", 0.8) and p.mean_slower <= target.get("slowdown", 0.4)
              and not (p.arm in ARMS and ARMS[p.arm].oracle)]
     goal = f"saved >= {target.get('saved_share', 0.8):.0%} with the copy at most {target.get('slowdown', 0.4):+.0%}"
-    lines.append(f"**{scenario}, pooled over {len(sums)} rounds: target ({goal}) "
+    lines.append(f"**{scenario}, pooled over {len(rounds)} rounds: target ({goal}) "
                  + (("met by: " + ", ".join(f"{p.arm} ({pct(p.share)} at {pct(p.mean_slower, True)})" for p in meets))
                     if meets else "NOT met by any arm") + "**")
     return "\n".join(lines) + "\n"

@@ -52,7 +52,10 @@ never paused) is ``--floor-ratio`` (1.0: the threshold itself) of the threshold 
 a Prometheus count them); a threshold below twice that floor is refused. With a Prometheus
 (the stack's, or ``--prometheus.url``), the shop's demand during the minute before the load and
 the nginx exporters' own request rate are measured first, and a floor at or below either is
-refused too.
+refused too (the rules take each exporter's own requests off for the Prometheus that scrapes
+it; a second Prometheus scraping the same exporter adds its own, which only this check keeps
+out. The stack scrapes its nginx exporter every 200 ms: 5 req/s, so it refuses floors of 5
+req/s and less).
 
 The healthy response time is published too (``promreflex_copy_guard_response_time_seconds``): the
 median over the valid runs of each run's 95th percentile. The rules divide the requests nginx has

@@ -69,3 +69,18 @@ def test_an_uncounted_round_does_not_count_and_bad_input_is_a_clear_error(tmp_pa
     (other / "summary.json").write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="another target"):
         load([r1, other], "flash")
+
+
+def test_a_summary_of_several_rounds_gives_each_round_its_column(tmp_path, capsys):
+    """A run with --rounds N writes one summary holding N rounds: each is a round of its own
+    (the table had one column for the file and N cells under it; 'pooled over 1 rounds')."""
+    many = [{**_row("throttle", lost, saved, 0.1), "round": rnd} for rnd, lost, saved in ((1, 40, 36), (2, 40, 20))]
+    r1 = _round(tmp_path, "r1", many + [{**_row("no-guard", 40, 0, 0.0), "round": 1}])
+    r2 = _round(tmp_path, "r2", [_row("throttle", 20, 18, 0.2)])  # no round field: one round
+    sums, _ = load([r1, r2], "flash")
+    (th, _ng) = pool(sums, "flash")
+    assert th.shares == pytest.approx([0.9, 0.5, 0.9]) and (th.saved, th.lost) == (74, 100)
+    assert main([str(r1), str(r2)]) == 0
+    out = capsys.readouterr().out
+    assert f"rounds 1-2 = `{r1}`" in out and f"round 3 = `{r2}`" in out
+    assert "| throttle | 90% | 50% | 90% | 74 of 100 (**74%**) | +13% |" in out and "pooled over 3 rounds" in out

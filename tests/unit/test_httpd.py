@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from unittest import mock
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    BodyError, Limits, RateLimitFilter, default_max_connections, on_disconnect, read_body, read_token_file, serving,
+    BodyError, Limits, RateLimitFilter, _ConnectionPool, default_max_connections, on_disconnect, read_body,
+    read_token_file, serving,
 )
 from promreflex.proc import free_port
 
@@ -197,6 +200,29 @@ async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
             assert (await asyncio.wait_for(r.read(), 10)).endswith(b"done")
             w.close()
         assert (await _get_ok(port)).startswith(b"HTTP/1.1 200")
+
+
+async def test_on_disconnect_tells_a_request_whose_connection_was_released_before_it_arrived():
+    """connection_lost takes the connection out of the pool before anything else: a request whose
+    client left before the pool's middleware saw it finds no connection, and was never told
+    (the proxy then queued it for a client that was gone)."""
+    pool = _ConnectionPool(lambda: asyncio.Protocol(), cap=4, header_timeout=5.0)
+    transport = mock.Mock(spec=asyncio.Transport)
+    transport.is_closing.return_value = True  # released: not in pool.open any more
+    told: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        on_disconnect(request, lambda: told.append("gone"))
+        await asyncio.sleep(0.05)
+        return web.Response(text="done")
+
+    await pool.middleware(make_mocked_request("GET", "/", transport=transport), handler)
+    assert told == ["gone"]
+
+    # A request served by a server without the pool (no middleware ran) is not told, as before.
+    told.clear()
+    await handler(make_mocked_request("GET", "/", transport=transport))
+    assert told == []
 
 
 async def test_on_disconnect_tells_once_when_the_client_leaves_and_not_after_it_is_taken_back():
