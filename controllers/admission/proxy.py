@@ -48,7 +48,6 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
@@ -74,6 +73,15 @@ log = logging.getLogger("promreflex.admission")
 
 HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
+#: What upstream_headers does with a request header, by its lower-case name (one look-up per
+#: header): the others pass through.
+_DROP, _XFF, _COOKIE, _PROTO, _HOST = range(5)
+REQUEST_HEADER_ACTIONS = {**dict.fromkeys(HOP_BY_HOP, _DROP), "expect": _DROP, "x-forwarded-for": _XFF,
+                          "cookie": _COOKIE, "x-forwarded-proto": _PROTO, "x-forwarded-host": _HOST}
+#: Response headers not sent on: the hop-by-hop ones, and Content-Length when the proxy read the
+#: body whole (aiohttp sets it for what it sends).
+RESPONSE_DROP = HOP_BY_HOP
+RESPONSE_DROP_BUFFERED = HOP_BY_HOP | {"content-length"}
 MAX_BUFFERED_REQUEST = 1 << 20
 MAX_BUFFERED_RESPONSE = 64 << 10
 #: Request headers the proxy accepts (nginx's default large_client_header_buffers: 4 x 8k): one
@@ -84,6 +92,10 @@ MAX_HEADER_BYTES = 32 << 10
 #: even these gets aiohttp's 400 (counted through :class:`CountingLogger`).
 PARSER_LIMITS: dict[str, int] = {"max_line_size": 4 * MAX_HEADER_LINE, "max_field_size": 4 * MAX_HEADER_LINE}
 HOLDER = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
+#: Per-request memories (:meth:`AdmissionProxy.route`, :meth:`AdmissionProxy.cookie_parts`): at
+#: most this many entries of at most MEMO_KEY_CHARS characters each; past it a memory starts over.
+MEMO_ENTRIES = 4096
+MEMO_KEY_CHARS = 1024
 #: Retry-After (s) of the waiting-room page while nobody is let in for an unknown time
 #: (waiting-room mode, a full shop with no session ending yet): what waiting rooms commonly use.
 CLOSED_RETRY = 30
@@ -110,13 +122,19 @@ def own_cookies(headers: Any, prefix: str) -> list[str]:
     one); the other cookies are not parsed (they are the app's)."""
     out = []
     for header in headers.getall("Cookie", ()):
-        if prefix not in header:
-            continue
-        for part in header.split(";"):
-            part = part.strip()
-            if part.startswith(prefix):
-                value = part[len(prefix):]
-                out.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
+        if prefix in header:
+            out += own_cookies_in(header, prefix)
+    return out
+
+
+def own_cookies_in(header: str, prefix: str) -> list[str]:
+    """:func:`own_cookies` of one Cookie header."""
+    out = []
+    for part in header.split(";"):
+        part = part.strip()
+        if part.startswith(prefix):
+            value = part[len(prefix):]
+            out.append(value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value)
     return out
 
 
@@ -294,6 +312,12 @@ class AdmissionProxy:
         self._lingering: set[ClientWatch] = set()
         self._stopping = False
         self._own_cookie = cfg.session.cookie_name + "="
+        # Paths and Cookie headers repeat (a session sends the same cookie with each request, a
+        # shop has few page paths): what the per-request regular expressions and cookie parsing
+        # found is remembered (bounded: MEMO_ENTRIES, MEMO_KEY_CHARS). Both depend only on the
+        # configuration, which does not change while the proxy runs.
+        self._routes: dict[str, PageClass | None] = {}
+        self._cookies: dict[str, tuple[tuple[str, ...], str]] = {}
         # Labelled children looked up once (a labels() call per use costs more than the count).
         self._requests = {(p, o): self.metrics.requests.labels(p, o) for p in self.pages for o in OUTCOMES}
         self._page_wait = {p: self.metrics.page_wait.labels(p) for p in self.pages}
@@ -428,6 +452,33 @@ class AdmissionProxy:
                 return page
         return self.pages[self.cfg.default_page]
 
+    def route(self, path: str) -> PageClass | None:
+        """The page class of ``path``; None for an exempt path (forwarded without a session)."""
+        try:
+            return self._routes[path]
+        except KeyError:
+            pass
+        page = None if any(rx.search(path) for rx in self.exempt) else self.classify(path)
+        if len(path) <= MEMO_KEY_CHARS:
+            if len(self._routes) >= MEMO_ENTRIES:
+                self._routes.clear()
+            self._routes[path] = page
+        return page
+
+    def cookie_parts(self, header: str) -> tuple[tuple[str, ...], str]:
+        """One Cookie header holding this proxy's cookie: the values of its own cookie in it
+        (:func:`own_cookies`) and the header without them, for the app ("": nothing left)."""
+        parts = self._cookies.get(header)
+        if parts is None:
+            own = self._own_cookie
+            parts = (tuple(own_cookies_in(header, own)),
+                     "; ".join(c for c in (p.strip() for p in header.split(";")) if c and not c.startswith(own)))
+            if len(header) <= MEMO_KEY_CHARS:
+                if len(self._cookies) >= MEMO_ENTRIES:
+                    self._cookies.clear()
+                self._cookies[header] = parts
+        return parts
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         watch = ClientWatch(request)
         try:
@@ -456,11 +507,9 @@ class AdmissionProxy:
                 resp.force_close()
                 return resp
             body = head if whole else BodyPump(request, head, timeout)
-        path = request.path
-        for rx in self.exempt:
-            if rx.search(path):
-                return await self.forward(request, None, body, None)
-        page = self.classify(path)
+        page = self.route(request.path)
+        if page is None:
+            return await self.forward(request, None, body, None)
         session = self.session_of(request)
         cookie: str | None = None
         if session is None:
@@ -486,7 +535,9 @@ class AdmissionProxy:
         return any(v.startswith(self._own_cookie) for v in resp.headers.getall("Set-Cookie", ()))
 
     def session_of(self, request: web.Request) -> SessionState | None:
-        values = [v for v in own_cookies(request.headers, self._own_cookie) if v]  # "": a logout's blank
+        own = self._own_cookie
+        values = [v for header in request.headers.getall("Cookie", ()) if own in header
+                  for v in self.cookie_parts(header)[0] if v]  # "": a logout's blank
         if not values:
             return None
         ticket = None
@@ -627,17 +678,19 @@ class AdmissionProxy:
             if fut is not None:
                 self.scheduler.page_waited(waited)
 
-            def extra(status: int) -> list[tuple[str, str]]:
-                out: list[tuple[str, str]] = []
-                if watch.lost:  # the client left before the answer: no cookie, no completed session
+            extra: Callable[[int], list[tuple[str, str]]] | None = None
+            if cookie is not None or page.logout:  # most requests have nothing to add: no closure for them
+                def extra(status: int) -> list[tuple[str, str]]:
+                    out: list[tuple[str, str]] = []
+                    if watch.lost:  # the client left before the answer: no cookie, no completed session
+                        return out
+                    if cookie is not None:
+                        out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
+                    if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
+                        m.completed.inc()
+                        self.scheduler.session_ended()
+                        out = [("Set-Cookie", self._cookie_header("", 0))]
                     return out
-                if cookie is not None:
-                    out.append(("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age)))
-                if page.logout and status < 400 and self.sessions.end(session.sid) is not None:
-                    m.completed.inc()
-                    self.scheduler.session_ended()
-                    out = [("Set-Cookie", self._cookie_header("", 0))]
-                return out
 
             served = False
             mark = page.begin()
@@ -646,9 +699,8 @@ class AdmissionProxy:
                 # (or the page limit would stop counting work the app is doing), until the app
                 # answers (the answer is then dropped) or the page's timeout ends the wait.
                 watch.handed_on = partial(self._left_at_app, request, page)
-                try:  # most requests neither carry a new cookie nor end the session: nothing to add
-                    resp, outcome = await self.forward(request, page, body,
-                                                       extra if cookie is not None or page.logout else None)
+                try:
+                    resp, outcome = await self.forward(request, page, body, extra)
                 except ConnectionError:  # (forward answers these itself; a last net, never a 500 and its traceback)
                     if not watch.lost:
                         self._requests[page.name, "client_gone"].inc()
@@ -685,28 +737,34 @@ class AdmissionProxy:
     def upstream_headers(self, request: web.Request) -> list[tuple[str, str]]:
         """The request's headers for the app (one pass, no intermediate mapping)."""
         headers = request.headers
-        named = _connection_tokens(headers) if "Connection" in headers else frozenset()
+        named = _connection_tokens(headers) if "Connection" in headers else None
         own = self._own_cookie
+        actions = REQUEST_HEADER_ACTIONS
         out: list[tuple[str, str]] = []
         prior: list[str] = []
         proto = host = False
         for k, v in headers.items():
             lk = k.lower()
-            if lk in HOP_BY_HOP or lk in named or lk == "expect":
-                # (Expect: 100-continue is answered here, by aiohttp, before the body is read; sent
-                # on, the client would wait for the app's own 100, which an app may never send)
+            if named is not None and lk in named:
                 continue
-            if lk == "x-forwarded-for":
-                prior.append(v)
-                continue
-            if lk == "cookie" and own in v:
-                v = "; ".join(c for c in (p.strip() for p in v.split(";")) if c and not c.startswith(own))
-                if not v:
+            action = actions.get(lk)
+            if action is not None:
+                if action == _DROP:
+                    # (Expect: 100-continue is answered here, by aiohttp, before the body is read; sent
+                    # on, the client would wait for the app's own 100, which an app may never send)
                     continue
-            elif lk == "x-forwarded-proto":
-                proto = True
-            elif lk == "x-forwarded-host":
-                host = True
+                if action == _XFF:
+                    prior.append(v)
+                    continue
+                if action == _COOKIE:
+                    if own in v:
+                        v = self.cookie_parts(v)[1]
+                        if not v:
+                            continue
+                elif action == _PROTO:
+                    proto = True
+                else:
+                    host = True
             out.append((k, v))
         peer = request.remote or ""
         out.append(("X-Forwarded-For", f"{', '.join(prior)}, {peer}" if prior else peer))
@@ -762,19 +820,20 @@ class AdmissionProxy:
             empty = request.method == "HEAD" or status in (204, 304) or 100 <= status < 200
             buffered = not empty and length is not None and length <= MAX_BUFFERED_RESPONSE
             raw = up.headers
-            named = _connection_tokens(raw) if "Connection" in raw else frozenset()
-            headers: CIMultiDict[str] = CIMultiDict()
+            named = _connection_tokens(raw) if "Connection" in raw else None
+            drop = RESPONSE_DROP_BUFFERED if buffered else RESPONSE_DROP
+            # A list, not a CIMultiDict: aiohttp's response copies what it is given into its own.
+            headers: list[tuple[str, str]] = []
             for k, v in raw.items():
                 lk = k.lower()
-                if lk in HOP_BY_HOP or lk in named or (buffered and lk == "content-length"):
+                if lk in drop or (named is not None and lk in named):
                     continue
                 if lk == "set-cookie" and v.split("=", 1)[0].strip() == self.cfg.session.cookie_name:
                     continue  # only the proxy sets its session cookie (browsers trim the name's spaces)
-                headers.add(k, v)
+                headers.append((k, v))
             outcome = "upstream_5xx" if status >= 500 else "served"
             if extra is not None:
-                for k, v in extra(status):
-                    headers.add(k, v)
+                headers += extra(status)
             if buffered:
                 try:
                     payload = await up.read()

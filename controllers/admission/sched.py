@@ -140,7 +140,10 @@ class Regulator:
         if dt <= 0 or mark[0] < self._fresh_after:
             return
         level = max(1, round((self._area - mark[1]) / dt))
-        self._window.setdefault(level, Level()).add(1, dt, dt * dt)
+        got = self._window.get(level)  # (not setdefault: that builds a Level per request)
+        if got is None:
+            got = self._window[level] = Level()
+        got.add(1, dt, dt * dt)
 
     def _step_size(self, limit: int) -> int:
         return max(1, limit // 8)
@@ -334,25 +337,27 @@ class PageClass:
             self.release(served=False)
 
     def release(self, served: bool, mark: Mark | None = None) -> None:
-        now = self.clock()
+        now = self.clock()  # one reading for the whole release (it runs once per request)
         self.in_flight -= 1
         self.regulator.account(now, self.in_flight)
         if served:
             self.regulator.completed(mark)
-        self.regulate()
-        self._grant()
+        self.regulate(now)
+        if self.queue:
+            self._grant(now)
 
-    def regulate(self) -> Decision | None:
+    def regulate(self, now: float | None = None) -> Decision | None:
         if not self.cfg.enabled:
             return None
-        decision = self.regulator.step(self.clock())
+        if now is None:
+            now = self.clock()
+        decision = self.regulator.step(now)
         if decision is not None:
             self.decisions.append(decision)
-            self._grant()
+            self._grant(now)
         return decision
 
-    def _grant(self) -> None:
-        now = self.clock()
+    def _grant(self, now: float) -> None:
         while self.queue and self.in_flight < self.limit:
             fut = self.queue.popleft()
             self.enqueued.popleft()

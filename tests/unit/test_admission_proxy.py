@@ -654,6 +654,25 @@ def test_own_cookie_is_found_without_parsing_the_apps_cookies():
     assert own_cookies(h(f"{COOKIE}="), prefix) == [""]
 
 
+def test_route_and_cookie_memories_answer_as_the_parsing_does_and_stay_bounded(monkeypatch):
+    from controllers.admission import proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "MEMO_ENTRIES", 3)
+    proxy = AdmissionProxy(section("http://127.0.0.1:1"))
+    for _ in range(2):  # the second round from the memories
+        assert proxy.route("/static/logo.svg") is None
+        assert proxy.route("/login/x") is proxy.pages["login"] is proxy.classify("/login/x")
+        assert proxy.route("/logout") is proxy.pages["logout"]
+        assert proxy.route("/elsewhere") is proxy.pages[proxy.cfg.default_page]
+        header = f'a=1; {COOKIE}=v1.first;{COOKIE}="v1.q" ; b=2'
+        assert proxy.cookie_parts(header) == (("v1.first", "v1.q"), "a=1; b=2")
+        assert proxy.cookie_parts(f"{COOKIE}=") == (("",), "")
+        assert proxy.cookie_parts(f"x{COOKIE}=1; {COOKIE}=v") == (("v",), f"x{COOKIE}=1")
+        assert len(proxy._routes) <= 3 and len(proxy._cookies) <= 3
+    long = "/login/" + "x" * proxy_module.MEMO_KEY_CHARS  # not remembered: a memory holds short keys only
+    assert proxy.route(long) is proxy.pages["login"] and long not in proxy._routes
+
+
 # ---------------------------------------------------------------- a stranger's review (2026-11-26)
 async def test_a_compressed_request_body_reaches_the_app_byte_for_byte():
     plain = b"hello world " * 500
