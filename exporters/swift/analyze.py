@@ -154,7 +154,7 @@ class Breakdown:
             "addresses": self.addresses,
             "address_guesses": self.guessed,
             "read": {n: {"packets": s.packets, "segments": s.segments, "snapped": s.snapped,
-                         "rejected": dict(s.rejected)} for n, s in self.read.items()},
+                         "duplicate": s.duplicate, "rejected": dict(s.rejected)} for n, s in self.read.items()},
             "matching": dict(m.counts),
             "hops": {f"{a}->{b}": _stats(v) for (a, b), v in sorted(self.hops().items())},
             "processing_by_role": {k: _stats(v) for k, v in sorted(self.processing_by("role").items())},
@@ -217,7 +217,7 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     shared = {(i, j) for i in range(len(names)) for j in range(i + 1, len(names))
               if roles.same_clock(names[i], names[j])}
     clocks = estimate(m, shared, window_ns=int(window_s * 1e9))
-    transit = m.delay - clocks.offset(m.snode, m.rnode, m.t_send)
+    transit = m.delay - clocks.offset(m)
     transit = np.where(m.how == HOW_AMBIGUOUS, -1, np.maximum(transit, 0))
     coder = RoleCoder(roles)
     hop_src, hop_dst = coder(m.src, m.sport), coder(m.dst, m.dport)

@@ -19,6 +19,14 @@ window whose offset differs from the previous one by more than both errors plus
 ``jump_tolerance`` is a **clock jump**, counted. A window that saw traffic one way only takes
 the estimate of the nearest window that saw both.
 
+Windows are kept on ``a``'s capture timeline: ``a -> b`` segments by their departure, ``b -> a``
+segments by their arrival, both stamped by ``a``'s clock (never ``b``'s stamps moved by a global
+offset: a step of seconds in either clock would put a segment in the wrong window, and seconds of
+"transit" would be published). The timeline is ``a``'s clock with its steps back undone
+(:func:`~exporters.swift.match.capture_timeline`): after a clock steps back, its stamps repeat
+times already seen, and windows by the raw stamps would mix segments from both sides of the
+step. A segment's offset is looked up the same way, at its time on ``a``'s timeline.
+
 Offsets of every node against a reference node (the first with estimates) chain pairs along the
 tightest errors (errors add up along the chain).
 """
@@ -43,7 +51,7 @@ class PairClock:
     a: int
     b: int
     shared: bool  # same host: offset 0 by definition
-    window_start: I64  # window starts (a's clock, ns)
+    window_start: I64  # window starts (a's capture timeline: a's clock, steps back undone; ns)
     offset: I64
     error: I64
     jumps: int = 0
@@ -66,7 +74,7 @@ class PairClock:
         return int(np.median(self.error)) if len(self.error) else 0
 
     def at(self, t: I64) -> I64:
-        """Offset (b - a) at times ``t`` (a's clock): the estimate of each time's window."""
+        """Offset (b - a) at times ``t`` (a's capture timeline): the estimate of each time's window."""
         if self.shared or not len(self.offset):
             return np.zeros(len(t), dtype=np.int64)
         i = np.clip(np.searchsorted(self.window_start, t, side="right") - 1, 0, len(self.offset) - 1)
@@ -81,16 +89,18 @@ class ClockModel:
     node_error: dict[int, int] = field(default_factory=dict)
     unknown: set[int] = field(default_factory=set)  # nodes no estimate reaches
 
-    def offset(self, snode: I64, rnode: I64, t_send: I64) -> I64:
-        """Offset of the receiver's clock against the sender's, per matched segment."""
-        out = np.zeros(len(t_send), dtype=np.int64)
+    def offset(self, m: Matches) -> I64:
+        """Offset of the receiver's clock against the sender's, per matched segment, looked up at
+        the segment's time on the timeline of the pair's ``a``: its departure (``a -> b``) or its
+        arrival (``b -> a``)."""
+        out = np.zeros(len(m), dtype=np.int64)
         for (a, b), pc in self.pairs.items():
-            fwd = (snode == a) & (rnode == b)
+            fwd = (m.snode == a) & (m.rnode == b)
             if fwd.any():
-                out[fwd] = pc.at(t_send[fwd])
-            rev = (snode == b) & (rnode == a)
+                out[fwd] = pc.at(m.mono_send[fwd])
+            rev = (m.snode == b) & (m.rnode == a)
             if rev.any():
-                out[rev] = -pc.at(t_send[rev] - pc.at(t_send[rev]))
+                out[rev] = -pc.at(m.mono_recv[rev])
         return out
 
     def jumps(self) -> int:
@@ -111,7 +121,8 @@ def estimate(m: Matches, shared: set[tuple[int, int]], window_ns: int = 1_000_00
     """Estimate every captured pair's offset from matched segments (exact matches only)."""
     model = ClockModel()
     good = m.how == HOW_EXACT
-    sn, rn, ts, d = m.snode[good], m.rnode[good], m.t_send[good], m.delay[good]
+    sn, rn, d = m.snode[good], m.rnode[good], m.delay[good]
+    ms, mr = m.mono_send[good], m.mono_recv[good]  # on the sender's / the receiver's timeline
     pairs = {(int(min(a, b)), int(max(a, b))) for a, b in zip(*np.unique(np.stack([sn, rn]), axis=1))} \
         if len(sn) else set()
     for a, b in sorted(pairs):
@@ -123,11 +134,8 @@ def estimate(m: Matches, shared: set[tuple[int, int]], window_ns: int = 1_000_00
                 model.pairs[(a, b)] = PairClock(a, b, True, np.zeros(1, np.int64), np.zeros(1, np.int64),
                                                 np.zeros(1, np.int64))
             continue
-        ta, da = ts[ab], d[ab]
-        # b -> a segments are stamped with b's clock: bring them to a's windows roughly
-        # (offsets much larger than a window are first removed with the global estimate).
-        rough = (int(da.min()) - int(d[ba].min())) // 2
-        tb, db = ts[ba] - rough, d[ba]
+        ta, da = ms[ab], d[ab]  # a -> b by departure, b -> a by arrival: both on a's timeline
+        tb, db = mr[ba], d[ba]
         starts, off, err = _windows(ta, da, tb, db, window_ns)
         if not len(starts):  # never both ways in one window: one estimate over everything
             starts = np.array([int(ta.min())], dtype=np.int64)

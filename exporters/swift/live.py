@@ -152,8 +152,7 @@ class LiveAnalyzer:
             rep, cur = self._reported[n], ReadStats()
             cur.add(self._ended[n])
             cur.add(p.stats)
-            d = ReadStats(cur.packets - rep.packets, cur.segments - rep.segments, cur.snapped - rep.snapped,
-                          cur.rejected - rep.rejected)
+            d = cur.minus(rep)
             rep.add(d)
             out[n] = d
         return out

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from exporters.swift.pcap import FIN, SYN, Segments
+from exporters.swift.pcap import BACKWARDS_TOLERANCE_NS, FIN, SYN, Segments
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -123,6 +123,24 @@ class Directed:
     retrans: npt.NDArray[np.bool_]
     fh: U64
     key: U64
+    mono: I64  # the capture's timeline: its clock with steps back undone (see capture_timeline)
+
+
+def capture_timeline(ts: I64, tolerance: int = BACKWARDS_TOLERANCE_NS) -> I64:
+    """Timestamps of one capture (capture order: the order the kernel saw the packets in) made
+    monotonic: a step back of more than ``tolerance`` (a clock stepped back: NTP, a VM
+    migration) becomes a step forward as large, every later stamp moved up by twice the step.
+    The packets before and after the step then lie apart, as they do around a forward step, so
+    the clock estimator's windows (kept on this timeline) never mix both sides of it (by the
+    stamps as captured, a step back makes times repeat: windows mixing two offsets). Only
+    groupings use this timeline; delays are always computed from the stamps as captured."""
+    if len(ts) < 2:
+        return ts
+    d = np.diff(ts)
+    back = np.where(d < -tolerance, -2 * d, 0)
+    if not back.any() or float(back.astype(np.float64).sum()) > 2.0 ** 61:  # none, or absurd (int64 would wrap)
+        return ts
+    return ts + np.concatenate(([0], np.cumsum(back)))
 
 
 def direct(node: int, segs: Segments, addresses: set[int]) -> Directed:
@@ -135,7 +153,7 @@ def direct(node: int, segs: Segments, addresses: set[int]) -> Directed:
         sel = np.flatnonzero(mask)
         if len(sel):
             retrans[sel] = retransmissions(segs.take(sel, heads=False), fh[sel])
-    return Directed(node, segs, egress, ingress, retrans, fh, segment_hash(segs))
+    return Directed(node, segs, egress, ingress, retrans, fh, segment_hash(segs), capture_timeline(segs.ts))
 
 
 @dataclass
@@ -146,6 +164,8 @@ class Matches:
     rnode: I64
     t_send: I64
     t_recv: I64
+    mono_send: I64  # t_send and t_recv on their capture's timeline (capture_timeline): the clock
+    mono_recv: I64  # estimator's windows, which a clock stepping back must not mix
     src: npt.NDArray[np.uint32]
     dst: npt.NDArray[np.uint32]
     sport: npt.NDArray[np.uint16]
@@ -160,7 +180,8 @@ class Matches:
         return len(self.t_send)
 
     def subset(self, mask: npt.NDArray[np.bool_]) -> Matches:
-        names = ("snode", "rnode", "t_send", "t_recv", "src", "dst", "sport", "dport", "seq", "flags", "plen", "how")
+        names = ("snode", "rnode", "t_send", "t_recv", "mono_send", "mono_recv", "src", "dst", "sport", "dport",
+                 "seq", "flags", "plen", "how")
         counts = dict(self.counts)
         for i, name in enumerate(HOW_NAMES):
             counts[f"matched_{name}"] = int(np.count_nonzero(self.how[mask] == i))
@@ -175,26 +196,26 @@ class Matches:
         return self.t_recv - self.t_send
 
 
-def _concat(ds: list[Directed], side: str) -> tuple[I64, npt.NDArray[np.intp], Segments, U64, U64]:
-    nodes, idxs, parts, keys, fhs = [], [], [], [], []
+def _concat(ds: list[Directed], side: str) -> tuple[I64, I64, Segments, U64, U64]:
+    nodes, monos, parts, keys, fhs = [], [], [], [], []
     for d in ds:
         sel = np.flatnonzero(getattr(d, side))
         nodes.append(np.full(len(sel), d.node, dtype=np.int64))
-        idxs.append(sel)
+        monos.append(d.mono[sel])
         parts.append(d.segs.take(sel, heads=False))
         keys.append(d.key[sel])
         fhs.append(d.fh[sel])
     segs = Segments.concat([p for p in parts])
     segs.heads = {}
     cat = np.concatenate
-    return (cat(nodes) if nodes else np.zeros(0, np.int64), cat(idxs) if idxs else np.zeros(0, np.intp), segs,
+    return (cat(nodes) if nodes else np.zeros(0, np.int64), cat(monos) if monos else np.zeros(0, np.int64), segs,
             cat(keys) if keys else np.zeros(0, np.uint64), cat(fhs) if fhs else np.zeros(0, np.uint64))
 
 
 def match(ds: list[Directed]) -> Matches:
     """Pair every sent segment with its arrival at another captured node."""
-    en, _, snd, ek, efh = _concat(ds, "egress")
-    inn, _, rcv, ik, ifh = _concat(ds, "ingress")
+    en, emono, snd, ek, efh = _concat(ds, "egress")
+    inn, imono, rcv, ik, ifh = _concat(ds, "ingress")
     counts = {"egress": len(snd), "ingress": len(rcv),
               "foreign": int(sum(len(d.segs) - int(d.egress.sum()) - int(d.ingress.sum()) for d in ds))}
     erank, ecount = _rank(ek)
@@ -250,6 +271,7 @@ def match(ds: list[Directed]) -> Matches:
     counts["unmatched_egress"] = int(np.count_nonzero(~sent_matched))
     return Matches(
         snode=en[allE], rnode=inn[allI], t_send=snd.ts[allE], t_recv=rcv.ts[allI],
+        mono_send=emono[allE], mono_recv=imono[allI],
         src=rcv.src[allI], dst=rcv.dst[allI], sport=rcv.sport[allI], dport=rcv.dport[allI], seq=rcv.seq[allI],
         flags=rcv.flags[allI], plen=rcv.plen[allI], how=how, counts=counts,
     )

@@ -117,6 +117,7 @@ class SwiftTimingCollector(Collector):
     def _touch_node(self, node: str) -> None:
         self.counters["packets"][(node,)] += 0
         self.counters["snapped"][(node,)] += 0
+        self.counters["duplicate"][(node,)] += 0
         for reason in REASONS:
             self.counters["rejected"][(node, reason)] += 0
 
@@ -139,6 +140,7 @@ class SwiftTimingCollector(Collector):
             self._touch_node(node)
             c["packets"][(node,)] += st.packets
             c["snapped"][(node,)] += st.snapped
+            c["duplicate"][(node,)] += st.duplicate
             for reason, n in st.rejected.items():
                 c["rejected"][(node, reason)] += n
 
@@ -214,6 +216,9 @@ class SwiftTimingCollector(Collector):
                 ("packets", "packets", "Packets read from the captures.", ["node"]),
                 ("snapped", "packets_snapped",
                  "Packets whose payload the snap length cut (headers whole: still used).", ["node"]),
+                ("duplicate", "packets_duplicate",
+                 "Same-capture copies of a packet (tcpdump -i any across a bridge, VLAN or bond), dropped.",
+                 ["node"]),
                 ("rejected", "packets_rejected", "Packets (or records) not used, by reason.", ["node", "reason"]),
                 ("clock_jumps", "clock_jumps", "Steps in a pair's estimated clock offset.", ["node", "peer"]),
             )

@@ -26,14 +26,28 @@ raw IPv4. Everything else is counted, never fatal (:data:`REASONS`):
 - ``clock_backwards``: a timestamp earlier than its predecessor's in the same capture by more
   than 1 ms (a clock step). The packet is kept (and counted); the clock estimator
   (:mod:`exporters.swift.clocks`) handles the step.
+
+Duplicates: ``tcpdump -i any`` on a host with a bridge, a VLAN or a bond records each packet
+once per device it crosses, microseconds apart. A copy (same segment, same IP identification,
+at most :data:`DUPLICATE_WINDOW_NS` after the previous copy in the same capture) is dropped and
+counted apart (``ReadStats.duplicate``, not a rejection: nothing is wrong with the capture); a
+retransmission carries a new IP identification and is kept. Without this, every segment would
+have two copies at one end and one at the other (``ambiguous``: no transit figures) and every
+copy would look like a retransmission.
+
+Memory: records are framed in batches of :data:`FRAME_BATCH` (each keeps a row of first bytes
+per record until it is decoded), and a record too short to hold IPv4 and TCP headers after its
+link header (an empty record costs 16 bytes of file) is never copied: it is decoded in place,
+only for its count.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from array import array
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
@@ -52,6 +66,10 @@ BACKWARDS_TOLERANCE_NS = 1_000_000
 # packet stamped in 2097 would add a 73-year transit sample): 1 day.
 OUTLIER_GAP_NS = 86_400 * 1_000_000_000
 IDB_MIN, EPB_MIN = 20, 32  # pcapng block lengths with the fixed fields (and the trailing length)
+MAX_IFACES = 1 << 16  # interfaces per pcapng section (more: corrupt; each costs memory, a block 20 bytes)
+FRAME_BATCH = 1 << 18  # records framed (and decoded) at once: bounds the framing's memory
+SHORT_BATCH = 1 << 13  # records too short for IP + TCP framed at once (decoded for their count only)
+DUPLICATE_WINDOW_NS = 1_000_000  # a same-capture copy of a packet (same IP id) within this is a duplicate
 _BAD_IFACE = -1  # link of a damaged interface description: its packets are counted ``corrupt``
 _PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
                 b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
@@ -59,6 +77,10 @@ _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 
 LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2 = 1, 101, 12, 113, 228, 276
 _SUPPORTED_LINKS = (LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2)
+# The shortest record that can hold IPv4 + TCP headers (20 + 20 bytes) after the link header.
+# Shorter records are never TCP segments: they are counted without being copied (see _Frames).
+_IP_TCP_MIN = 40
+_SHORT = {LINK_ETHERNET: 14 + _IP_TCP_MIN, LINK_SLL: 16 + _IP_TCP_MIN, LINK_SLL2: 20 + _IP_TCP_MIN}
 
 # TCP flags
 FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
@@ -72,8 +94,10 @@ FIRST_BYTES = 96  # data bytes per packet copied at framing: Ethernet/VLAN + IPv
 HEAD_BYTES = 1024  # payload kept of each HTTP message start (request line, status, X-Trans-Id)
 
 U32 = npt.NDArray[np.uint32]
+U64 = npt.NDArray[np.uint64]
 Buffer = bytes  # a whole capture file (read at once) or a stream's chunks
 I64 = npt.NDArray[np.int64]
+_FIELDS = ("ts", "src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "tok", "ipid")
 
 
 @dataclass
@@ -82,7 +106,8 @@ class Segments:
 
     ``ts``: nanoseconds since the epoch (int64). ``src``/``dst``: IPv4 as uint32. ``plen``: the
     TCP payload length from the IP header (not the captured length). ``tok``: what the payload
-    starts with (``TOK_*``). ``heads``: index -> the first payload bytes of each HTTP message start.
+    starts with (``TOK_*``). ``ipid``: the IPv4 identification (tells a retransmission from a
+    duplicated record). ``heads``: index -> the first payload bytes of each HTTP message start.
     """
 
     ts: npt.NDArray[np.int64]
@@ -96,6 +121,7 @@ class Segments:
     win: npt.NDArray[np.uint16]
     plen: U32
     tok: npt.NDArray[np.uint8]
+    ipid: npt.NDArray[np.uint16]
     heads: Mapping[int, bytes] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -106,7 +132,7 @@ class Segments:
         z = np.zeros(0)
         return cls(z.astype(np.int64), z.astype(np.uint32), z.astype(np.uint32), z.astype(np.uint16),
                    z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint32), z.astype(np.uint8),
-                   z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint8))
+                   z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint8), z.astype(np.uint16))
 
     @classmethod
     def concat(cls, parts: list[Segments]) -> Segments:
@@ -115,9 +141,8 @@ class Segments:
             return cls.empty()
         if len(parts) == 1:
             return parts[0]
-        names = ("ts", "src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "tok")
         out = cls.empty()
-        for n in names:
+        for n in _FIELDS:
             setattr(out, n, np.concatenate([getattr(p, n) for p in parts]))
         heads: dict[int, bytes] = {}
         base = 0
@@ -131,9 +156,8 @@ class Segments:
         """A subset (indices or a mask), heads renumbered (``heads=False``: dropped)."""
         if idx.dtype == np.bool_:
             idx = np.flatnonzero(idx)
-        names = ("ts", "src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "tok")
         out = Segments.empty()
-        for n in names:
+        for n in _FIELDS:
             setattr(out, n, getattr(self, n)[idx])
         if heads and self.heads and len(idx):
             keys = np.fromiter(self.heads, dtype=np.int64, count=len(self.heads))
@@ -153,12 +177,18 @@ class ReadStats:
     segments: int = 0
     snapped: int = 0  # payload cut by the snap length (headers whole): kept
     rejected: Counter[str] = field(default_factory=Counter)
+    duplicate: int = 0  # same-capture copies of a packet (tcpdump -i any across a bridge): dropped
 
     def add(self, other: ReadStats) -> None:
         self.packets += other.packets
         self.segments += other.segments
         self.snapped += other.snapped
+        self.duplicate += other.duplicate
         self.rejected.update(other.rejected)
+
+    def minus(self, other: ReadStats) -> ReadStats:
+        return ReadStats(self.packets - other.packets, self.segments - other.segments, self.snapped - other.snapped,
+                         self.rejected - other.rejected, self.duplicate - other.duplicate)
 
 
 class CaptureError(ValueError):
@@ -180,11 +210,26 @@ class _Frames:
     link_a: npt.NDArray[np.int64] | None = None
     mat: npt.NDArray[np.uint8] | None = None  # each record's first bytes (see _first_bytes)
     prefix: int = 0  # where the packet data starts in a row of ``mat``
+    # Records too short for IPv4 + TCP (_SHORT): never copied into ``mat``, decoded in place for
+    # their count only (they hold no segment). ``s_before``: pcap records framed before each.
+    s_off: array[int] = field(default_factory=lambda: array("q"))
+    s_cap: array[int] = field(default_factory=lambda: array("q"))
+    s_ts: array[int] = field(default_factory=lambda: array("q"))
+    s_link: array[int] = field(default_factory=lambda: array("q"))
+    s_before: array[int] = field(default_factory=lambda: array("q"))
+    more: bool = False  # framing stopped at FRAME_BATCH records: more may follow
 
     def arrays(self) -> tuple[npt.NDArray[np.int64], ...]:
         if self.off_a is not None:
             return self.off_a, self.cap_a, self.ts_a, self.link_a  # type: ignore[return-value]
         return tuple(np.asarray(x, dtype=np.int64) for x in (self.off, self.cap, self.ts, self.link))
+
+    def short(self) -> _Frames:
+        """The short records as frames of their own (no ``mat``: read from the buffer)."""
+        a = [np.frombuffer(x, dtype=np.int64) if len(x) else np.zeros(0, np.int64)
+             for x in (self.s_off, self.s_cap, self.s_ts, self.s_link)]
+        return _Frames(off_a=a[0], cap_a=a[1], ts_a=a[2], link_a=a[3])
+
 
     def __len__(self) -> int:
         return len(self.off_a) if self.off_a is not None else len(self.off)
@@ -217,6 +262,8 @@ class StreamParser:
         self._ifaces: list[_Iface] = []
         self._last_ts = -(1 << 62)
         self._dead = False
+        # the last segments' duplicate keys and stamps (a copy may come in the next chunk)
+        self._recent: tuple[Segments, U64] = (Segments.empty(), np.zeros(0, np.uint64))
 
     # -- framing --------------------------------------------------------------------------------
     def _header(self) -> bool:
@@ -238,27 +285,50 @@ class StreamParser:
         return True
 
     def _frame_pcap(self, fr: _Frames) -> int:
-        """Walk the record headers (the only per-record Python work: one unpack each); the
-        timestamps and lengths are then gathered with numpy at the offsets found."""
+        """Walk the record headers (the only per-record Python work: one unpack each), at most
+        :data:`FRAME_BATCH` records; the timestamps and lengths are then gathered with numpy at
+        the offsets found."""
         buf = self._buf
         n = len(buf)
         cap_at = struct.Struct(self._endian + "I").unpack_from
+        hdr_at = struct.Struct(self._endian + "III").unpack_from
         first = off = self._pos
         width = 16 + FIRST_BYTES
+        short = _SHORT.get(self._link, _IP_TCP_MIN)
         # Each record's header and first data bytes, side by side (one contiguous matrix later).
         parts: list[bytes] = []
         append = parts.append
-        while off + 16 <= n:
-            (cap,) = cap_at(buf, off + 8)
-            if cap > MAX_RECORD:
-                self.stats.rejected["corrupt"] += 1
-                self._dead = True
-                off = n
+        last = n - 16  # the last offset a record header fits at
+        for _ in range(FRAME_BATCH):
+            if off > last:
                 break
-            if off + 16 + cap > n:
+            (cap,) = cap_at(buf, off + 8)
+            end = off + 16 + cap
+            if cap < short or cap > MAX_RECORD:
+                if cap > MAX_RECORD:
+                    self.stats.rejected["corrupt"] += 1
+                    self._dead = True
+                    off = n
+                    break
+                if end > n:
+                    break
+                sec, frac, _ = hdr_at(buf, off)
+                fr.s_off.append(off + 16)
+                fr.s_cap.append(cap)
+                fr.s_ts.append(sec * 1_000_000_000 + frac * self._ts_mult)
+                fr.s_link.append(self._link)
+                fr.s_before.append(len(parts))
+                off = end
+                if len(fr.s_off) >= SHORT_BATCH:
+                    fr.more = True
+                    break
+                continue
+            if end > n:
                 break
             append(buf[off:off + width])
-            off += 16 + cap
+            off = end
+        else:
+            fr.more = True  # the batch is full, not the buffer's end
         if parts:
             mat = _as_matrix(parts, width)
             dt = np.dtype(self._endian + "u4")
@@ -266,6 +336,11 @@ class StreamParser:
             fr.cap_a = hdr[:, 2]
             ends = np.cumsum(16 + fr.cap_a)  # record i's data starts 16 bytes after the previous ends
             fr.off_a = first + 16 + np.concatenate(([0], ends[:-1]))
+            if len(fr.s_off):  # ... and after the short records before it
+                skipped = np.zeros(len(parts) + 1, dtype=np.int64)
+                np.add.at(skipped, np.frombuffer(fr.s_before, dtype=np.int64),
+                          16 + np.frombuffer(fr.s_cap, dtype=np.int64))
+                fr.off_a += np.cumsum(skipped)[:-1]
             fr.ts_a = hdr[:, 0] * 1_000_000_000 + hdr[:, 1] * self._ts_mult
             fr.link_a = np.full(len(parts), self._link, dtype=np.int64)
             fr.mat, fr.prefix = mat, 16
@@ -275,7 +350,9 @@ class StreamParser:
         buf = self._buf
         n = len(buf)
         off = self._pos
-        while off + 12 <= n:
+        for _ in range(FRAME_BATCH):
+            if off + 12 > n:
+                break
             if bytes(buf[off:off + 4]) == _PCAPNG_MAGIC:  # section header: byte order
                 bom = bytes(buf[off + 8:off + 12])
                 if bom == b"\x4d\x3c\x2b\x1a":
@@ -295,7 +372,9 @@ class StreamParser:
                 return n
             if off + blen > n:
                 break
-            if btype == 1 and blen < IDB_MIN:  # no room for link type and snap length
+            if btype == 1 and len(self._ifaces) >= MAX_IFACES:  # beyond any real use: not kept
+                self.stats.rejected["corrupt"] += 1  # (each costs memory; its packets: linktype)
+            elif btype == 1 and blen < IDB_MIN:  # no room for link type and snap length
                 self.stats.rejected["corrupt"] += 1
                 self._ifaces.append(_Iface(_BAD_IFACE, 1000, 1))  # keeps the later ids in place
             elif btype == 1:  # interface description
@@ -333,6 +412,15 @@ class StreamParser:
                     if not 0 <= ts < MAX_TS:
                         self.stats.packets += 1
                         self.stats.rejected["bad_timestamp"] += 1
+                    elif cap < _SHORT.get(iface.link, _IP_TCP_MIN):
+                        fr.s_off.append(off + 28)
+                        fr.s_cap.append(cap)
+                        fr.s_ts.append(ts)
+                        fr.s_link.append(iface.link)
+                        if len(fr.s_off) >= SHORT_BATCH:
+                            fr.more = True
+                            off += blen
+                            break
                     else:
                         fr.off.append(off + 28)
                         fr.cap.append(cap)
@@ -342,6 +430,8 @@ class StreamParser:
                 self.stats.packets += 1
                 self.stats.rejected["no_timestamp"] += 1
             off += blen
+        else:
+            fr.more = True
         if fr.off:
             fr.mat, fr.prefix = _first_bytes(buf, fr.off, FIRST_BYTES), 0
         return off
@@ -358,10 +448,18 @@ class StreamParser:
         self._buf = bytes(self._buf) + bytes(chunk) if self._buf else chunk
         if self._fmt is None and not self._header():
             return Segments.empty()
-        fr = _Frames()
-        used = self._frame_pcap(fr) if self._fmt == "pcap" else self._frame_pcapng(fr)
-        segs = decode(self._buf, fr, self.stats) if len(fr) else Segments.empty()
-        self._buf = b"" if self._dead else self._buf[used:]
+        parts = []
+        while not self._dead:  # in batches: the framing's memory is per record framed
+            fr = _Frames()
+            self._pos = self._frame_pcap(fr) if self._fmt == "pcap" else self._frame_pcapng(fr)
+            if len(fr.s_off):  # too short for IP + TCP: counted, no segment
+                decode(self._buf, fr.short(), self.stats)
+            if len(fr):
+                parts.append(decode(self._buf, fr, self.stats))
+            if not fr.more:
+                break
+        segs = Segments.concat(parts)
+        self._buf = b"" if self._dead else self._buf[self._pos:]
         self._pos = 0
         bad = outliers(segs.ts) if whole_file and len(segs) else None
         if not_after is not None and len(segs):
@@ -372,7 +470,35 @@ class StreamParser:
             self.stats.rejected["bad_timestamp"] += k
             self.stats.segments -= k
             segs = segs.take(np.flatnonzero(~bad))
+        segs = self._drop_duplicates(segs, last=whole_file)
         self._check_clock(segs)
+        return segs
+
+    def _drop_duplicates(self, segs: Segments, last: bool = False) -> Segments:
+        """Drop (and count) same-capture copies of a packet: see the module's docstring. The
+        last :data:`DUPLICATE_WINDOW_NS` of a stream's segments are kept to compare the next
+        chunk's with (``last``: there is none)."""
+        if not len(segs):
+            return segs
+        recent, recent_key = self._recent
+        r = len(recent)
+        key = _copy_key(segs)
+
+        def column(name: str) -> npt.NDArray[Any]:
+            now = getattr(segs, name)
+            return np.concatenate([getattr(recent, name), now]) if r else now
+
+        dup = _copies(np.concatenate([recent_key, key]) if r else key, column, DUPLICATE_WINDOW_NS)[r:]
+        if dup.any():
+            k = int(np.count_nonzero(dup))
+            self.stats.duplicate += k
+            self.stats.segments -= k
+            segs, key = segs.take(np.flatnonzero(~dup)), key[~dup]
+        if len(segs) and not last:  # what the next chunk's copies may be copies of
+            floor = int(segs.ts.max()) - DUPLICATE_WINDOW_NS
+            old, new = np.flatnonzero(recent.ts >= floor), np.flatnonzero(segs.ts >= floor)
+            self._recent = (Segments.concat([recent.take(old, heads=False), segs.take(new, heads=False)]),
+                            np.concatenate([recent_key[old], key[new]]))
         return segs
 
     def _check_clock(self, segs: Segments) -> None:
@@ -392,6 +518,47 @@ class StreamParser:
         if self._buf and not self._dead:
             self.stats.rejected["truncated"] += 1
         self._buf = b""
+
+
+_COPY_FIELDS = ("src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "ipid")
+
+
+def _copy_key(s: Segments) -> U64:
+    """A cheap key per packet, equal for copies of one packet (its rows with equal keys are
+    then compared field by field: a collision costs nothing but that comparison)."""
+    with np.errstate(over="ignore"):
+        a = (s.seq.astype(np.uint64) << np.uint64(32)) | s.ack.astype(np.uint64)
+        b = ((s.sport.astype(np.uint64) << np.uint64(48)) | (s.dport.astype(np.uint64) << np.uint64(32))
+             | (s.ipid.astype(np.uint64) << np.uint64(16)) | s.win.astype(np.uint64))
+        c = (s.flags.astype(np.uint64) << np.uint64(32)) | s.plen.astype(np.uint64)
+        return a ^ (b * np.uint64(0x9E3779B97F4A7C15)) ^ (c * np.uint64(0xC2B2AE3D27D4EB4F))
+
+
+def _copies(keys: U64, column: Callable[[str], npt.NDArray[Any]], window: int) -> npt.NDArray[np.bool_]:
+    """Per row (capture order): a copy, i.e. the previous row with its key has the same fields
+    (``column(name)``: a field's values for every row), IP identification included, and a stamp
+    at most ``window`` away. Keys are only sorted (no duplicate key: done, the usual case); rows
+    whose key repeats are then ordered by all their fields and capture order and compared to
+    their previous (a key shared by other packets, interleaved, does not hide a copy)."""
+    n = len(keys)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    k = np.sort(keys)
+    eq = k[1:] == k[:-1]
+    if not eq.any():
+        return out
+    rows = np.flatnonzero(np.isin(keys, k[1:][eq]))  # capture order
+    cols = [column(name)[rows] for name in _COPY_FIELDS]
+    order = np.lexsort([rows, *cols[::-1]])  # by every field, capture order within equal fields
+    rows, cols = rows[order], [c[order] for c in cols]
+    a, b = rows[:-1], rows[1:]
+    same = np.ones(len(a), dtype=bool)
+    for c in cols:
+        same &= c[1:] == c[:-1]
+    ts = column("ts")
+    out[b[same & (np.abs(ts[b] - ts[a]) <= window)]] = True
+    return out
 
 
 def check_magic(magic: bytes) -> None:
@@ -570,6 +737,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     ok = ~(bad | short_l2 | non_ip | bad_ip | short_ip)
     ipw = be(l3 + 2, 4)  # total length, identification
     total = (ipw >> 16).astype(np.int64)
+    ipid = (ipw & 0xFFFF).astype(np.uint16)
     ipf = be(l3 + 6, 4)  # flags + fragment offset, TTL, protocol
     frag = ((ipf >> 16) & 0x3FFF) != 0
     proto = ipf & 0xFF
@@ -602,7 +770,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     rows = None if everything else keep
     if not everything:
         l3, t, doff, plen, cap, ts = l3[keep], t[keep], doff[keep], plen[keep], cap[keep], ts[keep]
-        dflags = dflags[keep]
+        dflags, ipid = dflags[keep], ipid[keep]
     pay = t + doff
     captured = np.clip(cap - pay, 0, None)
     stats.snapped += int(np.count_nonzero(captured < plen))
@@ -623,7 +791,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
         sport=(ports >> 16).astype(np.uint16), dport=(ports & 0xFFFF).astype(np.uint16),
         seq=be(t + 4, 4, rows), ack=be(t + 8, 4, rows),
         flags=((dflags >> 16) & 0xFF).astype(np.uint8), win=(dflags & 0xFFFF).astype(np.uint16),
-        plen=plen.astype(np.uint32), tok=tok,
+        plen=plen.astype(np.uint32), tok=tok, ipid=ipid,
     )
     starts = np.flatnonzero(tok)
     if len(starts):

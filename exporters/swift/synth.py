@@ -21,10 +21,11 @@ MSS = 1448
 
 
 def tcp_packet(src: str, dst: str, sport: int, dport: int, seq: int, ack: int, flags: int,
-               payload: bytes = b"", win: int = 502, ip_len: int | None = None) -> bytes:
+               payload: bytes = b"", win: int = 502, ip_len: int | None = None, ip_id: int = 0) -> bytes:
     """An Ethernet + IPv4 + TCP frame (no options)."""
     total = 20 + 20 + len(payload) if ip_len is None else ip_len
-    iph = struct.pack("!BBHHHBBHII", 0x45, 0, total & 0xFFFF, 0, 0x4000, 64, 6, 0, ip_int(src), ip_int(dst))
+    iph = struct.pack("!BBHHHBBHII", 0x45, 0, total & 0xFFFF, ip_id & 0xFFFF, 0x4000, 64, 6, 0, ip_int(src),
+                      ip_int(dst))
     tcph = struct.pack("!HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, win, 0, 0)
     return b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01\x08\x00" + iph + tcph + payload
 
@@ -66,6 +67,7 @@ class Conn:
     aport: int
     bport: int
     seq: dict[str, int] = field(default_factory=dict)
+    ip_id: dict[str, int] = field(default_factory=dict)  # per sender: Linux counts per connection
 
 
 @dataclass
@@ -78,7 +80,9 @@ class SynthNet:
     clock_offset: dict[str, int] = field(default_factory=dict)
     jump_at: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (true time, step ns)
     tso: bool = False  # sender captures hold super-segments, receivers MSS pieces
-    captures: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    # node -> (true time, stamp, frame): written in true-time order, as tcpdump writes what the
+    # kernel hands it (a clock stepped back shows as stamps going back, not as reordered packets)
+    captures: dict[str, list[tuple[int, int, bytes]]] = field(default_factory=dict)
     next_port: int = 40000
 
     def clock(self, node: str, t: int) -> int:
@@ -89,7 +93,7 @@ class SynthNet:
         return t + off
 
     def _emit(self, node: str, t: int, pkt: bytes) -> None:
-        self.captures.setdefault(node, []).append((self.clock(node, t), pkt))
+        self.captures.setdefault(node, []).append((t, self.clock(node, t), pkt))
 
     def delay(self, a: str, b: str) -> int:
         return self.hop_delay.get((a, b), self.delay_ns)
@@ -101,22 +105,29 @@ class SynthNet:
         sport, dport = (c.aport, c.bport) if frm == c.a else (c.bport, c.aport)
         seq, ack = c.seq[frm], c.seq[to]
         src, dst = self.nodes[frm], self.nodes[to]
+        ident = c.ip_id.get(frm, 0)
         if self.tso and len(payload) > MSS:
-            self._emit(frm, t, tcp_packet(src, dst, sport, dport, seq, ack, flags, payload))
+            self._emit(frm, t, tcp_packet(src, dst, sport, dport, seq, ack, flags, payload, ip_id=ident))
             arrive = t + self.delay(frm, to)
             for i in range(0, len(payload), MSS):
                 piece = payload[i:i + MSS]
-                self._emit(to, arrive + i // MSS * 1000, tcp_packet(src, dst, sport, dport, seq + i, ack,
-                                                                    flags if i + MSS >= len(payload) else ACK, piece))
+                self._emit(to, arrive + i // MSS * 1000,
+                           tcp_packet(src, dst, sport, dport, seq + i, ack, flags if i + MSS >= len(payload) else ACK,
+                                      piece, ip_id=ident + i // MSS))
             arrive += (len(payload) - 1) // MSS * 1000
+            ident += (len(payload) + MSS - 1) // MSS
         else:
-            pkt = tcp_packet(src, dst, sport, dport, seq, ack, flags, payload)
+            pkt = tcp_packet(src, dst, sport, dport, seq, ack, flags, payload, ip_id=ident)
             self._emit(frm, t, pkt)
-            if lose_first:
+            if lose_first:  # the retransmission is a new IP packet: a new identification
+                ident += 1
+                pkt = tcp_packet(src, dst, sport, dport, seq, ack, flags, payload, ip_id=ident)
                 t += rto_ns
                 self._emit(frm, t, pkt)
             arrive = t + self.delay(frm, to)
             self._emit(to, arrive, pkt)
+            ident += 1
+        c.ip_id[frm] = ident
         c.seq[frm] = seq + len(payload) + (1 if flags & (SYN | FIN) else 0)
         return arrive
 
@@ -165,7 +176,7 @@ class SynthNet:
         out = {}
         d = Path(directory)
         for node in self.nodes:
-            pkts = sorted(self.captures.get(node, []), key=lambda p: p[0])
+            pkts = [(ts, pkt) for _, ts, pkt in sorted(self.captures.get(node, []), key=lambda p: p[0])]
             path = d / f"{node}.{'pcapng' if fmt == 'pcapng' else 'pcap'}"
             if fmt == "pcapng":
                 write_pcapng(path, pkts)
