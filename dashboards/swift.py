@@ -133,7 +133,10 @@ def swift() -> dashboard.Dashboard:
                 Query("sum by (node) (rate(promreflex_swift_packets_total[5m]))", "{{node}} read"),
                 Query("sum by (node, reason) (rate(promreflex_swift_packets_rejected_total[5m]))",
                       "{{node}} {{reason}}"),
-                description="The exporter's input per node, and what it could not use, by reason.",
+                Query("sum by (node) (rate(promreflex_swift_packets_duplicate_total[5m]))", "{{node}} copies"),
+                description="The exporter's input per node, what it could not use, by reason, and the copies of "
+                            "a packet it dropped (tcpdump -i any on a host with a bridge, VLAN or bond records "
+                            "each packet once per device).",
                 width=8,
             )
         )

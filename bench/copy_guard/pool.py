@@ -4,7 +4,9 @@ One round's "lost responses saved" rests on a few dozen responses (the built-in 
 crowd loses 31-42): the same arm read 57% and 106% in two rounds. Each round is fair on its
 own (one calibration, one common window holding every copy, arms in one order), so rounds are
 pooled per arm as ``sum(saved) / sum(lost)`` over the rounds in which the arm ran, never by
-mixing runs of different rounds; the copy's delay is the mean of the rounds' ``copy slower``.
+mixing runs of different rounds; the copy's delay is the mean of the rounds' ``copy slower``
+(also of a round whose copy outlived the window: it has no share, and an arm with such a round
+does not meet the target).
 The verdict is the bench's target on the pooled figures, and the table keeps every round's own
 share next to it, so the spread stays in sight.
 
@@ -33,6 +35,7 @@ class Pooled:
     saved: int = 0
     lost: int = 0
     slower: list[float] = field(default_factory=list)
+    uncounted: int = 0  # rounds whose copy outlived the window (no share)
 
     @property
     def share(self) -> float | None:
@@ -86,8 +89,10 @@ def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
             if r.get("saved_share") is not None:  # counted: the round's window held its copy
                 p.saved += r["saved_responses"]
                 p.lost += r["lost_responses"]
-                if r.get("copy_slower") is not None:
-                    p.slower.append(r["copy_slower"])
+            else:  # its copy outlived the window: no share, and the arm cannot meet the target
+                p.uncounted += 1
+            if r.get("copy_slower") is not None:  # the copy's delay counts in every round
+                p.slower.append(r["copy_slower"])
     for p in out.values():
         p.shares += [None] * (len(rounds) - len(p.shares))
     return list(out.values())
@@ -115,13 +120,17 @@ def render(dirs: list[Path], sums: list[dict[str, Any]], rows: list[Pooled], tar
         lines.append(f"| {p.label} | " + " | ".join(pct(s) for s in p.shares)
                      + f" | {p.saved} of {p.lost} (**{pct(p.share)}**) | {pct(p.mean_slower, True)} |")
     lines.append("")
-    meets = [p for p in rows if p.share is not None and p.mean_slower is not None
+    meets = [p for p in rows if p.share is not None and p.mean_slower is not None and not p.uncounted
              and p.share >= target.get("saved_share", 0.8) and p.mean_slower <= target.get("slowdown", 0.4)
              and not (p.arm in ARMS and ARMS[p.arm].oracle)]
+    outlived = [f"{p.arm}: {p.uncounted} round(s) whose copy outlived the window" for p in rows
+                if p.uncounted and p.arm != "no-guard"]
     goal = f"saved >= {target.get('saved_share', 0.8):.0%} with the copy at most {target.get('slowdown', 0.4):+.0%}"
     lines.append(f"**{scenario}, pooled over {len(rounds)} rounds: target ({goal}) "
                  + (("met by: " + ", ".join(f"{p.arm} ({pct(p.share)} at {pct(p.mean_slower, True)})" for p in meets))
-                    if meets else "NOT met by any arm") + "**")
+                    if meets else "NOT met by any arm") + "**"
+                 + (f" ({'; '.join(outlived)}: not counted in the saved share, counted in the copy's delay; "
+                    "such an arm cannot meet the target)" if outlived else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -84,3 +84,16 @@ def test_a_summary_of_several_rounds_gives_each_round_its_column(tmp_path, capsy
     out = capsys.readouterr().out
     assert f"rounds 1-2 = `{r1}`" in out and f"round 3 = `{r2}`" in out
     assert "| throttle | 90% | 50% | 90% | 74 of 100 (**74%**) | +13% |" in out and "pooled over 3 rounds" in out
+
+
+def test_a_round_whose_copy_outlived_the_window_counts_in_the_delay_and_fails_the_target(tmp_path, capsys):
+    """A round the copy outlived has no share; it said 'met' on the other round alone (87% at +38%)
+    while that round's copy took +78%."""
+    r = _round(tmp_path, "r", [{**_row("throttle", 98, 85, 0.38), "round": 1},
+                               {**_row("throttle", 141, None, 0.78), "round": 2}])
+    sums, _ = load([r], "flash")
+    (th,) = pool(sums, "flash")
+    assert (th.saved, th.lost, th.uncounted) == (85, 98, 1) and th.mean_slower == pytest.approx(0.58)
+    assert main([str(r)]) == 0
+    out = capsys.readouterr().out
+    assert "NOT met by any arm" in out and "throttle: 1 round(s) whose copy outlived the window" in out
