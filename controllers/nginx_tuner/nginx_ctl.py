@@ -76,6 +76,10 @@ from controllers.nginx_tuner.procfs import children, cmdline
 from promreflex.fsutil import atomic_write_text
 from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
 
+#: How :meth:`NginxControl.restore_original` ends when the file is back but no nginx serves it:
+#: a sweep that kept its value then has not ended well (nginx is down), whatever the file says.
+NOT_RUNNING = "nginx is not running"
+
 Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
 
 _TIME_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "M": 2592000, "y": 31536000}
@@ -402,7 +406,7 @@ class NginxControl:
             self.master_pid()
         except NginxError:  # nginx does not run: it starts on the original
             self.journal_path.unlink(missing_ok=True)
-            return f"{what}; nginx is not running"
+            return f"{what}; {NOT_RUNNING}"
         ok, msg = self.test()
         if not ok:
             raise NginxError(f"{what}, but it fails nginx -t ({msg}); the journal {self.journal_path} is kept")

@@ -60,7 +60,7 @@ from typing import Any, Protocol
 
 from controllers.nginx_tuner.memory import Method, group_memory, nginx_memory
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
+from controllers.nginx_tuner.nginx_ctl import NOT_RUNNING, ApplyResult, NginxControl
 from controllers.nginx_tuner.pareto import Choice, Point, Rule, choose, prune
 from controllers.nginx_tuner.trial import LoadError, Trial, run_load, trial_plan
 from promreflex.fsutil import atomic_write_json, atomic_write_text
@@ -391,7 +391,8 @@ class Sweep:
                 result.final, result.final_ok = f"{why}; {restored}", False
             elif choice.kept_current and self.journal is not None:
                 restored = await self._restore_last_good()  # the file as it was, text and all
-                result.final_ok = restored.startswith("restored")
+                # (back on disk but nginx not running: not a good end, nothing serves the value)
+                result.final_ok = restored.startswith("restored") and not restored.endswith(NOT_RUNNING)
                 result.final = f"kept {choice.value:g}: {restored}"
             else:
                 res = await self._apply(choice.value)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.nginx_ctl import NginxControl
 from controllers.nginx_tuner.sweep import LoadMeasurer, Measurement, Sweep, SweepSettings, write_results
-from promreflex.proc import http_ok
+from promreflex.proc import http_ok, wait_until
 from tests.integration.test_nginx_tuner_nginx import NGINX, BackgroundGets, Live, live, port_conflict  # noqa: F401 - live: the fixture
 
 pytestmark = pytest.mark.integration
@@ -141,3 +141,25 @@ async def test_a_health_blip_after_a_trial_ends_on_the_pre_sweep_file(live: Live
     assert not result.final_ok and "did not return to health" in result.final, result.final
     assert "restored" in result.final and live.conf.read_text() == original
     assert ctl.current_value() == ("65",) and not ctl.journal_path.exists()
+
+
+async def test_a_kept_value_is_not_a_good_end_when_nginx_stopped_during_the_sweep(live: Live) -> None:  # noqa: F811
+    """The sweep keeps the current value (every trial measured alike) but nginx was stopped
+    before its end: the pre-sweep file is back on disk, and the sweep must not report that it
+    ended well (it said 'kept 65: restored: ...; nginx is not running' with final_ok True)."""
+    ctl = live.control()
+    original = live.conf.read_text()
+    calls: list[float] = []
+
+    async def measure(value: float) -> Measurement:
+        calls.append(value)
+        if len(calls) == 3:  # the last trial: nginx is stopped (an operator, a crash)
+            live.child.stop()
+            wait_until(lambda: not http_ok(live.url), timeout=20, what="nginx to stop")
+        return Measurement(0.001, 0.002, 1e6, "pss", 100, 0)
+
+    settings = SweepSettings(candidates=(1.0, 2.0), repeats=1, seed=3)
+    result = await Sweep(settings, ctl.apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert len(calls) == 3 and result.choice is not None and result.choice.kept_current
+    assert not result.final_ok and result.final.endswith("nginx is not running"), result.final
+    assert live.conf.read_text() == original and not ctl.journal_path.exists()
