@@ -716,7 +716,7 @@ class AdmissionProxy:
                 page.release(served, mark)
         finally:
             session.in_flight -= 1
-            session.last_seen = self.clock()
+            self.sessions.touch(session)
 
     def _left_at_app(self, request: web.Request, page: PageClass, watch: ClientWatch) -> None:
         """The client of a request at the app left: counted now, its slot kept until the app

@@ -609,7 +609,12 @@ class SessionState:
 @dataclass
 class Sessions:
     """The sessions this proxy admitted (server-side state: what makes a replayed cookie useless
-    once its session ended). ``ended`` remembers ended session ids until their cookie expires."""
+    once its session ended). ``ended`` remembers ended session ids until their cookie expires.
+
+    ``active`` is kept in the order of ``last_seen`` (``add`` appends, ``touch`` moves a session
+    to the end), so ``idle`` reads only the sessions that timed out and those with a request in
+    flight ahead of them, never every session: a scan of all of them every sweep (4 a second)
+    took ~10 ms at 100,000 sessions, on the loop that serves the pages."""
 
     idle_timeout: float
     clock: Clock
@@ -620,8 +625,16 @@ class Sessions:
 
     def add(self, sid: str, issued: float, expires: float, page: str) -> SessionState:
         s = SessionState(sid, issued, expires, self.clock(), page)
+        self.active.pop(sid, None)  # (a re-added id goes to the end: the order is last_seen's)
         self.active[sid] = s
         return s
+
+    def touch(self, s: SessionState) -> None:
+        """A request of ``s`` ended now: its idle time starts again."""
+        s.last_seen = self.clock()
+        if self.active.get(s.sid) is s:
+            del self.active[s.sid]
+            self.active[s.sid] = s
 
     def end(self, sid: str) -> SessionState | None:
         s = self.active.pop(sid, None)
@@ -634,9 +647,15 @@ class Sessions:
 
     def idle(self) -> list[SessionState]:
         """Sessions idle for longer than the idle timeout (none of their requests in flight);
-        removed and returned (abandoned)."""
-        now = self.clock()
-        out = [s for s in self.active.values() if not s.in_flight and now - s.last_seen > self.idle_timeout]
+        removed and returned (abandoned). Reads ``active`` from its oldest ``last_seen`` and
+        stops at the first session seen within the timeout (class doc)."""
+        since = self.clock() - self.idle_timeout
+        out = []
+        for s in self.active.values():
+            if s.last_seen >= since:
+                break
+            if not s.in_flight:
+                out.append(s)
         for s in out:
             self.end(s.sid)
         return out
