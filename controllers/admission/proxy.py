@@ -116,19 +116,11 @@ def _connection_tokens(headers: Any) -> frozenset[str]:
     return frozenset(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
 
 
-def own_cookies(headers: Any, prefix: str) -> list[str]:
-    """The values of the cookie ``prefix`` (``name=``) in the request's Cookie header(s), in
-    order (a browser sends one per matching path/domain, a client may send junk before a valid
-    one); the other cookies are not parsed (they are the app's)."""
-    out = []
-    for header in headers.getall("Cookie", ()):
-        if prefix in header:
-            out += own_cookies_in(header, prefix)
-    return out
-
-
 def own_cookies_in(header: str, prefix: str) -> list[str]:
-    """:func:`own_cookies` of one Cookie header."""
+    """The values of the cookie ``prefix`` (``name=``) in one Cookie header, in order (a client
+    may send junk before a valid one; a browser sends one per matching path or domain, in one
+    header or several: :meth:`AdmissionProxy.cookie_parts` is called per header); the other
+    cookies are not parsed (they are the app's)."""
     out = []
     for part in header.split(";"):
         part = part.strip()
@@ -467,7 +459,7 @@ class AdmissionProxy:
 
     def cookie_parts(self, header: str) -> tuple[tuple[str, ...], str]:
         """One Cookie header holding this proxy's cookie: the values of its own cookie in it
-        (:func:`own_cookies`) and the header without them, for the app ("": nothing left)."""
+        (:func:`own_cookies_in`) and the header without them, for the app ("": nothing left)."""
         parts = self._cookies.get(header)
         if parts is None:
             own = self._own_cookie

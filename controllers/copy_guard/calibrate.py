@@ -574,8 +574,12 @@ def prometheus_series(base_url: str, query: str, start: float, end: float, step_
     return [float(v) for _, v in result[0]["values"] if math.isfinite(float(v))]
 
 
-#: The nginx exporters' own stub_status requests per second (one per scrape; see the rules).
-OWN_RPS_QUERY = "sum(irate(nginx_http_requests_total[1m]) / clamp_min(idelta(nginx_http_requests_total[1m]), 1))"
+#: The nginx exporters' own stub_status requests per second (one per scrape; see the rules):
+#: per exporter, 1 / its scrape interval, the median over the last minute of evaluations. One
+#: interval alone (`irate / idelta` now) read 3.3 or 10 instead of 5 whenever a 200 ms scrape
+#: started 100 ms late (tests/unit/test_copy_guard_calibrate.py, on promtool).
+OWN_RPS_QUERY = ("sum(quantile_over_time(0.5, (irate(nginx_http_requests_total[1m])"
+                 " / clamp_min(idelta(nginx_http_requests_total[1m]), 1))[1m:]))")
 IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
               'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
 #: When this user's last calibration load ended (Unix s): the next baseline must not count it.
@@ -584,6 +588,7 @@ LAST_LOAD = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "
 #: The baseline window is the minute before the load, or the time since calibrate's own last load
 #: ended if that is shorter, but at least this long (calibrate waits for it).
 MIN_BASELINE_S = 15.0
+BASELINE_AFTER_LOAD_S = 3.5
 
 
 def note_load_ended(path: Path = LAST_LOAD) -> None:
@@ -609,7 +614,9 @@ def baseline_window(now: float, path: Path = LAST_LOAD) -> tuple[float, float]:
     if not 0 <= since < 60.0:
         return 0.0, 60.0
     wait = max(0.0, MIN_BASELINE_S - since)
-    return wait, max(MIN_BASELINE_S, since) - 2.0  # 2 s: the load's last requests, a scrape late
+    # The window starts 3.5 s after the load ended: the arrivals' 3 s rate at its first evaluation
+    # then holds none of the load's requests (and a scrape may come late).
+    return wait, max(MIN_BASELINE_S, since) - BASELINE_AFTER_LOAD_S
 
 
 @dataclass(frozen=True)
@@ -628,11 +635,11 @@ def measure_baseline(prometheus_url: str | None, site: str, last_load: Path = LA
     wait, window = baseline_window(time.time(), last_load)
     if wait > 0:
         print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago; the shop's demand "
-              f"before this one is read over the {window:.0f}s after it, not counting it", flush=True)
+              f"before this one is read over the {window:g}s after it, not counting it", flush=True)
         sleep(wait)
-    span = "the last minute" if window >= 60 else f"the {window:.0f}s since the last calibration load"
+    span = "the last minute" if window >= 60 else f"the {window:g}s since the last calibration load"
     try:
-        idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site, window=f"{window:.0f}s"))
+        idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site, window=f"{int(window * 1000)}ms"))
         own = prometheus_instant(prometheus_url, OWN_RPS_QUERY)
     except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError) as e:
         return Baseline(None, None, f"Prometheus at {prometheus_url} not usable ({e}): idle demand and own traffic not checked")

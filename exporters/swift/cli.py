@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     d.add_argument("--no-acks", action="store_true", help="leave pure ACKs out")
     d.set_defaults(func=cmd_diagram)
     s = sub.add_parser("serve", help="serve /metrics from capture files (once) or live tcpdump streams")
+    # `--grace -1s` is a value, not an option: argparse takes "-1s" for one (only "-1" and "-1.5"
+    # look like numbers to it) and said "expected one argument"; this way ``serve`` itself
+    # answers "--grace: cannot be negative". (No option of ``serve`` starts with a digit.)
+    s._negative_number_matcher = re.compile(r"^-\.?\d[\w.]*$")
     _common(s)
     s.add_argument("--live", action="append", default=[], metavar="NODE=IFACE[@NETNS]",
                    help="run tcpdump on IFACE (in network namespace NETNS); NODE=- reads a pcap stream on stdin")

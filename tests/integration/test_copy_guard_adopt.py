@@ -168,6 +168,19 @@ def read_bytes_of(pid: int) -> int:
     raise AssertionError("no rchar")
 
 
+def cycling(record: dict, changes: int = 2, timeout: float = 30.0) -> None:
+    """Wait until a watchdog has changed the record's frozen state ``changes`` times (it runs the
+    duty cycle: a watchdog just started is still importing, and meanwhile its processes stay in
+    the phase the last one left them in)."""
+    deadline = time.monotonic() + timeout
+    last, seen = freeze.is_frozen(record), 0
+    while seen < changes:
+        assert time.monotonic() < deadline, "no watchdog cycles the record's processes"
+        time.sleep(0.01)
+        now = freeze.is_frozen(record)
+        seen, last = seen + (now != last), now
+
+
 def frozen_share(record: dict, samples: int = 150, every: float = 0.02) -> float:
     """The fraction of samples in which the record's processes are frozen (the kernel's view)."""
     frozen = 0
@@ -197,6 +210,7 @@ async def test_an_adopted_dd_is_duty_cycled_at_its_share_and_let_go_at_the_lease
         watchdog = action._watchdogs[reg]
         record = Registry(reg).get("cp1").pause
         assert (record["method"], record["duty"], record["period"]) == (method, 0.5, 0.5)
+        cycling(record)
         before = read_bytes_of(dd.pid)
         share = frozen_share(record)
         assert 0.25 <= share <= 0.75, f"frozen {share:.0%} of the time at duty 0.5"
@@ -212,6 +226,7 @@ async def test_an_adopted_dd_is_duty_cycled_at_its_share_and_let_go_at_the_lease
         assert action.episodes["shop"].throttle.share == 0.5
         watchdog = action._watchdogs[reg]
         assert watchdog.poll() is None
+        cycling(record)
         share = frozen_share(record, samples=100)
         assert 0.25 <= share <= 0.75, f"frozen {share:.0%} of the time after the watchdog's restart"
         # Nobody renews: within the lease (4 s) plus a sweep the watchdog lets it go for good.

@@ -4,6 +4,7 @@ call graph, and an injected latency fault shows on the faulty service's edges.""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import urllib.request
 from collections import defaultdict
@@ -92,6 +93,7 @@ def test_simulated_mesh_feeds_the_exporter_and_a_latency_fault_shows_on_carts_ed
         assert value(m, "promreflex_mesh_parse_errors_total") == 0
     finally:
         mesh.stop()
+        shutil.rmtree(work, ignore_errors=True)
     assert not [n for n, c in mesh.children.items() if c.alive()]
 
 
@@ -115,4 +117,5 @@ def test_each_service_gets_its_own_iops_volume_and_the_disk_fault_writes_through
         assert serviced_writes(mesh.volumes["carts"]) < 100
     finally:
         mesh.stop()
+        shutil.rmtree(work, ignore_errors=True)
     assert not mesh.volumes and not list(BLKIO.glob(f"promreflex-bench-rca-{os.getpid()}-*"))

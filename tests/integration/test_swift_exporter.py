@@ -228,10 +228,17 @@ def test_live_tcpdump_streams_publish_the_breakdown(lab: Path) -> None:
     key = 'promreflex_swift_node_processing_seconds_count{node="storage",role="object"}'
     try:
         wait_until(lambda: _ok(port), timeout=30, what="the exporter's /metrics")
-        time.sleep(1.5)  # tcpdump attaches
+        # The tcpdumps attach after /metrics answers: one request at a time until one is
+        # published (no fixed wait for them), then the measured ones.
+        def warmed_up() -> bool:
+            _client(lab, 1)
+            return _scrape(port).get(key, 0) >= 1
+
+        wait_until(warmed_up, timeout=60, what="a first object request on /metrics (the tcpdumps attached)")
+        seen = _scrape(port).get(key, 0)
         _client(lab, N_REQUESTS)
-        wait_until(lambda: _scrape(port).get(key, 0) >= N_REQUESTS, timeout=60,
-                   what=f"{N_REQUESTS} object requests on /metrics")
+        wait_until(lambda: _scrape(port).get(key, 0) >= seen + N_REQUESTS, timeout=60,
+                   what=f"{N_REQUESTS} more object requests on /metrics")
         m = _scrape(port)
         total = m['promreflex_swift_node_processing_seconds_sum{node="storage",role="object"}']
         assert total / m[key] == pytest.approx(STORAGE_DELAY_S, abs=0.015)

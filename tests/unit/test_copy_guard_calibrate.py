@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -324,10 +326,11 @@ def test_the_baseline_leaves_out_calibrates_own_earlier_load(tmp_path: Path, mon
     run's own requests, still in the minute's demand, as the shop's: refused after 48 s of load."""
     marker = tmp_path / "last-load"
     assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)  # no earlier load: the last minute
-    marker.write_text("990.0\n")  # ended 10 s ago: wait 5 s, then look at the 13 s since it
-    assert cal.baseline_window(1000.0, marker) == (5.0, 13.0)
-    marker.write_text("970.0\n")  # 30 s ago: no wait, the 28 s since
-    assert cal.baseline_window(1000.0, marker) == (0.0, 28.0)
+    # (the window starts 3.5 s after the load ended: the arrivals' 3 s rate then holds none of it)
+    marker.write_text("990.0\n")  # ended 10 s ago: wait 5 s, then look at the 11.5 s since it
+    assert cal.baseline_window(1000.0, marker) == (5.0, 11.5)
+    marker.write_text("970.0\n")  # 30 s ago: no wait, the 26.5 s since
+    assert cal.baseline_window(1000.0, marker) == (0.0, 26.5)
     marker.write_text("930.0\n")  # over a minute ago: the whole minute
     assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)
     marker.write_text("garbage")
@@ -339,7 +342,7 @@ def test_the_baseline_leaves_out_calibrates_own_earlier_load(tmp_path: Path, mon
     marker.write_text(f"{cal.time.time() - 5:.3f}\n")
     b = cal.measure_baseline("http://prom", "shop", last_load=marker, sleep=slept.append)
     assert slept and 9 <= slept[0] <= 10.5
-    assert "[13s]" in queries[0] and "[13s:1s]" in queries[0]
+    assert "[11500ms]" in queries[0] and "[11500ms:1s]" in queries[0]  # (not rounded up into the load)
     assert b.idle_demand == 1.5 and "since the last calibration load" in b.note
     cal.note_load_ended(marker)
     assert abs(float(marker.read_text()) - cal.time.time()) < 5
@@ -353,3 +356,35 @@ def test_a_shop_that_does_not_answer_fails_before_any_load(monkeypatch):
     with pytest.raises(cal.CalibrationError, match="does not answer"):
         cal.calibrate(f"http://127.0.0.1:{free_port()}/", users=1, runs=1, duration_s=6, warmup_s=0,
                       progress=lambda *_: None)
+
+
+def test_own_request_rate_query_holds_when_a_scrape_starts_late(tmp_path: Path) -> None:
+    """OWN_RPS_QUERY on promtool: an exporter scraped every 200 ms (5 stub_status requests/s),
+    some scrapes stamped 100 ms late, visitors on top: 5 at every evaluation checked. One
+    interval alone read 3.3 just after a late scrape and 10 just after the one that followed."""
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    values, v = [], 0
+    late = {30, 31, 80}  # samples (of the 200 ms schedule) stamped 100 ms late
+    at = {2 * i + (1 if i in late else 0): i for i in range(151)}
+    for t in range(301):
+        if t in at:
+            v += (1 if at[t] else 0) + (3 if at[t] % 2 else 0)  # its own request, and 3 visitors every 400 ms
+            values.append(str(v))
+        else:
+            values.append("_")
+    checks = "".join(f"""
+      - expr: '{cal.OWN_RPS_QUERY}'
+        eval_time: {t}
+        exp_samples: [{{labels: '{{}}', value: 5}}]""" for t in ("6s100ms", "6s200ms", "6s300ms", "16s100ms", "29s"))
+    test = tmp_path / "own.test.yml"
+    test.write_text(f"""rule_files: []
+evaluation_interval: 100ms
+tests:
+  - interval: 100ms
+    input_series:
+      - series: 'nginx_http_requests_total{{job="nginx", instance="127.0.0.1:9113"}}'
+        values: '{" ".join(values)}'
+    promql_expr_test:{checks}
+""")
+    run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr

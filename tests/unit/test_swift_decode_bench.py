@@ -41,3 +41,19 @@ def test_our_fields_equal_tsharks(tmp_path: Path) -> None:
     paths = net.write(tmp_path)
     checked = check_fields(sorted(paths.values()))
     assert checked["proxy.pcap"]["tcp"] == checked["proxy.pcap"]["packets"] > 0
+
+
+def test_hostile_memory_captures_decode_as_described(tmp_path):
+    """bench.swift_decode.hostile_memory: its ACK capture is what it says (every record one
+    distinct pure-ACK segment, none rejected), and a cut-down zeros capture is only records too
+    short for headers: else its memory figures would be about something else."""
+    from bench.swift_decode import hostile_memory as hm
+    from exporters.swift.analyze import analyze
+
+    acks = tmp_path / "acks.pcap"
+    assert hm.write_acks(acks, 3000) == 3000 and acks.stat().st_size == 24 + 3000 * 70
+    zeros = tmp_path / "zeros.pcap"
+    zeros.write_bytes(acks.read_bytes()[:24] + b"\0" * 16 * 500)
+    summary = analyze({"a": acks, "z": zeros}).summary()
+    assert summary["read"]["a"] == {"packets": 3000, "segments": 3000, "snapped": 0, "duplicate": 0, "rejected": {}}
+    assert summary["read"]["z"]["packets"] == 500 and summary["read"]["z"]["rejected"] == {"snaplen_headers": 500}

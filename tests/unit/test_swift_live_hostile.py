@@ -200,10 +200,12 @@ def test_missing_executables_are_named(roles_file: str, tmp_path: Path, monkeypa
     _one_line_error(capsys, [roles_file, "--live=client=eth0"], "needs tcpdump")
 
 
-@pytest.mark.parametrize("arg,want", [
-    ("--interval=0s", "--interval: must be above 0"),
-    ("--keep=0s", "--keep: must be above 0"),
-    ("--grace=-1s", "--grace: cannot be negative"),
+@pytest.mark.parametrize("args,want", [
+    (["--interval=0s"], "--interval: must be above 0"),
+    (["--keep=0s"], "--keep: must be above 0"),
+    (["--grace=-1s"], "--grace: cannot be negative"),
+    (["--grace", "-1s"], "--grace: cannot be negative"),  # a value, not an option (argparse said "expected one argument")
+    (["--interval", "-0.5s"], "--interval: must be above 0"),
 ])
-def test_live_durations_are_checked(roles_file: str, capsys, arg: str, want: str) -> None:
-    _one_line_error(capsys, [roles_file, "--live=client=lo", arg], want)
+def test_live_durations_are_checked(roles_file: str, capsys, args: list[str], want: str) -> None:
+    _one_line_error(capsys, [roles_file, "--live=client=lo", *args], want)
