@@ -15,8 +15,8 @@ The captures (written to a temporary folder, removed afterwards):
 Each run is ``python -m promreflex swift-timing analyze --capture a=FILE --json /dev/null`` in a
 child process (its own tree's code with ``--before``, this venv's interpreter); the child's peak
 resident memory (``ru_maxrss`` from ``os.wait4``) and wall time are reported. Runs alternate
-between the trees, ``--repeats`` rounds (1), medians. Results: ``--out`` (markdown and JSON,
-``bench/results/swift_decode/hostile-memory.*``).
+between the trees, ``--repeats`` rounds (1), medians. Results: ``--out``, a folder
+(``bench/results/swift_decode/hostile-memory/``: ``summary.md`` and ``summary.json``).
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.swift_decode.hostile_memory", description=__doc__.splitlines()[0])
     p.add_argument("--before", type=Path, default=None, help="an earlier checkout to run beside this one")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "swift_decode" / "hostile-memory")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "swift_decode" / "hostile-memory",
+                   help="a folder for summary.md and summary.json")
     a = p.parse_args(argv)
     if a.before is not None and not (a.before / "exporters" / "swift").is_dir():
         p.error(f"--before {a.before}: no exporters/swift there (a checkout of this repository?)")
@@ -147,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{row['peak_mb']:,.0f} | {row['wall_s']:.1f} | {row['exit']} |")
     table = "\n".join(lines)
     print("\n" + table)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".md").write_text(table + "\n")
-    a.out.with_suffix(".json").write_text(json.dumps({"when": when, "load": load, "commits": commits, "rows": rows},
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "summary.md").write_text(table + "\n")
+    (a.out / "summary.json").write_text(json.dumps({"when": when, "load": load, "commits": commits, "rows": rows},
                                                      indent=1) + "\n")
     return 1 if any(row["exit"] != 0 for row in rows) else 0
 
