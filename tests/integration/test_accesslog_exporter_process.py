@@ -81,7 +81,9 @@ def test_sighup_neither_kills_nor_loses(exporter: dict) -> None:
     with open(log, "a") as f:
         f.write(line(9))
     wait_until(lambda: requests_total(url) == 6, timeout=30, what="line after SIGHUP counted")
-    assert child.alive() and "SIGHUP" in child.tail(50), child.tail(50)
+    # (the line may be read before the loop runs the signal's callback: poll for its log line)
+    wait_until(lambda: "SIGHUP" in child.tail(50), timeout=10, what="the SIGHUP logged")
+    assert child.alive(), child.tail(50)
 
 
 def test_unknown_format_and_gz_log_are_one_line_errors(tmp_path: Path) -> None:
