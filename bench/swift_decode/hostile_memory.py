@@ -78,14 +78,14 @@ def run_once(tree: Path, capture: Path) -> tuple[float, float, int]:
     """(peak RSS in MiB, wall seconds, exit code) of one analyze run from ``tree``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-m", "promreflex", "swift-timing", "analyze", "--capture", f"a={capture}", "--json", os.devnull]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
+    with tempfile.TemporaryFile() as errf:  # (a file, not a pipe: a chatty child cannot block on it)
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=errf)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        errf.seek(0)
+        err = errf.read().decode(errors="replace").strip()
     if proc.returncode != 0:
         print(f"  {tree}: exit {proc.returncode}: {err[-300:]}", file=sys.stderr)
     return usage.ru_maxrss / 1024, wall, proc.returncode

@@ -575,11 +575,13 @@ def prometheus_series(base_url: str, query: str, start: float, end: float, step_
 
 
 #: The nginx exporters' own stub_status requests per second (one per scrape; see the rules):
-#: per exporter, 1 / its scrape interval, the median over the last minute of evaluations. One
+#: per exporter, 1 / its scrape interval, the median over the last minute read every second (the
+#: subquery's step is explicit: without one it is the server's evaluation interval, 1 m on a
+#: default Prometheus, which leaves one reading). One
 #: interval alone (`irate / idelta` now) read 3.3 or 10 instead of 5 whenever a 200 ms scrape
 #: started 100 ms late (tests/unit/test_copy_guard_calibrate.py, on promtool).
 OWN_RPS_QUERY = ("sum(quantile_over_time(0.5, (irate(nginx_http_requests_total[1m])"
-                 " / clamp_min(idelta(nginx_http_requests_total[1m]), 1))[1m:]))")
+                 " / clamp_min(idelta(nginx_http_requests_total[1m]), 1))[1m:1s]))")
 IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
               'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
 #: When this user's last calibration load ended (Unix s): the next baseline must not count it.
@@ -611,12 +613,12 @@ def baseline_window(now: float, path: Path = LAST_LOAD) -> tuple[float, float]:
     except (OSError, ValueError):
         return 0.0, 60.0
     since = now - ended
-    if not 0 <= since < 60.0:
+    if not 0 <= since < 60.0 + BASELINE_AFTER_LOAD_S:
         return 0.0, 60.0
     wait = max(0.0, MIN_BASELINE_S - since)
     # The window starts 3.5 s after the load ended: the arrivals' 3 s rate at its first evaluation
-    # then holds none of the load's requests (and a scrape may come late).
-    return wait, max(MIN_BASELINE_S, since) - BASELINE_AFTER_LOAD_S
+    # then holds none of the load's requests (and a scrape may come late). Up to a minute.
+    return wait, min(60.0, max(MIN_BASELINE_S, since) - BASELINE_AFTER_LOAD_S)
 
 
 @dataclass(frozen=True)
@@ -635,9 +637,9 @@ def measure_baseline(prometheus_url: str | None, site: str, last_load: Path = LA
     wait, window = baseline_window(time.time(), last_load)
     if wait > 0:
         print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago; the shop's demand "
-              f"before this one is read over the {window:g}s after it, not counting it", flush=True)
+              f"before this one is read over the {window:.1f}s after it, not counting it", flush=True)
         sleep(wait)
-    span = "the last minute" if window >= 60 else f"the {window:g}s since the last calibration load"
+    span = "the last minute" if window >= 60 else f"the {window:.1f}s since the last calibration load"
     try:
         idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site, window=f"{int(window * 1000)}ms"))
         own = prometheus_instant(prometheus_url, OWN_RPS_QUERY)

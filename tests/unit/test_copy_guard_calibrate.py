@@ -331,7 +331,9 @@ def test_the_baseline_leaves_out_calibrates_own_earlier_load(tmp_path: Path, mon
     assert cal.baseline_window(1000.0, marker) == (5.0, 11.5)
     marker.write_text("970.0\n")  # 30 s ago: no wait, the 26.5 s since
     assert cal.baseline_window(1000.0, marker) == (0.0, 26.5)
-    marker.write_text("930.0\n")  # over a minute ago: the whole minute
+    marker.write_text("938.0\n")  # 62 s ago: the minute would still hold its last 1.5 s
+    assert cal.baseline_window(1000.0, marker) == (0.0, 58.5)
+    marker.write_text("930.0\n")  # over 63.5 s ago: the whole minute
     assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)
     marker.write_text("garbage")
     assert cal.baseline_window(1000.0, marker) == (0.0, 60.0)
@@ -358,27 +360,31 @@ def test_a_shop_that_does_not_answer_fails_before_any_load(monkeypatch):
                       progress=lambda *_: None)
 
 
-def test_own_request_rate_query_holds_when_a_scrape_starts_late(tmp_path: Path) -> None:
+@pytest.mark.parametrize("evaluation", ["100ms", "1m"])
+def test_own_request_rate_query_holds_when_a_scrape_starts_late(tmp_path: Path, evaluation: str) -> None:
     """OWN_RPS_QUERY on promtool: an exporter scraped every 200 ms (5 stub_status requests/s),
     some scrapes stamped 100 ms late, visitors on top: 5 at every evaluation checked. One
-    interval alone read 3.3 just after a late scrape and 10 just after the one that followed."""
+    interval alone read 3.3 just after a late scrape and 10 just after the one that followed.
+    At Prometheus's default 1 m evaluation interval too (a subquery without a step takes it:
+    one reading, or none)."""
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     values, v = [], 0
-    late = {30, 31, 80}  # samples (of the 200 ms schedule) stamped 100 ms late
-    at = {2 * i + (1 if i in late else 0): i for i in range(151)}
-    for t in range(301):
+    late = {30, 31, 80, 299, 599}  # samples (of the 200 ms schedule) stamped 100 ms late
+    at = {2 * i + (1 if i in late else 0): i for i in range(901)}
+    for t in range(1801):
         if t in at:
             v += (1 if at[t] else 0) + (3 if at[t] % 2 else 0)  # its own request, and 3 visitors every 400 ms
             values.append(str(v))
         else:
             values.append("_")
+    times = ("6s100ms", "6s200ms", "6s300ms", "16s100ms", "1m", "2m") if evaluation == "100ms" else ("1m", "2m")
     checks = "".join(f"""
       - expr: '{cal.OWN_RPS_QUERY}'
         eval_time: {t}
-        exp_samples: [{{labels: '{{}}', value: 5}}]""" for t in ("6s100ms", "6s200ms", "6s300ms", "16s100ms", "29s"))
+        exp_samples: [{{labels: '{{}}', value: 5}}]""" for t in times)
     test = tmp_path / "own.test.yml"
     test.write_text(f"""rule_files: []
-evaluation_interval: 100ms
+evaluation_interval: {evaluation}
 tests:
   - interval: 100ms
     input_series:
