@@ -49,7 +49,8 @@ from prometheus_client.registry import Collector
 
 from exporters.swift.analyze import analyze
 from exporters.swift.metrics import PREFIX, SwiftTimingCollector
-from exporters.swift.pcap import BACKWARDS_TOLERANCE_NS, ReadStats, Segments, StreamParser
+from exporters.swift.match import capture_timeline
+from exporters.swift.pcap import ReadStats, Segments, StreamParser
 from exporters.swift.roles import RoleMap
 from promreflex.errors import UserError
 
@@ -158,16 +159,14 @@ class LiveAnalyzer:
         received after the step is published once the other nodes' stamps pass its own (up to
         the step later); a step forward is left as it is."""
         prev = self._last_raw.get(node)
-        d = np.diff(ts, prepend=ts[:1] if prev is None else np.array([prev], dtype=np.int64))
-        back = np.where(d < -BACKWARDS_TOLERANCE_NS, -2 * d, 0)
         self._last_raw[node] = int(ts[-1])
-        if self._shift[node] + float(back.astype(np.float64).sum()) > 2.0 ** 61:  # absurd stamps: int64 would wrap
-            back[:] = 0
-        if not back.any() and not self._shift[node]:
-            return ts
-        add = np.cumsum(back) + self._shift[node]
-        self._shift[node] = int(add[-1])
-        return ts + add
+        # this chunk's steps (the one from the last chunk's last packet included), then the earlier ones'
+        mono = capture_timeline(ts) if prev is None else capture_timeline(np.concatenate(([prev], ts)))[1:]
+        steps, before = int(mono[-1] - ts[-1]), self._shift[node]
+        if before + steps > 2 ** 61:  # absurd stamps: the shift would wrap int64; no further steps undone
+            mono, steps = ts, 0
+        self._shift[node] = before + steps
+        return mono + before if before else mono
 
     def close(self, node: str) -> None:
         self.parsers[node].close()

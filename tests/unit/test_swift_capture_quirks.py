@@ -73,17 +73,6 @@ def test_capture_timeline_turns_steps_back_into_steps_forward() -> None:
     assert capture_timeline(same) is same
 
 
-def _pcap_records(path: Path) -> tuple[bytes, list[bytes]]:
-    """A pcap file's header and its records, in capture order."""
-    data = path.read_bytes()
-    off, out = 24, []
-    while off + 16 <= len(data):
-        incl = struct.unpack_from("<I", data, off + 8)[0]
-        out.append(data[off:off + 16 + incl])
-        off += 16 + incl
-    return data[:24], out
-
-
 @pytest.mark.parametrize("node", ["client", "proxy", "storage"])
 @pytest.mark.parametrize("step_s", [-2.5, -10.0, 2.5])
 def test_live_windows_follow_a_clock_step(tmp_path: Path, node: str, step_s: float) -> None:
@@ -100,7 +89,7 @@ def test_live_windows_follow_a_clock_step(tmp_path: Path, node: str, step_s: flo
     live_reg = CollectorRegistry()
     live = LiveAnalyzer(list(paths), roles, SwiftTimingCollector(list(paths), registry=live_reg),
                         grace_s=0.2, keep_s=30)
-    recs = {n: _pcap_records(p) for n, p in paths.items()}
+    recs = {n: _records(p.read_bytes()) for n, p in paths.items()}
     for n, (head, _) in recs.items():
         live.feed(n, head)
     for j in range(40):
