@@ -17,10 +17,12 @@ import argparse
 import fcntl
 import os
 import statistics
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,36 @@ class HostSampler:
             "load1_max": _round(max(self.load1) if self.load1 else None),
             "groups": groups,
         }
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """What one child process cost: exit code, CPU seconds (user + system), wall seconds, peak RSS."""
+
+    returncode: int
+    cpu_s: float
+    wall_s: float
+    maxrss_mib: float
+    stdout: bytes
+
+
+def run_child(argv: Sequence[str], *, cwd: Path | str | None = None, env: Mapping[str, str] | None = None,
+              stdout: Any = None, stderr: Any = subprocess.DEVNULL) -> ChildRun:
+    """Run ``argv`` to its end and read its own resource use from ``os.wait4`` (start-up included).
+
+    ``stdout=None`` captures its output (``ChildRun.stdout``); a file or ``subprocess.DEVNULL``
+    sends it there. Give ``stderr`` a file, not a pipe: nobody reads a pipe while it runs.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE if stdout is None else stdout,  # noqa: S603 - the bench's argv
+                            stderr=stderr, cwd=cwd, env=None if env is None else dict(env))
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.stdout:
+        proc.stdout.close()
+    return ChildRun(proc.returncode, usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024, out)
 
 
 def _round(v: float | None, nd: int = 2) -> float | None:

@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.conditions import run_child
 from bench.accesslog.generate import generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,14 +72,10 @@ def ensure_mtail() -> str:
 def run(argv: list[str], out: Path, env: dict[str, str], cwd: Path = REPO) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one child process, start-up included."""
     with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, cwd=cwd, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {out.with_suffix('.err').read_text()[-2000:]}")
-    return usage.ru_utime + usage.ru_stime, wall
+        child = run_child(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr)
+    if child.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({child.returncode}): {out.with_suffix('.err').read_text()[-2000:]}")
+    return child.cpu_s, child.wall_s
 
 
 def _metric(text: str, name: str) -> float:

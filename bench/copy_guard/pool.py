@@ -8,7 +8,11 @@ mixing runs of different rounds; the copy's delay is the mean of the rounds' ``c
 (also of a round whose copy outlived the window: it has no share, and an arm with such a round
 does not meet the target).
 The verdict is the bench's target on the pooled figures, and the table keeps every round's own
-share next to it, so the spread stays in sight.
+share next to it, so the spread stays in sight. Beside the pooled share: a 90% interval from the
+rounds themselves (the rounds resampled with replacement, 10,000 times, seeded: the same input
+gives the same interval), the pooled share of each resample. Where that interval holds the
+target's share, these rounds cannot tell whether the arm meets it, and the verdict says so: a
+round's loss is a few dozen responses, and two load-only rounds of one shop differ by as many.
 
     uv run python -m bench.copy_guard.pool bench/results/copy_guard/builtin-crowd \\
         bench/results/copy_guard/builtin-crowd/round2 bench/results/copy_guard/builtin-crowd/round3
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -36,10 +41,30 @@ class Pooled:
     lost: int = 0
     slower: list[float] = field(default_factory=list)
     uncounted: int = 0  # rounds whose copy outlived the window (no share)
+    counted: list[tuple[int, int]] = field(default_factory=list)  # (saved, lost) of each counted round
 
     @property
     def share(self) -> float | None:
         return self.saved / self.lost if self.lost > 0 else None
+
+    def interval(self, level: float = 0.9, resamples: int = 10_000) -> tuple[float, float] | None:
+        """The pooled share's ``level`` interval over rounds resampled with replacement (seeded);
+        None with fewer than 2 counted rounds. A resample whose rounds lost nothing is skipped."""
+        if len(self.counted) < 2:
+            return None
+        rng = random.Random(0)
+        n = len(self.counted)
+        shares = []
+        for _ in range(resamples):
+            pick = [self.counted[rng.randrange(n)] for _ in range(n)]
+            lost = sum(lo for _, lo in pick)
+            if lost > 0:
+                shares.append(sum(sv for sv, _ in pick) / lost)
+        if not shares:
+            return None
+        shares.sort()
+        tail = (1 - level) / 2
+        return shares[int(tail * (len(shares) - 1))], shares[int((1 - tail) * (len(shares) - 1))]
 
     @property
     def mean_slower(self) -> float | None:
@@ -89,6 +114,7 @@ def pool(sums: list[dict[str, Any]], scenario: str) -> list[Pooled]:
             if r.get("saved_share") is not None:  # counted: the round's window held its copy
                 p.saved += r["saved_responses"]
                 p.lost += r["lost_responses"]
+                p.counted.append((r["saved_responses"], r["lost_responses"]))
             else:  # its copy outlived the window: no share, and the arm cannot meet the target
                 p.uncounted += 1
             if r.get("copy_slower") is not None:  # the copy's delay counts in every round
@@ -112,25 +138,36 @@ def render(dirs: list[Path], sums: list[dict[str, Any]], rows: list[Pooled], tar
     lines = [f"Pooled {scenario} rounds of the copy-guard bench ({sums[0].get('shop')} shop): "
              + ", ".join(f"{which(i)} = `{d}` ({s.get('when', '?')})" for i, (d, s) in enumerate(zip(dirs, sums))),
              "",
-             "| arm | " + " | ".join(heads) + " | pooled saved (sum saved / sum lost) | copy slower, mean |",
-             "|---|" + "---|" * len(heads) + "---|---|"]
+             "| arm | " + " | ".join(heads)
+             + " | pooled saved (sum saved / sum lost) | 90% interval (rounds resampled) | copy slower, mean |",
+             "|---|" + "---|" * len(heads) + "---|---|---|"]
+    goal_share = target.get("saved_share", 0.8)
+    undecided = []
     for p in rows:
         if p.arm == "no-guard" or p.lost == 0:
             continue
+        iv = p.interval()
         lines.append(f"| {p.label} | " + " | ".join(pct(s) for s in p.shares)
-                     + f" | {p.saved} of {p.lost} (**{pct(p.share)}**) | {pct(p.mean_slower, True)} |")
+                     + f" | {p.saved} of {p.lost} (**{pct(p.share)}**) | "
+                     + ("-" if iv is None else f"{pct(iv[0])} .. {pct(iv[1])}") + f" | {pct(p.mean_slower, True)} |")
+        if iv is not None and iv[0] < goal_share <= iv[1] and not (p.arm in ARMS and ARMS[p.arm].oracle):
+            undecided.append(f"{p.arm} ({pct(iv[0])} .. {pct(iv[1])})")
     lines.append("")
     meets = [p for p in rows if p.share is not None and p.mean_slower is not None and not p.uncounted
              and p.share >= target.get("saved_share", 0.8) and p.mean_slower <= target.get("slowdown", 0.4)
              and not (p.arm in ARMS and ARMS[p.arm].oracle)]
     outlived = [f"{p.arm}: {p.uncounted} round(s) whose copy outlived the window" for p in rows
                 if p.uncounted and p.arm != "no-guard"]
-    goal = f"saved >= {target.get('saved_share', 0.8):.0%} with the copy at most {target.get('slowdown', 0.4):+.0%}"
+    goal = f"saved >= {goal_share:.0%} with the copy at most {target.get('slowdown', 0.4):+.0%}"
     lines.append(f"**{scenario}, pooled over {len(rounds)} rounds: target ({goal}) "
                  + (("met by: " + ", ".join(f"{p.arm} ({pct(p.share)} at {pct(p.mean_slower, True)})" for p in meets))
                     if meets else "NOT met by any arm") + "**"
                  + (f" ({'; '.join(outlived)}: not counted in the saved share, counted in the copy's delay; "
                     "such an arm cannot meet the target)" if outlived else ""))
+    if undecided:
+        lines.append("")
+        lines.append(f"Saved share undecided by these rounds (the 90% interval holds {goal_share:.0%}): "
+                     + ", ".join(undecided) + ".")
     return "\n".join(lines) + "\n"
 
 

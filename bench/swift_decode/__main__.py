@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.conditions import HostSampler, describe
+from bench.conditions import HostSampler, describe, run_child
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "swift_decode"
@@ -63,12 +63,8 @@ def tshark_argv(path: Path, lean: bool) -> list[str]:
 
 def _child(argv: list[str], stdout: Any = subprocess.DEVNULL) -> tuple[float, int, bytes]:
     """Run ``argv``; its CPU seconds (user + system, from wait4), exit status and stdout."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE if stdout is None else stdout,  # noqa: S603
-                            stderr=subprocess.DEVNULL, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    out = proc.stdout.read() if proc.stdout else b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_utime + usage.ru_stime, proc.returncode, out
+    child = run_child(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=stdout)
+    return child.cpu_s, child.returncode, child.stdout
 
 
 def make_captures(dest: Path, objects: int) -> Path:

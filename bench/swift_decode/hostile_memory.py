@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.conditions import run_child
+
 ROOT = Path(__file__).resolve().parents[2]
 ZEROS_BYTES = 100 << 20
 ACKS = 1_500_000
@@ -79,16 +81,12 @@ def run_once(tree: Path, capture: Path) -> tuple[float, float, int]:
     env = dict(os.environ, PYTHONPATH=str(tree))
     cmd = [sys.executable, "-m", "promreflex", "swift-timing", "analyze", "--capture", f"a={capture}", "--json", os.devnull]
     with tempfile.TemporaryFile() as errf:  # (a file, not a pipe: a chatty child cannot block on it)
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=errf)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.monotonic() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        child = run_child(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=errf)
         errf.seek(0)
         err = errf.read().decode(errors="replace").strip()
-    if proc.returncode != 0:
-        print(f"  {tree}: exit {proc.returncode}: {err[-300:]}", file=sys.stderr)
-    return usage.ru_maxrss / 1024, wall, proc.returncode
+    if child.returncode != 0:
+        print(f"  {tree}: exit {child.returncode}: {err[-300:]}", file=sys.stderr)
+    return child.maxrss_mib, child.wall_s, child.returncode
 
 
 def _commit(tree: Path) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from bench.conditions import HostSampler, describe
+from bench.conditions import HostSampler, describe, run_child
 
 
 # A child with no children of its own: pytest's process has children (the session's live
@@ -91,3 +92,18 @@ def test_chunked_lock_holds_over_runs_and_lets_others_in_between_chunks(tmp_path
         assert lock.chunks == 2 and lock.held_s == 90 and not free()
     assert free() and any("released" in m for m in logs)
     ChunkedLock(None).need(10)  # no path: no lock, nothing to do
+
+
+def test_run_child_reports_the_childs_own_cost_and_output(tmp_path: Path) -> None:
+    burn = "import sys; x = bytearray(64 << 20); sum(range(3_000_000)); print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    with open(tmp_path / "err", "wb") as err:
+        child = run_child([sys.executable, "-c", burn], stderr=err)
+    assert child.returncode == 3
+    assert child.stdout == b"out\n"
+    assert (tmp_path / "err").read_bytes() == b"err\n"
+    assert child.maxrss_mib >= 64  # its own peak, not ours
+    assert child.cpu_s > 0 and child.wall_s > 0
+
+    with open(tmp_path / "out", "wb") as out:
+        assert run_child([sys.executable, "-c", "print('to a file')"], stdout=out, cwd=tmp_path).stdout == b""
+    assert (tmp_path / "out").read_bytes() == b"to a file\n"

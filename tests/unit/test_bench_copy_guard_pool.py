@@ -48,7 +48,11 @@ def test_rounds_pool_as_sum_saved_over_sum_lost_and_the_verdict_uses_the_pool(tm
     assert "cannot write" in capsys.readouterr().err
     # 77% pooled: below 80% although round 1 read 107%; the paper's rule: 71% but +45% on average;
     # the oracle is a yardstick, never a guard that meets the target
-    assert "NOT met by any arm" in out and "| throttle-crowd | 107% | 55% | 54 of 70 (**77%**) | +6% |" in out
+    assert "NOT met by any arm" in out and "| throttle-crowd | 107% | 55% | 54 of 70 (**77%**) | 55% .. 107% | +6% |" in out
+    # two rounds resampled: both round 1 (107%), both round 2 (55%) or one of each (77%): 80% is inside
+    assert tc.interval() == pytest.approx((22 / 40, 64 / 60))
+    assert "undecided by these rounds (the 90% interval holds 80%): throttle-crowd (55% .. 107%)." in out
+    assert "paper (" not in out.split("undecided")[1]  # 67% .. 75%: below 80% in every resample
 
 
 def test_an_uncounted_round_does_not_count_and_bad_input_is_a_clear_error(tmp_path):
@@ -83,7 +87,26 @@ def test_a_summary_of_several_rounds_gives_each_round_its_column(tmp_path, capsy
     assert main([str(r1), str(r2)]) == 0
     out = capsys.readouterr().out
     assert f"rounds 1-2 = `{r1}`" in out and f"round 3 = `{r2}`" in out
-    assert "| throttle | 90% | 50% | 90% | 74 of 100 (**74%**) | +13% |" in out and "pooled over 3 rounds" in out
+    lo, hi = th.interval()
+    assert lo <= th.share <= hi and (lo, hi) != (th.share, th.share)
+    assert (f"| throttle | 90% | 50% | 90% | 74 of 100 (**74%**) | {lo:.0%} .. {hi:.0%} | +13% |" in out
+            and "pooled over 3 rounds" in out)
+
+
+def test_the_interval_needs_two_counted_rounds_and_is_the_same_each_time(tmp_path, capsys):
+    one = _round(tmp_path, "one", [_row("throttle", 40, 36, 0.1)])
+    sums, _ = load([one], "flash")
+    (th,) = pool(sums, "flash")
+    assert th.interval() is None
+    assert main([str(one)]) == 0
+    assert "| throttle | 90% | 36 of 40 (**90%**) | - | +10% |" in capsys.readouterr().out
+    # rounds that agree: a narrow interval, far above the target: decided
+    same = [_round(tmp_path, f"r{k}", [_row("throttle", 40, 36 + k % 2, 0.1)]) for k in range(6)]
+    sums, _ = load(same, "flash")
+    (th,) = pool(sums, "flash")
+    assert th.interval() == th.interval() and 0.89 <= th.interval()[0] <= th.interval()[1] <= 0.93
+    assert main([str(d) for d in same]) == 0
+    assert "undecided" not in capsys.readouterr().out
 
 
 def test_a_round_whose_copy_outlived_the_window_counts_in_the_delay_and_fails_the_target(tmp_path, capsys):
@@ -97,3 +120,19 @@ def test_a_round_whose_copy_outlived_the_window_counts_in_the_delay_and_fails_th
     assert main([str(r)]) == 0
     out = capsys.readouterr().out
     assert "NOT met by any arm" in out and "throttle: 1 round(s) whose copy outlived the window" in out
+
+
+def test_a_run_of_several_rounds_is_judged_on_its_rounds_pooled():
+    """The bench's own verdict listed each round that met the target: "met by throttle (round 2:
+    saved 521%), throttle (round 4: saved 110%)" for a run whose 4 rounds pooled saved 71%."""
+    from bench.copy_guard.run import verdict_lines
+
+    rows = [{**_row("throttle", lost, saved, slower), "round": rnd, "held_seconds": 8.0}
+            for rnd, lost, saved, slower in ((1, 55, 24, 0.05), (2, 19, 99, 0.14), (3, 241, 93, -0.04), (4, 19, 21, 0.04))]
+    rows.append({**_row("no-guard", None, None, None), "round": 1})
+    (line,) = verdict_lines(rows)
+    assert line.startswith("flash: target (saved >= 80% with the copy at most +40%) NOT met by any arm: "
+                           "throttle (4 rounds: saved 237 of 334 lost, 71%, 90% interval over rounds ")
+    assert line.endswith(", copy +5%)")
+    (line,) = verdict_lines([r for r in rows if r["round"] == 2])  # one round: no interval
+    assert line == "flash: target met by: throttle (1 round: saved 99 of 19 lost, 521%, copy +14%)"
