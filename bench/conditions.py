@@ -18,6 +18,7 @@ import fcntl
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -171,6 +172,17 @@ def run_child(argv: Sequence[str], *, cwd: Path | str | None = None, env: Mappin
     if proc.stdout:
         proc.stdout.close()
     return ChildRun(proc.returncode, usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024, out)
+
+
+def write_result(path: Path, text: str) -> int:
+    """Write a result file, making its directory; 0, or 2 with a one-line error (no traceback)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as e:
+        print(f"cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _round(v: float | None, nd: int = 2) -> float | None:

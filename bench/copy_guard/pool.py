@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.conditions import write_result
 from bench.copy_guard.arms import ARMS
 
 
@@ -180,14 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     sums, target = load(a.rounds, a.scenario)
     text = render(a.rounds, sums, pool(sums, a.scenario), target, a.scenario)
     sys.stdout.write(text)
-    if a.out is not None:
-        try:  # a new directory for the pooled table is the usual case
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(text)
-        except OSError as e:
-            print(f"cannot write {a.out}: {e.strerror or e}", file=sys.stderr)
-            return 2
-    return 0
+    return write_result(a.out, text) if a.out is not None else 0  # (a new directory is the usual case)
 
 
 if __name__ == "__main__":
