@@ -116,6 +116,9 @@ DEFAULT_QUERY = 'site:promreflex_http_requests_served:rate1s{{site="{site}"}}'
 MIN_FLOOR_RPS = 2.0
 FLOOR_RATIO = 1.0
 SPREAD_WARN = 0.2
+#: A new threshold this far from the one published before it is worth a word: the same shop
+#: calibrated 45 and 35 req/s two hours apart on a shared two-core host (issue 16's bench).
+DRIFT_WARN = 0.25
 #: Our own requests, never replayed: paths and user agents (the locustfile's is promreflex-calibrate).
 OWN_PATHS = ("/stub_status", "/metrics", "/-/", "/nginx_status")
 OWN_AGENTS = ("Prometheus", "NGINX-Prometheus-Exporter", "nginx-prometheus-exporter", "promreflex", "Blackbox")
@@ -852,6 +855,24 @@ def publish(cal: Calibration, textfile_dir: Path, demand_floor_rps: float | None
     return write_threshold(textfile_dir, cal.site, cal.threshold, demand_floor_rps=floor, response_s=cal.response_s)
 
 
+def drift_warning(textfile_dir: Path, site: str, threshold: float) -> str | None:
+    """A warning when ``threshold`` differs from the one published for ``site`` by more than
+    DRIFT_WARN of it (None without one, or when the file cannot be read)."""
+    from controllers.copy_guard.threshold import read_thresholds
+
+    try:
+        before = read_thresholds(textfile_dir).get(site)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if before is None or before.rps <= 0 or abs(threshold - before.rps) <= DRIFT_WARN * before.rps:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(before.when)) if before.when > 0 else "unknown"
+    return (f"site {site!r} had a threshold of {before.rps:.2f} req/s (published {when}); this calibration says "
+            f"{threshold:.2f} ({threshold / before.rps - 1:+.0%}): the shop or its host changed since (other work on "
+            "its cores, a release, its data or caches); publishing replaces it, so calibrate while the host is "
+            "as busy as when its backups run")
+
+
 # ---------------------------------------------------------------------------- CLI
 def _seconds(text: str) -> float:
     try:
@@ -959,6 +980,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if len(cal.runs) > 1 and cal.spread.relative(cal.threshold) > SPREAD_WARN:
         print(f"warning: the runs disagree by more than {SPREAD_WARN:.0%} of the threshold: the host was busy or the shop "
               "changed during the calibration; calibrate again at a quieter time or with more --runs")
+    drift = drift_warning(textfile_dir, args.site, cal.threshold)
+    if drift:
+        print(f"warning: {drift}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(cal.to_json(), indent=2))

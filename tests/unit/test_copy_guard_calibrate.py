@@ -394,3 +394,18 @@ tests:
 """)
     run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_threshold_far_from_the_published_one_is_said(tmp_path: Path) -> None:
+    from controllers.copy_guard.threshold import write_threshold
+
+    assert cal.drift_warning(tmp_path, "shop", 28.0) is None  # nothing published yet
+    write_threshold(tmp_path, "shop", 39.5, when=1795767956.0)
+    write_threshold(tmp_path, "other", 10.0)
+    said = cal.drift_warning(tmp_path, "shop", 28.0)
+    assert said and "39.50 req/s (published 2026-11-27 " in said and "says 28.00 (-29%)" in said
+    assert cal.drift_warning(tmp_path, "shop", 40.0) is None  # within 25%
+    assert cal.drift_warning(tmp_path, "shop", 50.0) is not None  # +27%
+    assert cal.drift_warning(tmp_path, "new-site", 28.0) is None
+    (tmp_path / "promreflex_copy_guard_threshold.prom").write_bytes(b"\xff\xfe not text")
+    assert cal.drift_warning(tmp_path, "shop", 28.0) is None  # unreadable: no warning, no traceback
