@@ -146,7 +146,9 @@ class HostSampler:
 
 @dataclass(frozen=True)
 class ChildRun:
-    """What one child process cost: exit code, CPU seconds (user + system), wall seconds, peak RSS."""
+    """What one child process cost: exit code, CPU seconds (user + system), wall seconds, peak
+    RSS (``ru_maxrss``: on Linux at least the parent's peak at the fork, so a floor, not the
+    child's own figure when it stays below that), and its output when captured."""
 
     returncode: int
     cpu_s: float
@@ -159,18 +161,26 @@ def run_child(argv: Sequence[str], *, cwd: Path | str | None = None, env: Mappin
               stdout: Any = None, stderr: Any = subprocess.DEVNULL) -> ChildRun:
     """Run ``argv`` to its end and read its own resource use from ``os.wait4`` (start-up included).
 
-    ``stdout=None`` captures its output (``ChildRun.stdout``); a file or ``subprocess.DEVNULL``
-    sends it there. Give ``stderr`` a file, not a pipe: nobody reads a pipe while it runs.
+    ``stdout=None`` CAPTURES its output into ``ChildRun.stdout`` (unlike ``subprocess``, where None
+    inherits); a file or ``subprocess.DEVNULL`` sends it there. Give ``stderr`` a file, not a pipe:
+    nobody reads a pipe while it runs. Interrupted (Ctrl-C, a signal's exception), the child is
+    killed and reaped before the exception goes on: a bench that stops leaves no child running.
     """
     t0 = time.perf_counter()
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE if stdout is None else stdout,  # noqa: S603 - the bench's argv
                             stderr=stderr, cwd=cwd, env=None if env is None else dict(env))
-    out = proc.stdout.read() if proc.stdout else b""
-    _, status, usage = os.wait4(proc.pid, 0)
+    try:
+        out = proc.stdout.read() if proc.stdout else b""
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        if proc.stdout:
+            proc.stdout.close()
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.stdout:
-        proc.stdout.close()
     return ChildRun(proc.returncode, usage.ru_utime + usage.ru_stime, wall, usage.ru_maxrss / 1024, out)
 
 

@@ -37,6 +37,7 @@ from yarl import URL
 from bench.conditions import heavy_lock, write_result
 
 CONNS = 16
+CHILD_TIMEOUT_S = 300.0  # one load client's run, at most
 BODY = b"x" * 512
 HEADERS = [("Host", "shop"), ("Cookie", "a=b"), ("X-Forwarded-For", "127.0.0.1")]
 
@@ -126,10 +127,17 @@ async def client_bare(port: int, n: int) -> float:
                 assert self.waiter is not None
                 self.waiter.set_result((message, payload))
 
+        def connection_lost(self, exc: BaseException | None) -> None:
+            super().connection_lost(exc)
+            if self.waiter is not None and not self.waiter.done():  # (else a request would wait forever)
+                self.waiter.set_exception(ConnectionError(f"the server closed the connection: {exc}"))
+
     idle: list[Conn] = []
+    every: list[Conn] = []
     for _ in range(CONNS):
         _, proto = await loop.create_connection(Conn, "127.0.0.1", port)
         idle.append(proto)
+        every.append(proto)
 
     async def one() -> None:
         conn = idle.pop()
@@ -144,7 +152,7 @@ async def client_bare(port: int, n: int) -> float:
     try:
         return await _in_flight(one, n)
     finally:
-        for conn in idle:
+        for conn in every:  # (also those a failed request still held)
             if conn.transport is not None:
                 conn.transport.close()
 
@@ -174,7 +182,13 @@ async def server(kind: str, n: int) -> float:
         for k in (max(CONNS, n // 10), n):  # a warm-up load, then the measured one
             c0 = time.process_time()
             proc = await asyncio.create_subprocess_exec(sys.executable, "-c", BARE_CLIENT, str(k), str(CONNS), str(port))
-            if await proc.wait() != 0:
+            try:
+                rc = await asyncio.wait_for(proc.wait(), timeout=CHILD_TIMEOUT_S)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise SystemExit(f"http_cost: the load client did not finish in {CHILD_TIMEOUT_S:g}s") from None
+            if rc != 0:
                 raise SystemExit("http_cost: the load client failed")
             used = time.process_time() - c0
         return used / (n // CONNS * CONNS) * 1e6
@@ -195,7 +209,11 @@ def measure(n: int, rounds: int) -> dict[str, list[float]]:
     srv = subprocess.Popen([sys.executable, "-c", BARE_SERVER], stdout=subprocess.PIPE, text=True)  # noqa: S603
     try:
         assert srv.stdout is not None
-        port = int(srv.stdout.readline())
+        line = srv.stdout.readline()
+        srv.stdout.close()
+        if not line.strip().isdigit():
+            raise SystemExit(f"http_cost: the bare server did not start (it said {line.strip()!r})")
+        port = int(line)
         for rnd in range(rounds):
             for name, (side, what) in ARMS.items():
                 us = uvloop.run(what(port, n) if side == "client" else server(what, n))  # type: ignore[operator, arg-type]

@@ -86,9 +86,9 @@ from bench.copy_guard.analysis import (
     slowdown,
 )
 from bench.copy_guard.arms import ARMS, BASELINE, UNGUARDED, plan, route_for
+from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy, remove_destination
 from bench.copy_guard.pool import Pooled
 from bench.copy_guard.pool import pool as pool_rounds
-from bench.copy_guard.copies import GB, GuardSampler, drop_cache, make_copy, remove_destination
 from bench.copy_guard.scenario import CLIENT_TIMEOUT_S, CROWD_SHARE, SCENARIOS, crowd_window, max_outstanding, oracle_hold
 from bench.copy_guard.site import ensure_data_file, site_component
 from bench.unwind import interrupt_once
@@ -148,24 +148,26 @@ def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
                          f"saved {o['saved_share']:.0%} at {o['copy_slower']:+.0%} (round {o['round']}): a yardstick, "
                          "not a guard")
         # Judged on the rounds pooled (bench.copy_guard.pool): one round's share rests on a few dozen
-        # lost responses (it read 521% on 19), so a run of several rounds is not "met" by its best one.
+        # lost responses (it read 521% on 19), so a run is not "met" by its best round, nor by few rounds.
         guards = [p for p in pool_rounds([{"rows": scr}], sc)
-                  if p.arm != "no-guard" and p.lost > 0 and not ARMS[p.arm].oracle]
-        meets = [p for p in guards if p.share is not None and p.mean_slower is not None and not p.uncounted
-                 and p.share >= TARGET["saved_share"] and p.mean_slower <= TARGET["slowdown"]]
+                  if p.arm != "no-guard" and (p.counted or p.uncounted) and not ARMS[p.arm].oracle]
 
-        def said(p: Pooled) -> str:
+        def said(p: Pooled, why: str) -> str:
             iv = p.interval()
             n = len(p.counted) + p.uncounted
-            return (f"{p.arm} ({n} round{'s' if n > 1 else ''}: saved {p.saved} of {p.lost} lost, {p.share:.0%}"
-                    + (f", 90% interval over rounds {iv[0]:.0%} .. {iv[1]:.0%}" if iv else "")
-                    + (f", copy {p.mean_slower:+.0%}" if p.mean_slower is not None else "")
-                    + (f", {p.uncounted} round(s) whose copy outlived the window" if p.uncounted else "") + ")")
+            return (f"{p.arm} ({n} round{'s' if n > 1 else ''}: saved {p.saved} of {p.lost} lost"
+                    + (f", {p.share:.0%}" if p.share is not None else "")
+                    + (f", approx. 90% interval over rounds {iv[0]:.0%} .. {iv[1]:.0%}" if iv else "")
+                    + (f", copy {p.mean_slower:+.0%}" if p.mean_slower is not None else "") + f"; {why})")
+        judged = [(p, *p.judge(TARGET)) for p in guards]
+        meets = [said(p, why) for p, verdict, why in judged if verdict == "met"]
+        others = [("undecided: " if verdict == "undecided" else "") + said(p, why) for p, verdict, why in judged
+                  if verdict != "met"]
         if meets:
-            lines.append(f"{sc}: target met by: " + ", ".join(said(p) for p in meets))
-        elif guards:
+            lines.append(f"{sc}: target met by: " + ", ".join(meets) + ("; " + ", ".join(others) if others else ""))
+        elif judged:
             lines.append(f"{sc}: target (saved >= {TARGET['saved_share']:.0%} with the copy at most "
-                         f"{TARGET['slowdown']:+.0%}) NOT met by any arm: " + ", ".join(said(p) for p in guards))
+                         f"{TARGET['slowdown']:+.0%}) NOT met by any arm: " + ", ".join(others))
     quiet = [row for row in rows if row["arm"] == "quiet"]
     if quiet:
         q = quiet[0]
@@ -506,9 +508,10 @@ class Bench:
                 if not late:
                     r.saved_share = saved_share(lo.served_window, cp.served_window, r.served_window)
                 else:
-                    r.note = (r.note + "; " if r.note else "") + (
-                        f"round {rnd + 1}: the copy of {' and '.join(late)} ended after the {w.seconds:.0f}s window; "
-                        "share not reported")
+                    said = (f"round {rnd + 1}: the copy of {' and '.join(late)} ended after the {w.seconds:.0f}s window; "
+                            "share not reported")
+                    if said not in r.note:  # (a rebuilt report reads the note the run wrote)
+                        r.note = (r.note + "; " if r.note else "") + said
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -691,6 +694,9 @@ class Bench:
                 "served": r.served_window if r.load else None, "failed": r.failed_window if r.load else None,
                 "lost_responses": r.lost_responses, "saved_responses": r.saved_responses,
                 "saved_share": _r(r.saved_share, 3), "copy_seconds": _r(r.copy_seconds, 1),
+                # (this arm's copy or the unguarded one's ended after the window: the round has no share)
+                "copy_outlived_window": any(n in self.windows[(r.scenario, r.round)].late for n in (r.name, UNGUARDED))
+                if (r.scenario, r.round) in self.windows and r.copy else None,
                 "copy_slower": _r(r.copy_slower, 3),
                 "copy_end_s": _r(r.copy_end - (r.load_start or r.copy_start or 0.0), 1) if r.copy_end else None,
                 "pauses": r.pauses if r.copy else None, "paused_seconds": _r(r.paused_seconds, 1) if r.copy else None,

@@ -95,15 +95,43 @@ def test_chunked_lock_holds_over_runs_and_lets_others_in_between_chunks(tmp_path
 
 
 def test_run_child_reports_the_childs_own_cost_and_output(tmp_path: Path) -> None:
-    burn = "import sys; x = bytearray(64 << 20); sum(range(3_000_000)); print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    burn = "import sys; x = bytearray(256 << 20); sum(range(3_000_000)); print('out'); print('err', file=sys.stderr); sys.exit(3)"
     with open(tmp_path / "err", "wb") as err:
         child = run_child([sys.executable, "-c", burn], stderr=err)
     assert child.returncode == 3
     assert child.stdout == b"out\n"
     assert (tmp_path / "err").read_bytes() == b"err\n"
-    assert child.maxrss_mib >= 64  # its own peak, not ours
-    assert child.cpu_s > 0 and child.wall_s > 0
+    assert child.maxrss_mib >= 256 and child.cpu_s > 0 and child.wall_s > 0
+    # Its own peak, not the parent's: ru_maxrss starts from the parent's RSS at the fork (pytest's
+    # process may be larger than 256 MiB by now), so two children are compared from a small parent.
+    probe = ("import sys; from bench.conditions import run_child; "
+             "a = run_child([sys.executable, '-c', 'pass']); b = run_child([sys.executable, '-c', 'x = bytearray(256 << 20)']); "
+             "print(a.maxrss_mib, b.maxrss_mib)")
+    parent = run_child([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2])
+    small, big = map(float, parent.stdout.split())
+    assert big - small >= 200
 
     with open(tmp_path / "out", "wb") as out:
         assert run_child([sys.executable, "-c", "print('to a file')"], stdout=out, cwd=tmp_path).stdout == b""
     assert (tmp_path / "out").read_bytes() == b"to a file\n"
+
+
+def test_run_child_kills_its_child_when_interrupted(tmp_path: Path, monkeypatch) -> None:
+    import pytest
+
+    import bench.conditions as cond
+
+    started: list[int] = []
+    real_wait4 = os.wait4
+
+    def interrupted(pid: int, options: int):  # a Ctrl-C while it waits
+        started.append(pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cond.os, "wait4", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_child([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.DEVNULL)
+    monkeypatch.setattr(cond.os, "wait4", real_wait4)
+    assert started
+    with pytest.raises(ChildProcessError):  # reaped already: no child left, running or zombie
+        os.waitpid(started[0], os.WNOHANG)

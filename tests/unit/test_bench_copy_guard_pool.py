@@ -14,7 +14,7 @@ TARGET = {"saved_share": 0.8, "slowdown": 0.4, "quiet_pauses": 0}
 
 
 def _row(arm: str, lost: int | None, saved: int | None, slower: float | None, scenario: str = "flash") -> dict:
-    share = None if lost is None or saved is None else saved / lost
+    share = None if lost is None or saved is None or lost <= 0 else saved / lost  # (as the bench: nothing lost, no share)
     return {"scenario": scenario, "arm": arm, "label": arm, "lost_responses": lost, "saved_responses": saved,
             "saved_share": share, "copy_slower": slower}
 
@@ -49,10 +49,10 @@ def test_rounds_pool_as_sum_saved_over_sum_lost_and_the_verdict_uses_the_pool(tm
     # 77% pooled: below 80% although round 1 read 107%; the paper's rule: 71% but +45% on average;
     # the oracle is a yardstick, never a guard that meets the target
     assert "NOT met by any arm" in out and "| throttle-crowd | 107% | 55% | 54 of 70 (**77%**) | 55% .. 107% | +6% |" in out
-    # two rounds resampled: both round 1 (107%), both round 2 (55%) or one of each (77%): 80% is inside
+    # two rounds resampled: both round 1 (107%), both round 2 (55%) or one of each (77%)
     assert tc.interval() == pytest.approx((22 / 40, 64 / 60))
-    assert "undecided by these rounds (the 90% interval holds 80%): throttle-crowd (55% .. 107%)." in out
-    assert "paper (" not in out.split("undecided")[1]  # 67% .. 75%: below 80% in every resample
+    assert "- throttle-crowd: not met (pooled 77%, under 80%)" in out
+    assert "- paper: not met (the copy +45% on mean, over +40%)" in out
 
 
 def test_an_uncounted_round_does_not_count_and_bad_input_is_a_clear_error(tmp_path):
@@ -119,7 +119,7 @@ def test_a_round_whose_copy_outlived_the_window_counts_in_the_delay_and_fails_th
     assert (th.saved, th.lost, th.uncounted) == (85, 98, 1) and th.mean_slower == pytest.approx(0.58)
     assert main([str(r)]) == 0
     out = capsys.readouterr().out
-    assert "NOT met by any arm" in out and "throttle: 1 round(s) whose copy outlived the window" in out
+    assert "NOT met by any arm" in out and "- throttle: not met (1 round(s) whose copy outlived the window)" in out
 
 
 def test_a_run_of_several_rounds_is_judged_on_its_rounds_pooled():
@@ -132,7 +132,48 @@ def test_a_run_of_several_rounds_is_judged_on_its_rounds_pooled():
     rows.append({**_row("no-guard", None, None, None), "round": 1})
     (line,) = verdict_lines(rows)
     assert line.startswith("flash: target (saved >= 80% with the copy at most +40%) NOT met by any arm: "
-                           "throttle (4 rounds: saved 237 of 334 lost, 71%, 90% interval over rounds ")
-    assert line.endswith(", copy +5%)")
-    (line,) = verdict_lines([r for r in rows if r["round"] == 2])  # one round: no interval
-    assert line == "flash: target met by: throttle (1 round: saved 99 of 19 lost, 521%, copy +14%)"
+                           "throttle (4 rounds: saved 237 of 334 lost, 71%, approx. 90% interval over rounds ")
+    assert line.endswith(", copy +5%; pooled 71%, under 80%)")
+    (line,) = verdict_lines([r for r in rows if r["round"] == 2])  # one round: never "met"
+    assert line == ("flash: target (saved >= 80% with the copy at most +40%) NOT met by any arm: undecided: throttle "
+                    "(1 round: saved 99 of 19 lost, 521%, copy +14%; 1 counted round(s), 5 needed to decide)")
+    # a guard whose only round outlived the window still gets its line (it had none)
+    late = [{**_row("throttle", 40, None, 0.9), "round": 1, "copy_outlived_window": True}]
+    (line,) = verdict_lines(late)
+    assert "NOT met by any arm: throttle (1 round: saved 0 of 0 lost, copy +90%; 1 round(s) whose copy outlived" in line
+
+
+def test_met_needs_enough_rounds_and_an_interval_above_the_target(tmp_path, capsys):
+    """Two agreeing rounds made a "90% interval" of 85% .. 85%: a 2-round bootstrap is the rounds'
+    range, far narrower than 90%; five or more rounds whose interval clears 80% meet the target."""
+    two = [_round(tmp_path, f"two{k}", [_row("throttle", 40, 34, 0.1)]) for k in range(2)]
+    sums, target = load(two, "flash")
+    (th,) = pool(sums, "flash")
+    assert th.judge(target) == ("undecided", "2 counted round(s), 5 needed to decide")
+    assert main([str(d) for d in two]) == 0
+    out = capsys.readouterr().out
+    assert "NOT met by any arm" in out and "- throttle: undecided (2 counted round(s), 5 needed to decide)" in out
+    five = [_round(tmp_path, f"five{k}", [_row("throttle", 40, 34 + k % 3, 0.1)]) for k in range(5)]
+    sums, target = load(five, "flash")
+    (th,) = pool(sums, "flash")
+    verdict, why = th.judge(target)
+    assert verdict == "met" and why.startswith("5 rounds, 90% interval 8")
+    assert main([str(d) for d in five]) == 0
+    assert "met by: throttle (87% at +10%; 5 rounds, 90% interval 86% .. 88%)" in capsys.readouterr().out
+    spread = [_round(tmp_path, f"spread{k}", [_row("throttle", 40, s, 0.1)]) for k, s in enumerate((20, 40, 38, 36, 40))]
+    sums, target = load(spread, "flash")
+    (th,) = pool(sums, "flash")
+    assert th.share > 0.8 and th.judge(target)[0] == "undecided" and "reaches down to" in th.judge(target)[1]
+
+
+def test_a_round_in_which_the_copy_cost_nothing_is_not_a_copy_that_outlived_the_window(tmp_path, capsys):
+    rows = [{**_row("throttle", 40, 36, 0.1), "round": 1},
+            {**_row("throttle", -3, 2, 0.1), "round": 2, "copy_outlived_window": False},  # lost <= 0: no share
+            {**_row("throttle", 0, 0, 0.1), "round": 3}]  # an older summary: no such field
+    r = _round(tmp_path, "r", rows)
+    sums, _ = load([r], "flash")
+    (th,) = pool(sums, "flash")
+    assert (th.uncounted, th.no_loss, th.saved, th.lost) == (0, 2, 36, 40)
+    assert main([str(r)]) == 0
+    out = capsys.readouterr().out
+    assert "outlived" not in out and "- throttle: 2 round(s) in which the copy cost nothing (not pooled)" in out

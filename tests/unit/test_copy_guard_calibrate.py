@@ -403,9 +403,11 @@ def test_a_threshold_far_from_the_published_one_is_said(tmp_path: Path) -> None:
     write_threshold(tmp_path, "shop", 39.5, when=1795767956.0)
     write_threshold(tmp_path, "other", 10.0)
     said = cal.drift_warning(tmp_path, "shop", 28.0)
-    assert said and "39.50 req/s (published 2026-11-27 " in said and "says 28.00 (-29%)" in said
+    assert said and "39.50 req/s (from 2026-11-27 " in said and "says 28.00 (-29%)" in said
     assert cal.drift_warning(tmp_path, "shop", 40.0) is None  # within 25%
     assert cal.drift_warning(tmp_path, "shop", 50.0) is not None  # +27%
     assert cal.drift_warning(tmp_path, "new-site", 28.0) is None
+    write_threshold(tmp_path, "shop", 39.5, when=1e300)  # a stamp no clock reaches
+    assert "(from unknown)" in (cal.drift_warning(tmp_path, "shop", 28.0) or "")
     (tmp_path / "promreflex_copy_guard_threshold.prom").write_bytes(b"\xff\xfe not text")
     assert cal.drift_warning(tmp_path, "shop", 28.0) is None  # unreadable: no warning, no traceback
