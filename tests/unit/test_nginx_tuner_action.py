@@ -199,10 +199,18 @@ def test_memory_collector_on_a_master_and_missing_pid(tmp_path: Path) -> None:
         wait_until(lambda: len(children(master.pid)) == 1 and "master process" in cmdline(master.pid), timeout=10,
                    what="the fake master and its worker")
         pid_file.write_text(f"{master.pid}\n")
-        value = reg.get_sample_value("promreflex_nginx_memory_bytes", {"method": "pss"})
-        assert reg.get_sample_value("promreflex_nginx_memory_up") == 1
+
+        def scrape() -> dict[str, float]:  # one collection: every figure from the same reading
+            return {s.name: s.value for m in reg.collect() for s in m.samples}
+
+        # Polled: the fake master has just exec'd (a CI run once read it measured in one scrape
+        # and not in the one before).
+        wait_until(lambda: scrape().get("promreflex_nginx_memory_up") == 1, timeout=10, what="the master measured")
+        got = scrape()
+        value = got.get("promreflex_nginx_memory_bytes")
+        assert got["promreflex_nginx_memory_up"] == 1
         assert value is not None and value > 0 and not math.isnan(value)
-        assert reg.get_sample_value("promreflex_nginx_processes") == 2
+        assert got["promreflex_nginx_processes"] == 2
     finally:
         master.kill()
         master.wait()
