@@ -137,14 +137,23 @@ class AdmissionAction(Action):
         params: AdmissionParams = ctx.params  # type: ignore[assignment]
         holder = self.holder(ctx)
         reason = f"{ctx.alert.name} ({ctx.route})"
+        # Written before the proxy is told (write-ahead): a controller killed between the two
+        # restarts holding what the proxy may already hold, and re-asserts it; the other order
+        # left a hold on the proxy that no state file knew of.
+        before = self.held.get(holder)
+        self.held[holder] = {"params": params, "reason": reason}
+        self._save(params.state_dir)
         try:
             await self._call("PUT", params, holder, params.body(reason))
         except ProxyError:
             self._m()[1].labels("hold").inc()  # an unreachable proxy and a refusal (401, 400, 5xx) alike
+            if before is None:
+                self.held.pop(holder, None)
+            else:
+                self.held[holder] = before
+            self._save(params.state_dir)
             raise
-        self.held[holder] = {"params": params, "reason": reason}
         self._changed.set()
-        self._save(params.state_dir)
         what = "waiting room for new sessions" if params.mode == "waiting_room" else f"session cap {params.session_cap}"
         return f"{params.control_url}: {what} (hold {holder}, lease {params.lease:g}s)"
 

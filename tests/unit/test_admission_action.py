@@ -95,6 +95,37 @@ async def test_hold_is_renewed_while_held_and_expires_when_the_controller_is_gon
         assert "flash-sale" in (tmp_path / STATE_NAME).read_text()
 
 
+async def test_the_state_file_holds_the_hold_before_the_proxy_is_told(tmp_path: Path):
+    """A controller SIGKILLed after the proxy took the hold must find it in its file at restart
+    (a clean-clone CI run killed it between the two when the file was written after the PUT)."""
+    async with rig() as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", lease=30, state_dir=tmp_path)
+        action = await started(params)
+        seen: list[str] = []
+        call = action._call
+
+        async def call_and_look(method, p, holder, body=None):
+            if method == "PUT":
+                seen.append((tmp_path / STATE_NAME).read_text())
+            await call(method, p, holder, body)
+
+        action._call = call_and_look  # type: ignore[method-assign]
+        try:
+            await action.fire(ctx(params))
+            assert seen and "flash-sale" in seen[0]
+        finally:
+            await action.shutdown()
+    # A fire the proxy refused leaves the file as it was.
+    gone = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path / "other")
+    action = await started(gone)
+    try:
+        with pytest.raises(Exception, match="127.0.0.1:1"):
+            await action.fire(ctx(gone))
+        assert "flash-sale" not in (tmp_path / "other" / STATE_NAME).read_text() and not action.held
+    finally:
+        await action.shutdown()
+
+
 async def test_unreachable_proxy_fire_fails_resolve_succeeds(tmp_path: Path):
     params = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path)
     action = await started(params)
