@@ -411,3 +411,24 @@ def test_a_threshold_far_from_the_published_one_is_said(tmp_path: Path) -> None:
     assert "(from unknown)" in (cal.drift_warning(tmp_path, "shop", 28.0) or "")
     (tmp_path / "promreflex_copy_guard_threshold.prom").write_bytes(b"\xff\xfe not text")
     assert cal.drift_warning(tmp_path, "shop", 28.0) is None  # unreadable: no warning, no traceback
+
+
+def test_the_command_prints_the_drift_warning_and_still_publishes(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``promreflex calibrate`` itself says the drift (the function alone is tested above)."""
+    from controllers.copy_guard.threshold import read_thresholds, write_threshold
+
+    write_threshold(tmp_path, "shop", 39.5, when=1795767956.0)
+    bins = {int(s / 0.1): [28, 0] for s in range(1000, 1010)}
+    monkeypatch.setattr(cal, "run_shop_load", lambda *a, **k: cal.LoadRun(ok=280, failed=0, bins=bins, bin_s=0.1,
+                                                                           started=0, ended=1, latency_ms={"p95": 40.0}))
+    monkeypatch.setattr(cal, "check_reachable", lambda *a, **k: None)
+    monkeypatch.setattr(cal, "note_load_ended", lambda *a, **k: None)  # (no stamp in the user's state dir)
+    parser = argparse.ArgumentParser()
+    cal.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--target", "http://127.0.0.1:1/", "--textfile.dir", str(tmp_path),
+                              "--runs", "1", "--duration", "10s", "--warmup", "0s", "--users", "4"])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "warning: site 'shop' has a published threshold of 39.50 req/s (from 2026-11-27 " in printed
+    assert "says 28.00 (-29%)" in printed
+    assert read_thresholds(tmp_path)["shop"].rps == pytest.approx(28.0)  # said, and published all the same
