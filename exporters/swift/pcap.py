@@ -262,6 +262,11 @@ class StreamParser:
         self._ifaces: list[_Iface] = []
         self._last_ts = -(1 << 62)
         self._dead = False
+        # pcapng: a block over MAX_RECORD that is not a packet (decryption secrets that
+        # ``editcap --inject-secrets`` adds, a long comment, a custom block) is skipped, not
+        # buffered: bytes of it still to come, then its trailing length to check.
+        self._skip = 0
+        self._trailer: int | None = None
         # the last segments' duplicate keys and stamps (a copy may come in the next chunk)
         self._recent: tuple[Segments, U64] = (Segments.empty(), np.zeros(0, np.uint64))
 
@@ -351,6 +356,16 @@ class StreamParser:
         n = len(buf)
         off = self._pos
         for _ in range(FRAME_BATCH):
+            if self._trailer is not None:  # the end of a skipped block: its length again
+                if off + 4 > n:
+                    break
+                if struct.unpack_from(self._endian + "I", buf, off)[0] != self._trailer:
+                    self.stats.rejected["corrupt"] += 1
+                    self._dead = True
+                    return n
+                self._trailer = None
+                off += 4
+                continue
             if off + 12 > n:
                 break
             if bytes(buf[off:off + 4]) == _PCAPNG_MAGIC:  # section header: byte order
@@ -366,9 +381,17 @@ class StreamParser:
                 self._ifaces = []
             e = self._endian
             btype, blen = struct.unpack_from(e + "II", buf, off)
-            if blen < 12 or blen % 4 or blen > MAX_RECORD + 64:
+            if blen < 12 or blen % 4 or (blen > MAX_RECORD + 64 and btype in (1, 2, 3, 6)):
                 self.stats.rejected["corrupt"] += 1
                 self._dead = True
+                return n
+            if blen > MAX_RECORD + 64:  # not a packet nor an interface: skipped unread
+                self._trailer = blen
+                end = off + blen - 4
+                if end <= n:
+                    off = end
+                    continue
+                self._skip = end - n
                 return n
             if off + blen > n:
                 break
@@ -445,6 +468,12 @@ class StreamParser:
         count every later packet as ``clock_backwards``."""
         if self._dead:
             return Segments.empty()
+        if self._skip:  # the rest of a big pcapng block that is not a packet
+            k = min(self._skip, len(chunk))
+            self._skip -= k
+            chunk = chunk[k:]
+            if not chunk:
+                return Segments.empty()
         self._buf = bytes(self._buf) + bytes(chunk) if self._buf else chunk
         if self._fmt is None and not self._header():
             return Segments.empty()
@@ -515,7 +544,7 @@ class StreamParser:
         self._last_ts = max(self._last_ts, int(ts.max()))
 
     def close(self) -> None:
-        if self._buf and not self._dead:
+        if (self._buf or self._skip or self._trailer is not None) and not self._dead:
             self.stats.rejected["truncated"] += 1
         self._buf = b""
 

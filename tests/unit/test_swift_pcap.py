@@ -183,6 +183,47 @@ def test_pcapng_truncated_simple_blocks_and_bad_interface(tmp_path: Path) -> Non
     assert stats.rejected["truncated"] == 1
 
 
+def _insert_block(data: bytes, after_blocks: int, btype: int, body: bytes, trailer: int | None = None) -> bytes:
+    """``data`` (little-endian pcapng) with one block inserted after its first ``after_blocks`` blocks."""
+    off = 0
+    for _ in range(after_blocks):
+        off += struct.unpack_from("<I", data, off + 4)[0]
+    n = len(body) + 12
+    return data[:off] + struct.pack("<II", btype, n) + body + struct.pack("<I", trailer or n) + data[off:]
+
+
+def test_a_big_block_that_is_not_a_packet_is_skipped(tmp_path: Path) -> None:
+    """``editcap --inject-secrets`` adds a Decryption Secrets Block as big as the key log (a
+    stranger's 264 kB one made the whole capture one ``corrupt`` rejection, read as 0 packets)."""
+    path = tmp_path / "dsb.pcapng"
+    write_pcapng(path, _packets(5))
+    secrets = b"CLIENT_RANDOM " + b"ab" * 160_000 + b"\n"
+    dsb = struct.pack("<II", 0x544C534B, len(secrets)) + secrets + b"\0" * (-len(secrets) % 4)
+    data = _insert_block(path.read_bytes(), 3, 0x0000000A, dsb)  # after SHB, IDB, the first packet
+    path.write_bytes(data)
+    segs, stats = read_capture(path)
+    assert len(segs) == 5 and not stats.rejected
+    for size in (1000, 65_536, 200_001):  # streamed: the block is skipped across chunks, not buffered
+        p = StreamParser()
+        n = sum(len(p.feed(data[i:i + size])) for i in range(0, len(data), size))
+        p.close()
+        assert n == 5 and not p.stats.rejected, size
+        assert p._skip == 0 and p._trailer is None
+    # A block whose trailing length disagrees is damage: corrupt, and what came before is kept.
+    path.write_bytes(_insert_block(path.read_bytes()[:len(data)], 3, 0x0000000A, dsb, trailer=12))
+    segs, stats = read_capture(path)
+    assert len(segs) == 1 and stats.rejected["corrupt"] == 1
+    # Cut inside the big block: truncated.
+    path.write_bytes(data[:len(data) // 2])
+    segs, stats = read_capture(path)
+    assert len(segs) == 1 and stats.rejected["truncated"] == 1
+    # A packet block that big is still damage (no capture has one).
+    write_pcapng(path, _packets(2))
+    path.write_bytes(_insert_block(path.read_bytes(), 3, 6, struct.pack("<IIIII", 0, 0, 0, 8, 8) + b"x" * 300_000))
+    segs, stats = read_capture(path)
+    assert len(segs) == 1 and stats.rejected["corrupt"] == 1
+
+
 def test_vlan_and_linux_cooked_frames(tmp_path: Path) -> None:
     eth = tcp_packet("10.200.9.10", "10.200.9.20", 5, 6, 7, 8, ACK, b"hello")
     vlan = eth[:12] + b"\x81\x00\x00\x05" + eth[12:]
