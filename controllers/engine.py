@@ -21,7 +21,12 @@ resolution starts a new *generation* of the alert: the engine forgets the dedupe
 episode and marks it ``absent`` instead of ``resolved``. When the alert comes back with the
 same ``startsAt`` (the silence expires, the inhibiting alert ends), the reconciliation or a
 notification sees it as new and ``fire`` runs again. Only a ``resolved`` notification from
-Alertmanager ends an episode for good. A late firing notification sent before the absence is
+Alertmanager ends an episode, unless Alertmanager lists the same episode as active again after
+it (Alertmanager resolves an alert whose re-sends from Prometheus stopped for longer than its
+``endsAt``, and stores them as a new alert when they come back with the same ``startsAt``):
+the reconciliation then starts a new generation too, and ``fire`` runs again; the webhook alone
+cannot tell that firing notification from a late retry of the first, so without
+``alertmanager_url`` it stays a duplicate. A late firing notification sent before the absence is
 then accepted too, but the re-check with Alertmanager before every fire skips it while the
 alert is still silenced or inhibited.
 
@@ -70,6 +75,10 @@ from promreflex.matchers import Matcher, matches_all
 log = logging.getLogger("promreflex.controller")
 
 FIRING, RESOLVED, ABSENT = "firing", "resolved", "absent"
+# A resolved episode that Alertmanager lists as active in a listing asked for this long after
+# the resolved notification is back (see Engine._back_after_resolved): a margin for a listing
+# from another member of an Alertmanager cluster that resolves a moment later.
+REOPEN_AFTER = 5.0
 RETRY_BASE = 1.0  # seconds: the first retry waits up to this long
 MAX_RETRY_DELAY = 60.0  # the backoff's cap
 IN_FLIGHT = 256  # per action: transitions between their intent and their completion at once
@@ -262,7 +271,12 @@ class Engine:
             else:
                 self._seen[key] = now
                 self.store.put_seen(key, now)
-                result = self._observe(alert, now)
+                try:
+                    result = self._observe(alert, now)
+                except BaseException:  # the 500's retry must not be a "duplicate" of what was not taken
+                    self._seen.pop(key, None)
+                    self.store.delete_seen(key)
+                    raise
             counts[result] += 1
             self.metrics.notifications.labels(alert.status, result).inc()
             self.audit.write(
@@ -334,10 +348,7 @@ class Engine:
         again if it comes back (a new generation: its dedupe keys are forgotten)."""
         alert = entry.alert
         self._set_latest(alert.fingerprint, episode_start(alert), ABSENT, now)
-        for status in (FIRING, RESOLVED):
-            seen = dedupe_key(alert, status)
-            if self._seen.pop(seen, None) is not None:
-                self.store.delete_seen(seen)
+        self._forget_episode(alert)
         for route in self.routes:
             key = (route, alert.fingerprint)
             other = self.entries.get(key)
@@ -346,6 +357,31 @@ class Engine:
                 self._fresh_budget(other)
                 self._save(other)
                 self.kick(key)
+
+    def _back_after_resolved(self, alert: Alert, asked: float, now: float) -> None:
+        """Alertmanager lists as active an episode that a resolved notification ended before this
+        listing was asked for (by :data:`REOPEN_AFTER` s): it started again with the same
+        ``startsAt``. Alertmanager resolves an alert whose ``endsAt`` passed when Prometheus's
+        re-sends stopped (a partition, a stalled evaluation); Prometheus keeps the start of an
+        alert that stayed active, and Alertmanager stores the re-sent one as a new alert. Its
+        firing notification is then a "duplicate" of the first; the listing says what is true
+        now, so the episode starts a new generation, as after an absence."""
+        latest = self._latest.get(alert.fingerprint)
+        if latest is None:
+            return
+        starts, status, at = latest
+        if status != RESOLVED or starts != episode_start(alert) or at > asked - REOPEN_AFTER:
+            return
+        log.info("alert %s is active again in Alertmanager after its resolved notification: a new generation",
+                 alert.fingerprint)
+        self._forget_episode(alert)
+        self._set_latest(alert.fingerprint, starts, ABSENT, now)
+
+    def _forget_episode(self, alert: Alert) -> None:
+        for status in (FIRING, RESOLVED):
+            seen = dedupe_key(alert, status)
+            if self._seen.pop(seen, None) is not None:
+                self.store.delete_seen(seen)
 
     def _expire(self, now: float) -> None:
         if now - self._last_expire < EXPIRE_EVERY:
@@ -365,6 +401,7 @@ class Engine:
         am = self.services.get("alertmanager")
         if am is None:
             return {}
+        asked = self.clock()
         try:
             items = await am.active_alerts()
             active = [alert_from_api(i) for i in items]
@@ -378,6 +415,7 @@ class Engine:
         active_fps = {a.fingerprint for a in active}
         for alert in active:
             if not self._conflicts(alert):
+                self._back_after_resolved(alert, asked, now)
                 self._observe(alert, now)
         resolved = 0
         for entry in list(self.entries.values()):

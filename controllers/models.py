@@ -1,4 +1,5 @@
-"""Typed models of the Alertmanager webhook payload (version 4).
+"""Typed models of the Alertmanager webhook payload (version 4; Grafana's webhook contact point
+sends the same shape as version 1).
 
 Alertmanager's own shape: https://prometheus.io/docs/alerting/latest/configuration/#webhook_config
 Unknown extra fields are ignored (newer Alertmanagers add some); anything missing or mistyped
@@ -47,6 +48,14 @@ def to_utc(value: datetime) -> datetime:
         raise ValueError(f"timestamp {value.isoformat()} is out of range in UTC (years 1-9999)") from None
 
 
+def _without_nulls(data: object, optional: tuple[str, ...]) -> object:
+    """``null`` for an optional field means its default (Go senders serialise an empty map as
+    ``null``; Alertmanager itself sends ``{}``)."""
+    if isinstance(data, dict) and any(data.get(k, 0) is None for k in optional):
+        return {k: v for k, v in data.items() if not (v is None and k in optional)}
+    return data
+
+
 class Alert(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -57,6 +66,11 @@ class Alert(BaseModel):
     endsAt: datetime | None = None
     generatorURL: str = ""
     fingerprint: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: object) -> object:
+        return _without_nulls(data, ("annotations", "generatorURL", "fingerprint"))
 
     @model_validator(mode="before")
     @classmethod
@@ -101,7 +115,7 @@ class Alert(BaseModel):
 class WebhookPayload(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    version: Literal["4"]
+    version: Literal["4", "1"]  # Alertmanager's; Grafana's webhook contact point (the same shape)
     groupKey: str
     truncatedAlerts: int = Field(default=0, ge=0)
     status: Status
@@ -111,6 +125,12 @@ class WebhookPayload(BaseModel):
     commonAnnotations: dict[str, str] = Field(default_factory=dict)
     externalURL: str = ""
     alerts: list[Alert] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: object) -> object:
+        return _without_nulls(data, ("truncatedAlerts", "groupLabels", "commonLabels", "commonAnnotations",
+                                     "externalURL"))
 
 
 def alert_from_api(item: dict) -> Alert:

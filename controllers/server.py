@@ -46,6 +46,7 @@ import errno
 import hmac
 import json
 import logging
+import re
 from typing import Any
 
 import signal
@@ -77,6 +78,11 @@ TOKEN = web.AppKey("token", str)
 AUDIT = web.AppKey("audit", AuditLog)
 MAX_BODY = web.AppKey("max_body", int)
 RELOAD = web.AppKey("reload", object)
+JSON_TYPES = ("application/json", "application/octet-stream", "text/plain", "application/x-www-form-urlencoded", "")
+# Alertmanager's webhook is version "4"; Grafana's webhook contact point sends the same shape
+# (groupKey, receiver, status, per-alert labels, startsAt, fingerprint, plus fields of its own,
+# ignored) as version "1". A body without a version is not either (docs/decisions.md).
+WEBHOOK_VERSIONS = ("4", "1")
 
 #: A route a reload removed keeps resolving what it applied, but matches no new alert.
 _NEVER = parse_matcher('__promreflex_route_removed__="1"')
@@ -123,8 +129,13 @@ def authorized(request: web.Request) -> bool:
     token = request.app[TOKEN]
     if not token:
         return True
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, f"Bearer {token}".encode())
+    given = request.headers.get("Authorization", "")
+    # The scheme is case-insensitive (RFC 9110 11.1): Alertmanager's http_config sends
+    # authorization.type as written, so `type: bearer` arrives as "bearer <token>".
+    scheme, _, credentials = given.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"), token.encode())
 
 
 async def _refuse(request: web.Request, status: int, reason: str, message: str) -> web.Response:
@@ -132,6 +143,9 @@ async def _refuse(request: web.Request, status: int, reason: str, message: str) 
     answer), leave a large one unread and close the connection after the answer."""
     await discard_small_body(request)
     return _reject(request.app, status, reason, message, close=not request.content.is_eof())
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _no_constant(name: str) -> Any:
@@ -144,11 +158,17 @@ def _parse(body: bytes) -> Any:
     parser's recursion limit, NaN or Infinity (Python's json reads them; JSON has no such
     numbers and no Alertmanager sends them)."""
     try:
-        return json.loads(body, parse_constant=_no_constant)
+        data = json.loads(body, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integer digit limit
         raise ValueError(str(e)) from None
+    if _SURROGATE_ESCAPE.search(body):  # (a pair is an emoji; a lone one no character at all)
+        try:
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ValueError("a lone UTF-16 surrogate escape (\\udc80 and the like) is not a character") from None
+    return data
 
 
 async def webhook(request: web.Request) -> web.Response:
@@ -156,7 +176,9 @@ async def webhook(request: web.Request) -> web.Response:
     if not authorized(request):
         return await _refuse(request, 401, "unauthorized", "a valid bearer token is required")
     ctype = request.content_type
-    if ctype not in ("application/json", "application/octet-stream", "text/plain", ""):
+    # JSON under any of the names senders give it, and curl -d's default (form-urlencoded):
+    # the body must parse as JSON whatever the header says.
+    if not (ctype in JSON_TYPES or ctype.endswith("+json") or ctype.endswith("/json")):
         return await _refuse(request, 415, "unsupported_media_type", f"expected application/json, got {ctype}")
     try:
         body = await read_body(request, app[MAX_BODY])
@@ -168,12 +190,13 @@ async def webhook(request: web.Request) -> web.Response:
         return _reject(app, 400, "not_json", f"body is not JSON: {e}")
     if not isinstance(data, dict):
         return _reject(app, 422, "invalid_payload", "the payload must be a JSON object")
-    if data.get("version") != "4":
+    if data.get("version") not in WEBHOOK_VERSIONS:
         version = data.get("version")
         shown = repr(version) if isinstance(version, (str, int, float, bool, type(None))) else type(version).__name__
         return _reject(
             app, 422, "invalid_payload",
-            f"unsupported webhook version {shown[:40]}: only Alertmanager's version \"4\" is accepted",
+            f"unsupported webhook version {shown[:40]}: only Alertmanager's version \"4\" (and Grafana's \"1\", "
+            "the same shape) is accepted",
         )
     try:
         payload = WebhookPayload.model_validate(data)
@@ -196,7 +219,7 @@ async def state(request: web.Request) -> web.Response:
 @web.middleware
 async def count_codes(request: web.Request, handler):
     """Count /webhook answers by code; an unexpected error is a counted, audited, logged 500."""
-    if request.path != "/webhook":
+    if request.path not in ("/webhook", "/webhook/"):
         return await handler(request)
     app = request.app
     try:
@@ -324,6 +347,9 @@ def build_app(cfg: ControllerConfig, engine: Engine, metrics_: ControllerMetrics
     app[TOKEN] = read_token_file(cfg.token_file)
     app[MAX_BODY] = cfg.max_body_bytes
     app.router.add_post("/webhook", webhook)
+    app.router.add_post("/webhook/", webhook)  # (a trailing slash in the receiver's url)
+    for path in ("/webhook", "/webhook/"):  # Grafana's webhook contact point may be set to PUT
+        app.router.add_put(path, webhook)
     app.router.add_get("/api/v1/state", state)
     app.router.add_post("/-/reload", reload_handler)
     app[RELOAD] = None

@@ -623,3 +623,42 @@ def test_an_owner_needs_one_value_that_is_set(monkeypatch):
     with pytest.raises(ValidationError, match="exactly one"):
         Owner(label="instance", value="a", value_from_env="HOME")
     assert Owner(label="node", value="n1").resolved() == "n1"
+
+
+async def test_an_episode_alertmanager_lists_again_after_its_resolve_fires_again(tmp_path, am_api):
+    """Alertmanager resolves an alert whose re-sends from Prometheus stopped for longer than its
+    endsAt (a partition, a stalled evaluation); when they come back with the same startsAt it
+    stores a new alert and notifies 'firing' again. That notification is a duplicate of the
+    first (a stranger's review: the action stayed resolved for the hour of the dedupe window);
+    the reconciliation's listing says it is active, and the action fires again."""
+    clock = Clock()
+    engine, _ = make_engine(tmp_path, am_api.client, clock=clock)
+    fp = FIRING["fingerprint"]
+    am_api.fire(FIRING)
+    await deliver(engine, FIRING)
+    await engine.drain()
+    am_api.end(fp)
+    await deliver(engine, RESOLVED)
+    await engine.drain()
+    assert kinds() == ["fire", "resolve"]
+    am_api.gc()
+    clock.t += 1.0
+    await converge(engine)  # not listed: nothing to do
+    assert kinds() == ["fire", "resolve"]
+    am_api.fire(FIRING)  # Prometheus's re-sends are back: the same startsAt
+    # A listing asked within REOPEN_AFTER of the resolve is not trusted yet (an Alertmanager
+    # cluster's other member may resolve a moment later); the webhook's firing is a duplicate.
+    assert (await deliver(engine, FIRING))["duplicate"] == 1
+    await converge(engine)
+    assert kinds() == ["fire", "resolve"]
+    clock.t += 10.0
+    await converge(engine)
+    assert kinds() == ["fire", "resolve", "fire"]
+    await deliver(engine, FIRING)  # Alertmanager's own notification of it changes nothing more
+    await converge(engine)
+    assert kinds() == ["fire", "resolve", "fire"]
+    am_api.end(fp)  # and its resolve ends it
+    await deliver(engine, RESOLVED)
+    await converge(engine)
+    assert kinds() == ["fire", "resolve", "fire", "resolve"]
+    await engine.shutdown()

@@ -362,3 +362,89 @@ def _samples(c, name: str):
         for sample in metric.samples:
             if sample.name == name:
                 yield sample.labels, sample.value
+
+
+# ------------------------------------------------------------------ what other senders send (a stranger's review)
+GRAFANA = {  # Grafana's webhook contact point, its documented example (two alerts, abridged annotations)
+    "receiver": "My Super Webhook", "status": "firing", "orgId": 1,
+    "alerts": [
+        {"status": "firing", "labels": {"alertname": "High memory usage", "team": "blue", "zone": "us-1"},
+         "annotations": {"summary": "This alert was triggered for zone us-1"},
+         "startsAt": "2021-10-12T09:51:03.157076+02:00", "endsAt": "0001-01-01T00:00:00Z",
+         "generatorURL": "https://play.grafana.org/alerting/1afz29v7z/edit", "fingerprint": "c6eadffa33fcdf37",
+         "silenceURL": "https://play.grafana.org/alerting/silence/new", "dashboardURL": "", "panelURL": "",
+         "values": {"B": 44.23943737541908, "C": 1}},
+        {"status": "firing", "labels": {"alertname": "High CPU usage", "team": "blue", "zone": "eu-1"},
+         "annotations": {}, "startsAt": "2021-10-12T09:56:03.157076+02:00", "endsAt": "0001-01-01T00:00:00Z",
+         "generatorURL": "https://play.grafana.org/alerting/d1rdpdv7k/edit", "fingerprint": "bc97ff14869b13e3",
+         "silenceURL": "", "dashboardURL": "", "panelURL": "", "values": None, "valueString": "[ var='B' ]"},
+    ],
+    "groupLabels": {}, "commonLabels": {"team": "blue"}, "commonAnnotations": {},
+    "externalURL": "https://play.grafana.org/", "version": "1", "groupKey": "{}:{}", "truncatedAlerts": 0,
+    "title": "[FIRING:2]  (blue)", "state": "alerting", "message": "**Firing**",
+}
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+async def test_grafanas_webhook_contact_point_is_taken(client, method):
+    resp = await client.request(method, "/webhook", json=GRAFANA, headers=AUTH)
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["accepted"] == 2
+    await client.engine.drain()
+    fired = [r for r in read_audit(client.audit_path) if r["event"] == "decision" and r["transition"] == "fire"]
+    assert len(fired) == 2
+
+
+@pytest.mark.parametrize("header", ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret", " Bearer s3cret "])
+async def test_the_bearer_scheme_is_case_insensitive(client, header):
+    """Alertmanager's http_config sends authorization.type as written (`type: bearer`)."""
+    resp = await client.post("/webhook", json=payload(), headers={**AUTH, "Authorization": header})
+    assert resp.status == 200, await resp.text()
+
+
+async def test_null_for_an_optional_field_is_its_default(client):
+    a = {**alert(), "annotations": None, "generatorURL": None, "fingerprint": None}
+    body = {**payload(a), "groupLabels": None, "commonLabels": None, "commonAnnotations": None, "externalURL": None,
+            "truncatedAlerts": None}
+    resp = await client.post("/webhook", json=body, headers=AUTH)
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["accepted"] == 1
+
+
+async def test_a_lone_surrogate_is_a_400_and_its_retry_is_not_a_duplicate(client):
+    """It was a 500 (the state could not be written) whose retry was answered 'duplicate': lost."""
+    body = json.dumps(payload(alert())).replace('"summary": "test"', '"summary": "\\udc80"', 1)
+    for _ in range(2):
+        resp = await client.post("/webhook", data=body.encode(), headers=AUTH)
+        assert resp.status == 400 and "surrogate" in (await resp.json())["message"]
+    emoji = json.dumps(payload(alert())).replace('"summary": "test"', '"summary": "\\ud83d\\ude00"', 1)
+    assert "ude00" in emoji and "udc80" in body
+    resp = await client.post("/webhook", data=emoji.encode(), headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["accepted"] == 1
+
+
+@pytest.mark.parametrize("ctype", ["application/x-www-form-urlencoded", "text/json", "application/vnd.api+json"])
+async def test_json_under_other_media_types_and_a_trailing_slash(client, ctype):
+    resp = await client.post("/webhook/", data=json.dumps(payload()).encode(), headers={**AUTH, "Content-Type": ctype})
+    assert resp.status == 200, await resp.text()
+    assert client.registry.get_sample_value("promreflex_controller_webhook_requests_total", {"code": "200"}) == 1
+
+
+async def test_after_a_500_the_retry_is_taken_not_a_duplicate(client, monkeypatch):
+    """Our failure (the state cannot be staged, a bug) answers 500 so Alertmanager retries; the
+    retry used to be answered 200 'duplicate' and the alert was never acted on."""
+    save, calls = client.engine._save, []
+
+    def fail_once(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("disk full")
+        return save(*a, **k)
+
+    monkeypatch.setattr(client.engine, "_save", fail_once)
+    assert (await client.post("/webhook", json=payload(alert()), headers=AUTH)).status == 500
+    resp = await client.post("/webhook", json=payload(alert()), headers=AUTH)
+    assert resp.status == 200 and (await resp.json())["accepted"] == 1
+    await client.engine.drain()
+    fired = [r for r in read_audit(client.audit_path) if r["event"] == "decision" and r["transition"] == "fire"]
+    assert len(fired) == 1
