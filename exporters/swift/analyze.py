@@ -288,13 +288,15 @@ def _tcp_events(b: Breakdown, directed: list[Directed], coder: RoleCoder,
     # A SYN is answered when a SYN-ACK on the reversed tuple acknowledges its sequence number.
     got = {(int(u.src[i]), int(u.dst[i]), int(u.sport[i]), int(u.dport[i]), int(u.ack[i])) for i in synack.tolist()}
     end = max(int(d.segs.ts.max()) for d in directed if len(d.segs))
-    seen: set[tuple[int, int, int, int]] = set()
+    # A retransmitted SYN repeats its connection's tuple and initial sequence number; a SYN with
+    # a new one on the same tuple is a new connection (the port reused).
+    seen: set[tuple[int, int, int, int, int]] = set()
     dst_roles = coder(u.dst[syn], u.dport[syn])
     for k, i in enumerate(syn.tolist()):
         tup = (int(u.src[i]), int(u.dst[i]), int(u.sport[i]), int(u.dport[i]))
-        if tup in seen:  # a retransmitted SYN (another copy with the same tuple)
+        if (*tup, int(u.seq[i])) in seen:  # a retransmitted SYN
             continue
-        seen.add(tup)
+        seen.add((*tup, int(u.seq[i])))
         role = coder.names[int(dst_roles[k])]
         b.connections[role] += 1
         answered = (tup[1], tup[0], tup[3], tup[2], (int(u.seq[i]) + 1) & 0xFFFFFFFF) in got

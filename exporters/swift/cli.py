@@ -151,8 +151,11 @@ def _analyze(args: argparse.Namespace) -> Any:
             raise UserError(f"--swift-log {log}: " + ("no such file" if not log.exists() else "not a regular file"))
     try:
         return analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
-    except CaptureError as e:
-        raise UserError(str(e)) from e
+    except CaptureError as e:  # name the --capture (node and file) that is not a capture
+        node = next((n for n, p in caps.items() if e.path is not None and str(p) == str(e.path)), None)
+        if node is None:
+            raise UserError(str(e)) from e
+        raise UserError(f"--capture {node}={e.path}: not a pcap or pcapng capture ({e.reason})") from e
     except OSError as e:
         raise UserError(f"cannot read {e.filename or 'a capture'}: {e.strerror or e}") from e
 

@@ -8,9 +8,11 @@ a 64-bit key per segment, the k-th copy of a key on one side paired with the k-t
 (a retransmission is a second copy), every pair checked field by field afterwards.
 
 - **Retransmissions**: a data segment (or SYN/FIN) whose bytes a node already sent on that
-  connection (relative sequence below the highest end sent so far). Counted per hop; when the
-  sender and receiver saw a different number of copies of a key (a copy was lost), the pairs of
-  that key are ``ambiguous`` (matched, counted, left out of the transit figures).
+  connection (sequence below the highest end sent so far, in serial-number arithmetic: bytes
+  from before the capture started are earlier, not 2^32 later; more than 4 GiB on one
+  connection does not wrap; a new SYN on a 4-tuple starts a new connection). Counted per
+  hop; when the sender and receiver saw a different number of copies of a key (a copy was
+  lost), the pairs of that key are ``ambiguous`` (matched, counted, left out of the transit figures).
 - **Segmentation offload**: a sender's capture holds TSO/GSO super-segments, a receiver's GRO
   merges pieces differently, so some data segments have no exact twin. Each unmatched received
   data segment is matched to the sent segment of its connection that holds its first byte
@@ -83,8 +85,22 @@ def _rank(keys: U64) -> tuple[I64, I64]:
     return rank, count
 
 
+def _serial_diff(a: I64, b: I64) -> I64:
+    """``a - b`` of 32-bit TCP sequence numbers in serial-number arithmetic (RFC 1982): the
+    signed 32-bit difference, so bytes before ``b`` come out negative, not 2^32 ahead."""
+    return ((a - b + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
 def retransmissions(s: Segments, fh: U64) -> npt.NDArray[np.bool_]:
-    """Which segments of one capture's one direction resend bytes already sent on their connection."""
+    """Which segments of one capture's one direction resend bytes already sent on their connection.
+
+    Sequence numbers are unwrapped per connection in serial-number arithmetic: each segment's
+    position is its predecessor's plus the signed 32-bit difference of their sequence numbers
+    (a sender's consecutive segments are never 2^31 bytes apart), so a resend of bytes sent
+    before the capture started lies before the first segment (not 2^32 after it: every later
+    segment would then look like a resend), and a connection moving more than 4 GiB does not
+    wrap. A SYN with a new sequence number on a 4-tuple starts a new connection (the port reused);
+    a SYN repeating the previous one's is a retransmission."""
     n = len(s)
     out = np.zeros(n, dtype=bool)
     carries = (s.plen > 0) | ((s.flags & (SYN | FIN)) != 0)
@@ -92,23 +108,35 @@ def retransmissions(s: Segments, fh: U64) -> npt.NDArray[np.bool_]:
     if len(idx) < 2:
         return out
     f = fh[idx]
-    order = np.argsort(f, kind="stable")  # capture order (time) kept within a connection
+    order = np.argsort(f, kind="stable")  # capture order (time) kept within a 4-tuple
     idx, f = idx[order], f[order]
+    seq = s.seq[idx].astype(np.int64)
+    syn = (s.flags[idx] & SYN) != 0
     start = np.ones(len(idx), dtype=bool)
     start[1:] = f[1:] != f[:-1]
+    # A new connection on the same 4-tuple: a SYN that does not repeat the SYN just before it.
+    resyn = np.zeros(len(idx), dtype=bool)
+    resyn[1:] = syn[1:] & ~(syn[:-1] & (seq[1:] == seq[:-1]))
+    start |= resyn
     first = np.flatnonzero(start)
     gid = np.cumsum(start) - 1
-    seq = s.seq[idx].astype(np.int64)
-    rel = (seq - seq[first][gid]) % (1 << 32)  # sequence relative to the connection's first sent here
+    step = np.zeros(len(idx), dtype=np.int64)
+    step[1:] = _serial_diff(seq[1:], seq[:-1])
+    step[start] = 0
+    rel = np.cumsum(step)
+    rel -= rel[first][gid]  # position relative to the connection's first segment sent here
     length = s.plen[idx].astype(np.int64) + ((s.flags[idx] & (SYN | FIN)) != 0)
     endpos = rel + length
-    # Highest end sent so far on the connection, before this segment (groups offset apart).
-    shifted = endpos + gid * (1 << 34)
+    # Highest end sent so far on the connection, before this segment: a running maximum over
+    # all connections at once, each connection's positions lifted above every earlier one's.
+    lo = np.minimum.reduceat(rel, first)
+    span = np.maximum.reduceat(endpos, first) - lo + 1
+    base = np.concatenate(([0], np.cumsum(span)[:-1])) - lo
+    shifted = endpos + base[gid]
     prev_max = np.empty(len(idx), dtype=np.int64)
-    prev_max[0] = -1
+    prev_max[0] = 0
     prev_max[1:] = np.maximum.accumulate(shifted)[:-1]
-    prev_max = np.where(start, -1, prev_max - gid * (1 << 34))
-    out[idx] = (~start) & (rel < prev_max)
+    out[idx] = (~start) & (rel + base[gid] < prev_max)
     return out
 
 

@@ -7,8 +7,15 @@ than a per-packet parser (``bench/swift_decode``).
 
 What is read: pcap (microsecond magic ``a1b2c3d4`` and nanosecond ``a1b23c4d``, either byte
 order) and pcapng (SHB/IDB/EPB, ``if_tsresol`` and ``if_tsoffset``, several interfaces and
-sections, either byte order). Link types: Ethernet (with one 802.1Q tag), Linux cooked v1/v2,
-raw IPv4. Everything else is counted, never fatal (:data:`REASONS`):
+sections, either byte order). Link types: Ethernet, Linux cooked v1/v2 (``-i any``), BSD/macOS
+loopback (DLT_NULL 0, DLT_LOOP 108: a 4-byte address family, AF_INET 2 in either byte order),
+raw IPv4 (101, 12, OpenBSD's 14, 228); a pcap header's FCS bits above the 16-bit link type
+are ignored. After an Ethernet or cooked header up to two VLAN tags are read (802.1Q 0x8100,
+802.1ad 0x88a8, 0x9100, QinQ; a cooked header whose protocol is 0x8100 is followed by the
+tag, as ``tcpdump -i any`` writes a VLAN-offloaded device's packets). IPv6 is not decoded
+(``non_ip``). A file that is not a capture raises :class:`CaptureError` naming it (and saying
+so when it is gzip-compressed: ``tcpdump -z gzip``; it is not decompressed). Everything else
+is counted, never fatal (:data:`REASONS`):
 
 - ``truncated``: the capture ends inside a record (tcpdump killed, a copy cut short); the
   records before it are kept.
@@ -17,7 +24,8 @@ raw IPv4. Everything else is counted, never fatal (:data:`REASONS`):
   A pcapng block too short for its own fixed fields is counted the same way and skipped.
 - ``snaplen_headers``: the snap length cut the packet inside its IP or TCP header.
   A snap length that only cuts the payload is fine (the payload length comes from the IP
-  header); such packets are counted apart, as ``snapped`` (not a rejection).
+  header, or for a BIG TCP super-segment, IP total length 0, from the record's original
+  length); such packets are counted apart, as ``snapped`` (not a rejection).
 - ``non_ip`` / ``non_tcp`` / ``ip_fragment`` / ``bad_header`` / ``linktype`` /
   ``no_timestamp`` (pcapng simple packet blocks) / ``bad_timestamp`` (pcapng: beyond 2116 or
   before 1970 after its interface's resolution and offset; a capture file: a packet stamped
@@ -74,13 +82,19 @@ _BAD_IFACE = -1  # link of a damaged interface description: its packets are coun
 _PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1": ("<", 1000), b"\xa1\xb2\xc3\xd4": (">", 1000),
                 b"\x4d\x3c\xb2\xa1": ("<", 1), b"\xa1\xb2\x3c\x4d": (">", 1)}
 _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
+_GZIP_MAGIC = b"\x1f\x8b"  # tcpdump -z gzip, a .pcap.gz: named in the error, not read
 
 LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2 = 1, 101, 12, 113, 228, 276
-_SUPPORTED_LINKS = (LINK_ETHERNET, LINK_RAW, LINK_RAW_ALT, LINK_SLL, LINK_IPV4, LINK_SLL2)
+LINK_NULL, LINK_LOOP, LINK_RAW_OPENBSD = 0, 108, 14  # BSD/macOS loopback (4-byte family), raw IP
+_RAW_LINKS = (LINK_RAW, LINK_RAW_ALT, LINK_IPV4, LINK_RAW_OPENBSD)
+_SUPPORTED_LINKS = (LINK_ETHERNET, LINK_SLL, LINK_SLL2, LINK_NULL, LINK_LOOP, *_RAW_LINKS)
+AF_INET = 2  # DLT_NULL's family: the writer's byte order; DLT_LOOP's: network order (either is read)
 # The shortest record that can hold IPv4 + TCP headers (20 + 20 bytes) after the link header.
 # Shorter records are never TCP segments: they are counted without being copied (see _Frames).
 _IP_TCP_MIN = 40
-_SHORT = {LINK_ETHERNET: 14 + _IP_TCP_MIN, LINK_SLL: 16 + _IP_TCP_MIN, LINK_SLL2: 20 + _IP_TCP_MIN}
+MAX_VLAN_TAGS = 2  # VLAN tags read after a link header (QinQ: two); a third: non_ip
+_SHORT = {LINK_ETHERNET: 14 + _IP_TCP_MIN, LINK_SLL: 16 + _IP_TCP_MIN, LINK_SLL2: 20 + _IP_TCP_MIN,
+          LINK_NULL: 4 + _IP_TCP_MIN, LINK_LOOP: 4 + _IP_TCP_MIN}
 
 # TCP flags
 FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
@@ -105,7 +119,8 @@ class Segments:
     """TCP segments of one capture, one entry per packet (struct of arrays, capture order).
 
     ``ts``: nanoseconds since the epoch (int64). ``src``/``dst``: IPv4 as uint32. ``plen``: the
-    TCP payload length from the IP header (not the captured length). ``tok``: what the payload
+    TCP payload length from the IP header (not the captured length; IP total length 0, BIG
+    TCP: from the record's original length). ``tok``: what the payload
     starts with (``TOK_*``). ``ipid``: the IPv4 identification (tells a retransmission from a
     duplicated record). ``heads``: index -> the first payload bytes of each HTTP message start.
     """
@@ -192,7 +207,13 @@ class ReadStats:
 
 
 class CaptureError(ValueError):
-    """Not a pcap or pcapng capture at all (unknown magic)."""
+    """Not a pcap or pcapng capture at all (unknown magic). ``reason``: what the first bytes are
+    (the magic, and what it looks like); ``path``: the file, when one was read."""
+
+    def __init__(self, reason: str, path: str | Path | None = None):
+        self.reason, self.path = reason, path
+        where = f": {path}" if path is not None else ""
+        super().__init__(f"not a pcap or pcapng capture{where} ({reason})")
 
 
 @dataclass
@@ -208,6 +229,10 @@ class _Frames:
     cap_a: npt.NDArray[np.int64] | None = None
     ts_a: npt.NDArray[np.int64] | None = None
     link_a: npt.NDArray[np.int64] | None = None
+    # each record's original length (the packet's on the wire; pcapng: ``orig``, a list while
+    # walking); None: the captured length (records framed without it)
+    orig: list[int] = field(default_factory=list)
+    orig_a: npt.NDArray[np.int64] | None = None
     mat: npt.NDArray[np.uint8] | None = None  # each record's first bytes (see _first_bytes)
     prefix: int = 0  # where the packet data starts in a row of ``mat``
     # Records too short for IPv4 + TCP (_SHORT): never copied into ``mat``, decoded in place for
@@ -223,6 +248,12 @@ class _Frames:
         if self.off_a is not None:
             return self.off_a, self.cap_a, self.ts_a, self.link_a  # type: ignore[return-value]
         return tuple(np.asarray(x, dtype=np.int64) for x in (self.off, self.cap, self.ts, self.link))
+
+    def originals(self, cap: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Each record's original length (at least its captured length: ``cap``)."""
+        orig = self.orig_a if self.orig_a is not None else (np.asarray(self.orig, dtype=np.int64)
+                                                              if len(self.orig) == len(cap) else cap)
+        return np.maximum(orig, cap)
 
     def short(self) -> _Frames:
         """The short records as frames of their own (no ``mat``: read from the buffer)."""
@@ -284,7 +315,8 @@ class StreamParser:
         if len(buf) < 24:
             return False
         self._endian, self._ts_mult = _PCAP_MAGICS[magic]
-        self._link = struct.unpack_from(self._endian + "I", buf, 20)[0] & 0x0FFFFFFF
+        # The link type is the low 16 bits; above them an FCS flag and length (DAG cards)
+        self._link = struct.unpack_from(self._endian + "I", buf, 20)[0] & 0xFFFF
         self._fmt = "pcap"
         self._pos = 24
         return True
@@ -337,8 +369,8 @@ class StreamParser:
         if parts:
             mat = _as_matrix(parts, width)
             dt = np.dtype(self._endian + "u4")
-            hdr = np.ascontiguousarray(mat[:, :12]).view(dt).astype(np.int64)
-            fr.cap_a = hdr[:, 2]
+            hdr = np.ascontiguousarray(mat[:, :16]).view(dt).astype(np.int64)
+            fr.cap_a, fr.orig_a = hdr[:, 2], hdr[:, 3]
             ends = np.cumsum(16 + fr.cap_a)  # record i's data starts 16 bytes after the previous ends
             fr.off_a = first + 16 + np.concatenate(([0], ends[:-1]))
             if len(fr.s_off):  # ... and after the short records before it
@@ -424,7 +456,7 @@ class StreamParser:
                 self.stats.packets += 1
                 self.stats.rejected["corrupt"] += 1
             elif btype == 6:  # enhanced packet
-                ifid, hi, lo, cap, _orig = struct.unpack_from(e + "IIIII", buf, off + 8)
+                ifid, hi, lo, cap, orig = struct.unpack_from(e + "IIIII", buf, off + 8)
                 broken = 28 + cap + 4 > blen or (ifid < len(self._ifaces) and self._ifaces[ifid].link == _BAD_IFACE)
                 if broken or ifid >= len(self._ifaces):
                     self.stats.packets += 1
@@ -447,6 +479,7 @@ class StreamParser:
                     else:
                         fr.off.append(off + 28)
                         fr.cap.append(cap)
+                        fr.orig.append(orig)
                         fr.ts.append(ts)
                         fr.link.append(iface.link)
             elif btype in (2, 3):  # obsolete packet block / simple packet block: no usable timestamp
@@ -593,7 +626,8 @@ def _copies(keys: U64, column: Callable[[str], npt.NDArray[Any]], window: int) -
 def check_magic(magic: bytes) -> None:
     """Raise :class:`CaptureError` unless ``magic`` (a file's first 4 bytes) starts a pcap or pcapng."""
     if magic != _PCAPNG_MAGIC and magic not in _PCAP_MAGICS:
-        raise CaptureError(f"not a pcap or pcapng capture (magic {magic.hex()})")
+        looks = ": gzip-compressed, decompress it first (gunzip)" if magic[:2] == _GZIP_MAGIC else ""
+        raise CaptureError(f"magic {magic.hex()}{looks}")
 
 
 def outliers(ts: I64, gap: int = OUTLIER_GAP_NS) -> npt.NDArray[np.bool_] | None:
@@ -720,6 +754,27 @@ def _combine(block: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint32]:
     return np.ascontiguousarray(block).view(_BE[width])[:, 0].astype(np.uint32)
 
 
+def _untag(be: Callable[..., npt.NDArray[np.uint32]], l3: int | I64, etype: npt.NDArray[np.uint32],
+           tagged_link: npt.NDArray[np.bool_] | None) -> tuple[I64, npt.NDArray[np.uint32]]:
+    """Skip up to :data:`MAX_VLAN_TAGS` VLAN tags (802.1Q 0x8100, 802.1ad 0x88a8, 0x9100) after a
+    link header: each is the tag's 16-bit TPID (``etype``), 16-bit TCI, then the next type.
+    ``l3``: where the link header ends (and the tag would start); ``tagged_link``: the packets
+    whose link can carry tags (None: all). Linux cooked captures have their ``-i any`` tag in
+    the protocol field: a cooked header whose protocol is 0x8100 is followed by TCI and type."""
+    l3_a = np.full(len(etype), l3, dtype=np.int64) if isinstance(l3, int) else l3
+    for _ in range(MAX_VLAN_TAGS):
+        tag = (etype == 0x8100) | (etype == 0x88A8) | (etype == 0x9100)
+        if tagged_link is not None:
+            tag &= tagged_link
+        if not tag.any():
+            break
+        inner = be(l3 + 2, 2) if isinstance(l3, int) and tag.all() else be(l3_a + 2, 2)
+        etype = np.where(tag, inner, etype)
+        l3_a = np.where(tag, l3_a + 4, l3_a)
+        l3 = l3_a
+    return l3_a, etype
+
+
 def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     """Vectorised decode of the framed records of ``buf`` into TCP segments; counts rejections.
     Positions below are relative to each packet's data; ``cap`` is its captured length."""
@@ -734,21 +789,13 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     # Link layer: where the IP header starts and what the link says it carries.
     eth = link == LINK_ETHERNET
     if eth.all():
-        et = be(12, 2)
-        vlan = et == 0x8100
-        if vlan.any():
-            et = np.where(vlan, be(16, 2), et)
-        l3: I64 = np.where(vlan, 18, 14)
-        etype = et
+        l3, etype = _untag(be, 14, be(12, 2), None)
     else:
         l3 = np.zeros(n, dtype=np.int64)
         etype = np.full(n, 0x0800, dtype=np.uint32)
         if eth.any():
-            et = be(12, 2)
-            vlan = eth & (et == 0x8100)
-            et = np.where(vlan, be(16, 2), et)
-            l3 = np.where(eth, np.where(vlan, 18, 14), l3)
-            etype = np.where(eth, et, etype)
+            l3 = np.where(eth, 14, l3)
+            etype = np.where(eth, be(12, 2), etype)
         sll = link == LINK_SLL
         if sll.any():
             l3 = np.where(sll, 16, l3)
@@ -757,6 +804,12 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
         if sll2.any():
             l3 = np.where(sll2, 20, l3)
             etype = np.where(sll2, be(0, 2), etype)
+        l3, etype = _untag(be, l3, etype, eth | sll | sll2)
+        loop = (link == LINK_NULL) | (link == LINK_LOOP)
+        if loop.any():  # the address family, 2 in either byte order: IPv4 (IPv6's 24/28/30: non_ip)
+            fam = be(0, 4)
+            l3 = np.where(loop, 4, l3)
+            etype = np.where(loop, np.where((fam == AF_INET) | (fam == AF_INET << 24), 0x0800, 0), etype)
     short_l2 = ~bad & (cap < l3 + 1)
     v0 = be(l3, 1)
     non_ip = ~bad & ~short_l2 & ((etype != 0x0800) | ((v0 >> 4) != 4))
@@ -779,8 +832,11 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     dflags = be(t + 12, 4)  # data offset, flags, window
     doff = (dflags >> 28).astype(np.int64) * 4
     # A TSO/GSO super-packet over 64 KiB carries IP total length 0 ("BIG TCP"): then the
-    # payload runs to the end of the captured frame.
-    total = np.where(total == 0, cap - l3, total)
+    # payload runs to the end of the packet, whose length is the record's original length (the
+    # snap length may have cut the record: the captured length would give about a snap length).
+    big = total == 0
+    if big.any():
+        total = np.where(big, fr.originals(cap) - l3, total)
     plen = total - ihl - doff
     bad_tcp = ok & ((doff < 20) | (plen < 0))
     ok &= ~bad_tcp
@@ -842,7 +898,10 @@ def read_capture(path: str | Path) -> tuple[Segments, ReadStats]:
             parser.stats.rejected["truncated"] += 1
             return Segments.empty(), parser.stats
         if len(head) == 4:
-            check_magic(head)  # before reading a big file that is not a capture
+            try:
+                check_magic(head)  # before reading a big file that is not a capture
+            except CaptureError as e:
+                raise CaptureError(e.reason, path) from None
         # Read, not mapped: a mapped file cut short while it is read (tcpdump -C/-W reusing the
         # name, a restarted tcpdump -w) kills the process with SIGBUS. At most the size seen at
         # open is read (a file still growing is read up to there); a file cut meanwhile gives

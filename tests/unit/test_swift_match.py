@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from exporters.swift.analyze import Breakdown, analyze
+from exporters.swift.match import flow_hash, retransmissions
+from exporters.swift.pcap import ACK, FIN, SYN, Segments
 from exporters.swift.roles import RoleMap
-from exporters.swift.synth import NODES, SynthNet, roles_mapping, swift_put
+from exporters.swift.synth import NODES, SynthNet, roles_mapping, swift_put, tcp_packet, write_pcap
 
 T0 = 1_795_448_405_000_000_000
 MS = 1_000_000
@@ -163,3 +165,91 @@ def test_addresses_inferred_without_mapping(tmp_path: Path) -> None:
     # The client's capture holds two addresses equally often: a guess (right here: the lower one),
     # reported; the storage node's tie is settled because the proxy already owns the other.
     assert b.guessed == ["client"]
+
+
+# -- sequence numbers in serial-number arithmetic (a stranger's review, finding 2) -------------
+
+_C, _P = "10.200.9.10", "10.200.9.20"
+
+
+def _two_nodes(tmp_path: Path, packets: list[tuple[str, int, int, int, bytes]]) -> Breakdown:
+    """A client and a proxy capture of ``packets`` (``"c"`` or ``"p"`` sends; seq, ack, flags,
+    payload), each 100 us apart, 30 us one way; new IP id per packet."""
+    cli, prx = [], []
+    t = T0
+    for k, (frm, seq, ack, flags, payload) in enumerate(packets):
+        src, dst, sp, dp = (_C, _P, 40000, 8080) if frm == "c" else (_P, _C, 8080, 40000)
+        pkt = tcp_packet(src, dst, sp, dp, seq, ack, flags, payload, ip_id=k + 1)
+        (cli if frm == "c" else prx).append((t, pkt))
+        (prx if frm == "c" else cli).append((t + 30_000, pkt))
+        t += 100_000
+    write_pcap(tmp_path / "c.pcap", cli)
+    write_pcap(tmp_path / "p.pcap", prx)
+    roles = RoleMap()
+    roles.add_mapping_dict({"nodes": {"client": {"addresses": [_C]}, "proxy": {"addresses": [_P]}},
+                            "services": {f"{_P}:8080": "proxy"}})
+    return analyze({"client": tmp_path / "c.pcap", "proxy": tmp_path / "p.pcap"}, roles)
+
+
+def test_resend_of_bytes_from_before_the_capture_is_one_retransmission(tmp_path: Path) -> None:
+    # The capture starts mid-connection: new data at S, then a resend of S - 1000 (sent before
+    # the capture started), then 100 new segments. Relative to S modulo 2^32 the resend lay
+    # 2^32 - 1000 ahead and every later segment counted as a resend (100).
+    s = 1_000_000
+    pkts = [("c", s, 7000, ACK, b"x" * 1000), ("c", s - 1000, 7000, ACK, b"x" * 1000)]
+    pkts += [("c", s + i * 1000, 7000, ACK, b"x" * 1000) for i in range(1, 101)]
+    b = _two_nodes(tmp_path, pkts)
+    assert dict(b.retransmissions) == {("client", "proxy"): 1}
+
+
+def test_resend_across_the_sequence_wrap_is_one_retransmission(tmp_path: Path) -> None:
+    s = (1 << 32) - 500  # the sequence numbers wrap right after the first segment
+    pkts = [("c", s, 7000, ACK, b"x" * 1000), ("c", s - 1000, 7000, ACK, b"x" * 1000)]
+    pkts += [("c", (s + i * 1000) & 0xFFFFFFFF, 7000, ACK, b"x" * 1000) for i in range(1, 21)]
+    b = _two_nodes(tmp_path, pkts)
+    assert dict(b.retransmissions) == {("client", "proxy"): 1}
+
+
+def test_four_tuple_reused_by_a_new_connection(tmp_path: Path) -> None:
+    # Two connections on one 4-tuple (the client's port reused), the second's initial sequence
+    # number inside the first's range: a new connection, not 52 retransmissions of the first.
+    pkts: list[tuple[str, int, int, int, bytes]] = []
+    for isn_c, isn_s in ((1_000_000, 9_000_000), (1_050_000, 9_060_000)):
+        pkts += [("c", isn_c, 0, SYN, b""), ("p", isn_s, isn_c + 1, SYN | ACK, b""),
+                 ("c", isn_c + 1, isn_s + 1, ACK, b"")]
+        pkts += [("c", isn_c + 1 + i * 1000, isn_s + 1, ACK, b"y" * 1000) for i in range(100)]
+        end = isn_c + 1 + 100 * 1000
+        pkts += [("p", isn_s + 1, end, ACK, b""), ("c", end, isn_s + 1, FIN | ACK, b""),
+                 ("p", isn_s + 1, end + 1, FIN | ACK, b""), ("c", end + 1, isn_s + 2, ACK, b"")]
+    b = _two_nodes(tmp_path, pkts)
+    assert dict(b.retransmissions) == {}
+    assert dict(b.connections) == {"proxy": 2} and dict(b.connection_failures) == {}
+
+
+def test_retransmitted_syn_is_one_connection_and_a_retransmission(tmp_path: Path) -> None:
+    pkts = [("c", 500, 0, SYN, b""), ("c", 500, 0, SYN, b""), ("p", 900, 501, SYN | ACK, b""),
+            ("c", 501, 901, ACK, b""), ("c", 501, 901, ACK, b"z" * 100)]
+    b = _two_nodes(tmp_path, pkts)
+    assert dict(b.connections) == {"proxy": 1}
+    assert dict(b.retransmissions) == {("client", "proxy"): 1}
+
+
+def test_connection_over_4_gib_does_not_wrap() -> None:
+    # Six 1 GiB (super-)segments in a row: the fifth starts 2^32 bytes after the first, where a
+    # position taken modulo 2^32 wraps to 0 (below everything sent: a "retransmission").
+    n, gib = 6, 1 << 30
+    s = Segments.empty()
+    s.ts = np.arange(n, dtype=np.int64)
+    s.src, s.dst = np.full(n, 1, np.uint32), np.full(n, 2, np.uint32)
+    s.sport, s.dport = np.full(n, 40000, np.uint16), np.full(n, 8080, np.uint16)
+    s.seq = ((123 + np.arange(n, dtype=np.int64) * gib) & 0xFFFFFFFF).astype(np.uint32)
+    s.ack, s.win = np.zeros(n, np.uint32), np.zeros(n, np.uint16)
+    s.flags, s.tok, s.ipid = np.full(n, ACK, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.uint16)
+    s.plen = np.full(n, gib, np.uint32)
+    fh = flow_hash(s.src, s.dst, s.sport, s.dport)
+    assert not retransmissions(s, fh).any()
+    # ... while a resend of the second one, after all six, is still one.
+    again = Segments.concat([s, s.take(np.array([1]))])
+    again.ts[-1] = n
+    fh = flow_hash(again.src, again.dst, again.sport, again.dport)
+    assert retransmissions(again, fh).tolist() == [False] * n + [True]

@@ -263,3 +263,182 @@ def test_damaged_captures_never_crash_the_reader_or_the_analysis(tmp_path: Path,
         segs, stats = read_capture(bad)
         assert stats.packets >= len(segs)
         analyze({"client": paths["client"], "proxy": bad, "storage": paths["storage"]}, roles)
+
+
+# -- link layers from other people's captures (a stranger's review, findings 4, 5, 3, 7) --------
+
+_MACS = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01"
+
+
+def _ip_packets(n: int = 3, payload: bytes = b"GET /v1/AUTH_t/c HTTP/1.1\r\n\r\n") -> list[bytes]:
+    """IPv4 + TCP packets (no link header): the Ethernet frames of tcp_packet without their 14 bytes."""
+    return [tcp_packet("10.200.9.10", "10.200.9.20", 40000, 8080, 1000 + i, 5000, PSH | ACK, payload)[14:]
+            for i in range(n)]
+
+
+def _sll(proto: int) -> bytes:
+    return struct.pack("!HHH8sH", 0, 1, 6, b"\x02\x00\x00\x00\x00\x01\x00\x00", proto)
+
+
+def _sll2(proto: int) -> bytes:
+    return struct.pack("!HHIHBB8s", proto, 0, 2, 1, 0, 6, b"\x02\x00\x00\x00\x00\x01\x00\x00")
+
+
+def _tag(tpid: int, vid: int = 100) -> bytes:
+    return struct.pack("!HH", tpid, vid)
+
+
+_TAGGED = {  # name: (link type, link header + tags up to the IPv4 ethertype)
+    "qinq_88a8": (1, _MACS + _tag(0x88A8, 10) + _tag(0x8100) + b"\x08\x00"),
+    "qinq_8100x2": (1, _MACS + _tag(0x8100, 10) + _tag(0x8100) + b"\x08\x00"),
+    "vlan_9100": (1, _MACS + _tag(0x9100) + b"\x08\x00"),
+    "vlan_88a8": (1, _MACS + _tag(0x88A8) + b"\x08\x00"),
+    # tcpdump -i any on a VLAN-offloaded device: the cooked protocol is 0x8100, then TCI and type
+    "sll_vlan": (113, _sll(0x8100) + struct.pack("!HH", 100, 0x0800)),
+    "sll2_vlan": (276, _sll2(0x8100) + struct.pack("!HH", 100, 0x0800)),
+}
+
+
+@pytest.mark.parametrize("fmt", ["pcap", "pcapng"])
+@pytest.mark.parametrize("name", sorted(_TAGGED))
+def test_vlan_tags_decoded(tmp_path: Path, name: str, fmt: str) -> None:
+    link, head = _TAGGED[name]
+    ips = _ip_packets()
+    packets = [(T0 + i * 1000, head + p) for i, p in enumerate(ips)]
+    path = tmp_path / f"{name}.{fmt}"
+    (write_pcap if fmt == "pcap" else write_pcapng)(path, packets, linktype=link)
+    segs, stats = read_capture(path)
+    assert dict(stats.rejected) == {} and stats.segments == 3, stats
+    assert [int(x) for x in segs.seq] == [1000, 1001, 1002]
+    assert all(int(p) == 29 for p in segs.plen) and int(segs.tok[0]) == TOK_REQUEST
+    assert segs.heads[0].startswith(b"GET /v1/")
+
+
+def test_vlan_tags_mixed_with_untagged_and_other_links(tmp_path: Path) -> None:
+    # One pcapng, interfaces of three link types (the vectorised decode's mixed path), tagged
+    # and untagged packets interleaved; a third tag is beyond what is read: non_ip.
+    frames = [(1, _MACS + b"\x08\x00"), (1, _MACS + _tag(0x88A8) + _tag(0x8100) + b"\x08\x00"),
+              (113, _sll(0x8100) + struct.pack("!HH", 7, 0x0800)), (113, _sll(0x0800)),
+              (101, b""), (1, _MACS + _tag(0x8100) + b"\x08\x00"),
+              (1, _MACS + _tag(0x88A8) + _tag(0x8100) + _tag(0x8100) + b"\x08\x00")]
+    links = [1, 113, 101]
+
+    def block(btype: int, body: bytes) -> bytes:
+        body += b"\x00" * (-len(body) % 4)
+        return struct.pack("<II", btype, len(body) + 12) + body + struct.pack("<I", len(body) + 12)
+
+    out = [block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))]
+    out += [block(1, struct.pack("<HHI", lk, 0, 65535)) for lk in links]
+    ips = _ip_packets(len(frames))
+    for i, (lk, head) in enumerate(frames):
+        data = head + ips[i]
+        ts = T0 // 1000 + i
+        out.append(block(6, struct.pack("<IIIII", links.index(lk), ts >> 32, ts & 0xFFFFFFFF, len(data), len(data))
+                         + data))
+    path = tmp_path / "mixed.pcapng"
+    path.write_bytes(b"".join(out))
+    segs, stats = read_capture(path)
+    assert dict(stats.rejected) == {"non_ip": 1} and stats.segments == 6, stats
+    assert [int(x) for x in segs.seq] == [1000, 1001, 1002, 1003, 1004, 1005]
+    assert all(int(p) == 29 for p in segs.plen)
+
+
+def _null(family: int, order: str) -> bytes:
+    return struct.pack(order + "I", family)
+
+
+@pytest.mark.parametrize("link,head,order", [
+    (0, _null(2, "<"), "<"),  # DLT_NULL: the family in the writer's byte order (a little-endian host)
+    (0, _null(2, ">"), ">"),  # ... a big-endian one
+    (108, _null(2, ">"), "<"),  # DLT_LOOP: network byte order, in a little-endian file
+    (14, b"", "<"),  # DLT_RAW, OpenBSD's value
+])
+def test_bsd_loopback_and_openbsd_raw_decoded(tmp_path: Path, link: int, head: bytes, order: str) -> None:
+    ips = _ip_packets()
+    out = [struct.pack(order + "IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, link)]
+    for i, p in enumerate(ips):
+        data = head + p
+        out.append(struct.pack(order + "IIII", T0 // 10**9, i, len(data), len(data)) + data)
+    path = tmp_path / "loop.pcap"
+    path.write_bytes(b"".join(out))
+    segs, stats = read_capture(path)
+    assert dict(stats.rejected) == {} and stats.segments == 3, stats
+    assert [int(x) for x in segs.seq] == [1000, 1001, 1002] and int(segs.plen[0]) == 29
+
+
+def test_bsd_loopback_ipv6_family_is_non_ip(tmp_path: Path) -> None:
+    ip6 = struct.pack("!IHBB16s16s", 0x60000000, 20, 6, 64, b"\x00" * 16, b"\x00" * 16) + b"\x00" * 40
+    write_pcap(tmp_path / "v6.pcap", [(T0, _null(30, "<") + ip6), (T0 + 1, _null(2, "<") + _ip_packets(1)[0])],
+               linktype=0)
+    segs, stats = read_capture(tmp_path / "v6.pcap")
+    assert dict(stats.rejected) == {"non_ip": 1} and stats.segments == 1
+
+
+def test_pcap_link_type_with_fcs_bits(tmp_path: Path) -> None:
+    # A DAG card's header: the FCS flag (0x04000000) and an FCS length of 4 above the link type;
+    # every frame ends with its 4 FCS bytes.
+    packets = [(T0 + i, _MACS + b"\x08\x00" + p + b"\xde\xad\xbe\xef") for i, p in enumerate(_ip_packets())]
+    write_pcap(tmp_path / "fcs.pcap", packets, linktype=0x14000001)
+    segs, stats = read_capture(tmp_path / "fcs.pcap")
+    assert dict(stats.rejected) == {} and stats.segments == 3
+    assert [int(x) for x in segs.plen] == [29, 29, 29]
+
+
+def test_not_a_capture_error_names_the_file_and_gzip(tmp_path: Path) -> None:
+    import gzip
+
+    good = tmp_path / "good.pcap"
+    write_pcap(good, _packets(5))
+    gz = tmp_path / "proxy.pcap.gz"
+    gz.write_bytes(gzip.compress(good.read_bytes()))
+    with pytest.raises(CaptureError) as e:
+        read_capture(gz)
+    assert str(e.value).startswith("not a pcap or pcapng capture") and str(gz) in str(e.value)
+    assert "gzip" in str(e.value) and "decompress" in str(e.value)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello world\n")
+    with pytest.raises(CaptureError) as e:
+        read_capture(text)
+    assert str(text) in str(e.value) and "gzip" not in str(e.value)
+
+
+def test_cli_names_the_capture_that_is_not_one(tmp_path: Path, capsys) -> None:
+    import gzip
+
+    from exporters.swift.cli import main
+
+    good = tmp_path / "good.pcap"
+    write_pcap(good, _packets(5))
+    gz = tmp_path / "proxy.pcap.gz"
+    gz.write_bytes(gzip.compress(good.read_bytes()))
+    assert main(["analyze", f"--capture=client={good}", f"--capture=proxy={gz}"]) == 1
+    err = capsys.readouterr().err
+    assert f"--capture proxy={gz}: not a pcap or pcapng capture" in err and "gzip" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("fmt", ["pcap", "pcapng"])
+def test_big_tcp_payload_length_from_original_length(tmp_path: Path, fmt: str) -> None:
+    # IPv4 BIG TCP (IP total length 0) cut by a 512-byte snap length: the payload length is the
+    # record's original length minus the headers, not the captured length's (458).
+    payload = b"PUT /v1/AUTH_t/c/o HTTP/1.1\r\n" + b"x" * (150_000 - 29)
+    frame = tcp_packet("10.200.9.10", "10.200.9.20", 40000, 6200, 1000, 5000, PSH | ACK, payload, ip_len=0)
+    path = tmp_path / f"big.{fmt}"
+    if fmt == "pcap":
+        write_pcap(path, [(T0, frame)], snaplen=512)
+    else:
+        write_pcapng(path, [(T0, frame)])
+        data = bytearray(path.read_bytes())  # cut the EPB to 512 bytes, keeping orig_len
+        shb_len = struct.unpack_from("<I", data, 4)[0]
+        idb_len = struct.unpack_from("<I", data, shb_len + 4)[0]
+        epb = shb_len + idb_len
+        body = bytes(data[epb + 8:epb + 28])
+        ifid, hi, lo, _cap, orig = struct.unpack("<IIIII", body)
+        blen = 28 + 512 + 4
+        data = data[:epb] + struct.pack("<IIIIIII", 6, blen, ifid, hi, lo, 512, orig) + frame[:512] \
+            + struct.pack("<I", blen)
+        path.write_bytes(bytes(data))
+    segs, stats = read_capture(path)
+    assert dict(stats.rejected) == {} and stats.segments == 1
+    assert int(segs.plen[0]) == 150_000 and stats.snapped == 1
+    assert int(segs.tok[0]) == TOK_REQUEST
