@@ -37,7 +37,7 @@ DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0
 MAX_ROUTES = 50
 OTHER_ROUTE = "other"
 
-Format = Literal["nginx_combined", "nginx_timed", "apache_combined", "apache_common", "custom"]
+Format = Literal["nginx_combined", "nginx_timed", "apache_combined", "apache_common", "apache_vhost_combined", "custom"]
 
 
 class Route(Strict):

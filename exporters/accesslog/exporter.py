@@ -221,7 +221,7 @@ class SiteLog:
             for st, n in Tally(cols[bp.status]).items():
                 batch.counts[_STATUS_INDEX[st]] += n
             if bp.request_time is not None:
-                batch.durations = [_tally_seconds(Tally(cols[bp.request_time]))]
+                batch.durations = [_tally_seconds(Tally(cols[bp.request_time]), bp.time_divisor)]
         else:
             path_col = cols[bp.uri] if bp.uri is not None else map(request_path, cols[bp.request or 0])
             routes = list(map(self.router.index, path_col))
@@ -229,8 +229,9 @@ class SiteLog:
                 batch.counts[_STATUS_INDEX[st] * n_routes + r] += n
             if bp.request_time is not None:
                 batch.durations = [Tally() for _ in range(n_routes)]
+                div = bp.time_divisor
                 for (r, rt), n in Tally(zip(routes, cols[bp.request_time], strict=True)).items():
-                    batch.durations[r][float(rt)] += n
+                    batch.durations[r][float(rt) if div == 1.0 else float(rt) / div] += n
         if bp.bytes is not None:
             batch.body_bytes = sum(map(int, filter(None, cols[bp.bytes])))
         if bp.upstream_time is not None:
@@ -347,13 +348,14 @@ class _Batch:
         self.sample = self.sample or other.sample
 
 
-def _tally_seconds(texts: Tally[str]) -> Tally[float]:
+def _tally_seconds(texts: Tally[str], divisor: float = 1.0) -> Tally[float]:
     """Times as text (``"0.012"``, ``"0.010, 0.020"``) with their counts -> seconds with counts.
-    Converting each distinct value once is what makes counting them per batch cheap."""
+    Converting each distinct value once is what makes counting them per batch cheap. ``divisor``:
+    the unit of a request time (1e3 for ``$request_time_ms``, 1e6 for ``$request_time_us``)."""
     out: Tally[float] = Tally()
     for text, n in texts.items():
         try:
-            v: float | None = float(text)
+            v: float | None = float(text) if divisor == 1.0 else float(text) / divisor
         except ValueError:
             v = sum_times(text)
         if v is not None:

@@ -21,12 +21,26 @@ Built-in formats (``FORMATS``):
 * ``apache_combined``: ``%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"``; lines in
   ``common`` format (without referer and user agent) are accepted too.
 * ``apache_common``: ``%h %l %u %t "%r" %>s %b``.
+* ``apache_vhost_combined``: Debian's ``vhost_combined`` (``other_vhosts_access.log``),
+  ``%v:%p %h %l %u %t "%r" %>s %O "%{Referer}i" "%{User-Agent}i"``: ``combined`` after the
+  virtual host and port; lines without referer and user agent are accepted too.
 
 Every built-in format ignores extra trailing fields, so a site that appended e.g. ``%D`` or
 ``"$http_x_forwarded_for"`` is still counted (use ``custom`` to read such a field).
 
+The request time is read in seconds from ``$request_time`` (nginx; Apache ``%T``, whole
+seconds). Apache's other duration fields have other units, so ``custom`` has two placeholders
+that nginx does not define: ``$request_time_ms`` (milliseconds, Apache ``%{ms}T``) and
+``$request_time_us`` (microseconds, Apache ``%D`` and ``%{us}T``), converted to seconds. A
+``LogFormat "%h %l %u %t \"%r\" %>s %b \"%{Referer}i\" \"%{User-agent}i\" %D"`` is
+``custom`` with ``log_format: '... "$http_user_agent" $request_time_us'``; mapping ``%D`` to
+``$request_time`` would read microseconds as seconds.
+
 How a variable becomes a regex group: a few variables have a shape of their own
-(``$upstream_response_time`` may list several upstreams, ``"0.010, 0.020 : 0.005"``); every other
+(``$upstream_response_time`` may list several upstreams, ``"0.010, 0.020 : 0.005"``; so may every
+``$upstream_*`` variable outside quotes, ``$upstream_addr`` ``10.1.0.7:80, 10.1.0.8:80`` and
+``$upstream_response_length`` ``0, 0`` unquoted in ingress-nginx's default format; an unbracketed
+``$time_local`` holds a space); every other
 variable is a field that runs up to the next literal character of the format (``[^"]*`` before
 a quote, ``\\S*`` before a space, ``.*?`` before anything else), which is what nginx's own
 separators make unambiguous and is far cheaper than backtracking ``.*?`` everywhere. Values
@@ -64,7 +78,8 @@ _NO_SPACE = r"\S*"
 _SHAPED = {
     # never contain a space, so they stay one field also at the end of a format
     **dict.fromkeys(
-        ("status", "body_bytes_sent", "bytes_sent", "request_time", "request_length", "msec",
+        ("status", "body_bytes_sent", "bytes_sent", "request_time", "request_time_ms", "request_time_us",
+         "request_length", "msec",
          "remote_addr", "remote_port", "server_port", "connection", "connection_requests",
          "time_iso8601", "pipe"),
         _NO_SPACE,
@@ -74,10 +89,48 @@ _SHAPED = {
     "upstream_header_time": _TIMES,
     "upstream_status": r"-|\d{3}(?:(?:, | : )(?:-|\d{3}))*",
 }
+# Variables nginx writes as a list when a request went to more than one upstream (retries: "a, b";
+# an internal redirect to another group: "a : b"), unquoted in ingress-nginx's default
+# log-format-upstream ($upstream_addr $upstream_response_length ...). The times and statuses above
+# have their own list shapes; these get the generic one. Any other $upstream_* variable gets it
+# too when it is not quoted (where quotes delimit the value anyway).
+_LISTS = frozenset(
+    {"upstream_addr", "upstream_response_length", "upstream_bytes_sent", "upstream_bytes_received",
+     "upstream_queue_time", "upstream_first_byte_time", "upstream_session_time"}
+)
+_LIST_SEP = "(?:, | : )"
+
+
+def _list_pattern(next_literal: str) -> str:
+    """Items without spaces or commas (nor the next literal's first character), joined by
+    ``, `` or `` : ``: linear, and a list ends where the format's next field starts."""
+    c = next_literal[:1]
+    item = rf"[^\s,{re.escape(c)}]*" if c and not c.isspace() and c != "," else r"[^\s,]*"
+    return rf"{item}(?:{_LIST_SEP}{item})*"
+
+
+# $time_local ("10/Oct/2023:13:55:36 +0000") always holds a space: outside brackets or quotes
+# (which delimit it) it is matched by its own shape instead of as a field up to the next space.
+_TIME_LOCAL = r"[^\s\]\[\"]+ [+-]\d{4}"
+
+
+def _shape(name: str, next_literal: str) -> str | None:
+    """The pattern of a variable with a shape of its own, or None (a field up to the next literal)."""
+    shaped = _SHAPED.get(name)
+    if shaped is not None:
+        return shaped
+    delimited = next_literal[:1] in ('"', "]")
+    if name in _LISTS or name.startswith("upstream_"):
+        return None if delimited else _list_pattern(next_literal)
+    if name == "time_local" and not delimited:
+        return _TIME_LOCAL
+    return None
 # Variables whose captured text the parser uses; the first listed that the format has wins.
 _STATUS = ("status",)
 _BYTES = ("body_bytes_sent", "bytes_sent")
-_REQUEST_TIME = ("request_time",)
+_REQUEST_TIME = ("request_time", "request_time_ms", "request_time_us")
+# What a request-time variable's value is divided by to give seconds.
+TIME_DIVISORS = {"request_time": 1.0, "request_time_ms": 1e3, "request_time_us": 1e6}
 _UPSTREAM_TIME = ("upstream_response_time",)
 _REQUEST = ("request",)
 _URI = ("request_uri", "uri", "document_uri")
@@ -157,7 +210,7 @@ def compile_log_format(log_format: str, *, trailing: bool = False) -> tuple[re.P
                 "the line cannot be split reliably"
             )
         # with trailing text allowed, a format-final variable ends at the next space
-        body = _SHAPED.get(name) or _field_pattern(following or (" " if trailing else ""), quoted)
+        body = _shape(name, following) or _field_pattern(following or (" " if trailing else ""), quoted)
         if body == _NO_SPACE:
             body = _no_space(following)
         if name in seen:
@@ -190,6 +243,12 @@ def _apache_combined_pattern() -> re.Pattern[str]:
     return re.compile(common.pattern.removesuffix(r"\Z") + r'(?: "(?P<http_referer>[^"]*)" "(?P<http_user_agent>[^"]*)")?(?: .*)?\Z')
 
 
+def _apache_vhost_pattern() -> re.Pattern[str]:
+    """``%v:%p `` (a server name and port: no spaces) + Apache ``combined`` (Debian's
+    ``vhost_combined``)."""
+    return re.compile(r"[^\s:]*:\S* " + _apache_combined_pattern().pattern)
+
+
 _USED = frozenset(_STATUS + _BYTES + _REQUEST_TIME + _UPSTREAM_TIME + _REQUEST + _URI)
 
 
@@ -218,6 +277,7 @@ class BatchPattern(NamedTuple):
     request: int | None
     uri: int | None
     bad: int
+    time_divisor: float = 1.0  # request-time column / this = seconds (TIME_DIVISORS)
 
 
 _STRICT = {
@@ -225,6 +285,9 @@ _STRICT = {
     "body_bytes_sent": "(?:(?P<body_bytes_sent>[0-9]+)|-)",
     "bytes_sent": "(?:(?P<bytes_sent>[0-9]+)|-)",
     "request_time": rf"(?P<request_time>{_TIME_NUMBER})",
+    # the same bound (below MAX_SECONDS) in their units: Apache writes %D and %{ms}T as integers
+    "request_time_ms": r"(?P<request_time_ms>\d{1,8}(?:\.\d+)?)",
+    "request_time_us": r"(?P<request_time_us>\d{1,11})",
     # the same strings as _TIMES (numbers first: the common case matches on the first try), but
     # "-" (no upstream) and "" (escape=json) leave the group empty
     "upstream_response_time": (rf"(?:(?P<upstream_response_time>{_TIME_NUMBER}(?:{_TIME_SEP}{_TIME_ITEM})*"
@@ -292,8 +355,9 @@ def _batch_pattern(regex: re.Pattern[str]) -> BatchPattern | None:
     status = pos(_STATUS)
     if status is None or compiled.groups < 2:
         return None
+    rt_name = next((n for n in _REQUEST_TIME if n in gi), "request_time")
     return BatchPattern(compiled, status, pos(_BYTES), pos(_REQUEST_TIME), pos(_UPSTREAM_TIME), pos(_REQUEST),
-                        pos(_URI), gi["bad"] - 1)
+                        pos(_URI), gi["bad"] - 1, TIME_DIVISORS[rt_name])
 
 
 def _first(groupindex: dict[str, int] | Any, candidates: tuple[str, ...]) -> int | None:
@@ -311,7 +375,7 @@ class LineParser:
     """
 
     __slots__ = ("name", "regex", "batch", "batch_without_path", "_status", "_bytes", "_rt", "_urt", "_request",
-                 "_uri")
+                 "_uri", "time_divisor")
 
     @property
     def groups(self) -> tuple[int, int | None, int | None, int | None, int | None, int | None]:
@@ -332,6 +396,8 @@ class LineParser:
         self._status: int = status
         self._bytes = _first(gi, _BYTES)
         self._rt = _first(gi, _REQUEST_TIME)
+        # seconds = value / time_divisor ($request_time_ms, $request_time_us: Apache %{ms}T, %D)
+        self.time_divisor = TIME_DIVISORS[next((n for n in _REQUEST_TIME if n in gi), "request_time")]
         self._urt = _first(gi, _UPSTREAM_TIME)
         self._request = _first(gi, _REQUEST)
         self._uri = _first(gi, _URI)
@@ -371,7 +437,7 @@ class LineParser:
                 return "bad_bytes"
         rt = urt = None
         if self._rt is not None:
-            rt = _seconds(m.group(self._rt))
+            rt = _seconds(m.group(self._rt), self.time_divisor)
             if rt is None:
                 return "bad_time"
         if self._urt is not None:
@@ -387,10 +453,11 @@ class LineParser:
         return Parsed(int(status_s), body_bytes, rt, urt, path)
 
 
-def _seconds(text: str) -> float | None:
-    """A non-negative finite number of seconds below :data:`MAX_SECONDS`, or None."""
+def _seconds(text: str, divisor: float = 1.0) -> float | None:
+    """A non-negative finite number of seconds below :data:`MAX_SECONDS`, or None (``text`` is
+    in seconds / ``divisor``: 1e3 for milliseconds, 1e6 for microseconds)."""
     try:
-        v = float(text)
+        v = float(text) if divisor == 1.0 else float(text) / divisor
     except ValueError:
         return None
     return v if 0 <= v < MAX_SECONDS else None
@@ -421,7 +488,7 @@ def request_path(request: str) -> str | None:
     return target or None
 
 
-FORMATS = ("nginx_combined", "nginx_timed", "apache_combined", "apache_common", "custom")
+FORMATS = ("nginx_combined", "nginx_timed", "apache_combined", "apache_common", "apache_vhost_combined", "custom")
 
 
 def build_parser(fmt: str, log_format: str | None = None) -> LineParser:
@@ -434,6 +501,8 @@ def build_parser(fmt: str, log_format: str | None = None) -> LineParser:
         return LineParser(fmt, _apache_combined_pattern())
     if fmt == "apache_common":
         return LineParser(fmt, compile_log_format(COMMON, trailing=True)[0])
+    if fmt == "apache_vhost_combined":
+        return LineParser(fmt, _apache_vhost_pattern())
     if fmt == "custom":
         if not log_format:
             raise LogFormatError("format 'custom' needs log_format")

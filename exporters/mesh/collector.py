@@ -6,8 +6,11 @@ Event-driven, like every log exporter: a follower hands lines to :meth:`MeshStre
 reads files or serves HTTP, so tests feed fixture lines and read a fresh registry.
 
 Every line a stream is given ends up either parsed or rejected with one reason from
-:data:`PARSE_ERROR_REASONS`, so ``promreflex_mesh_lines_total`` equals the parsed records plus
-the sum of ``promreflex_mesh_parse_errors_total`` for that workload.
+:data:`PARSE_ERROR_REASONS` (or skipped with one from :data:`SKIP_REASONS`, counted the same
+way), so ``promreflex_mesh_lines_total`` equals the parsed records plus the sum of
+``promreflex_mesh_parse_errors_total`` for that workload. A record that cannot be
+counted (junk a parser let through, a bug) is rejected as ``bad_value``: no line's failure ever
+leaves :meth:`MeshStream.feed`, so a follower never stops on one.
 """
 
 from __future__ import annotations
@@ -23,8 +26,6 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter as PromCounte
 from exporters.mesh.envoy_format import ParseError
 from exporters.mesh.formats import LineFormat, get_format
 from exporters.mesh.labels import (
-    L4,
-    NONE,
     OTHER,
     UNKNOWN,
     LabelBudget,
@@ -32,7 +33,10 @@ from exporters.mesh.labels import (
     derive_edge,
     flags_label,
     grpc_status_label,
+    is_tcp_record,
     service_name,
+    tcp_class,
+    tcp_failed,
 )
 from exporters.mesh.runtime import RuntimeUnwrapper
 
@@ -55,8 +59,13 @@ PARSE_ERROR_REASONS = (
     "format_mismatch",  # text that does not fit the format string
     "invalid_json",  # istio_json line that is not a JSON object
     "missing_field",  # JSON object without response_code
-    "bad_value",  # JSON value of the wrong type (a non-numeric response_code, ...)
+    "bad_value",  # JSON value of the wrong type (a non-numeric response_code, ...), or a record not countable
 )
+# Lines of the format that are not records to count (not rejections of the log's format):
+# ztunnel's DEBUG "connection opened" (its "connection complete" line is the record). Created
+# at 0 only for the logs whose format can write them (ztunnel, auto).
+SKIP_REASONS = ("not_a_record",)
+_SKIPPING_FORMATS = frozenset({"ztunnel", "auto"})
 
 
 class MeshMetrics:
@@ -114,10 +123,10 @@ class MeshMetrics:
             registry=registry,
         )
 
-    def prepare(self, workload: str) -> None:
+    def prepare(self, workload: str, skip_reasons: Iterable[str] = ()) -> None:
         """Create the workload's self-metric series at 0, so increase() works from the first error."""
         self.lines.labels(workload)
-        for reason in PARSE_ERROR_REASONS:
+        for reason in (*PARSE_ERROR_REASONS, *skip_reasons):
             self.parse_errors.labels(workload, reason)
 
 
@@ -173,7 +182,7 @@ class MeshExporter:
         if key in self.streams:
             raise ValueError(f"a stream named {key!r} exists already")
         self.streams[key] = stream
-        self.metrics.prepare(workload)
+        self.metrics.prepare(workload, SKIP_REASONS if format in _SKIPPING_FORMATS else ())
         return stream
 
     def count(self, record: Mapping[str, Any], workload: str) -> tuple[str, str]:
@@ -181,20 +190,27 @@ class MeshExporter:
 
         Public so a simulator can count records without writing text first.
         """
+        # Every label and value first, then the metrics: a record that raises here (junk the
+        # parser let through) is rejected by the stream without having been half counted.
         src, dst = derive_edge(record, workload, self.namespaces)
-        src, dst = self.budget.admit(src, "source"), self.budget.admit(dst, "destination")
         m = self.metrics
         grpc = grpc_status_label(next((record[k] for k in GRPC_STATUS_KEYS if record.get(k) not in (None, "", "-")), None))
+        flags = flags_label(record.get("response_flags"))
         if record.get("l4"):  # a ztunnel connection: no HTTP status; failed = no answer
-            status = NONE if record.get("failed") else L4
+            connection, status = True, tcp_class(bool(record.get("failed")))
+        elif is_tcp_record(record, grpc):  # a sidecar's TCP connection ("- - -" 0): the same
+            connection, status = True, tcp_class(tcp_failed(record.get("response_flags")))
         else:
-            status = code_class(record.get("response_code"), grpc)
-        m.requests.labels(src, dst, status, flags_label(record.get("response_flags"))).inc()
-        duration = record.get("duration")
-        if isinstance(duration, int):
+            connection, status = False, code_class(record.get("response_code"), grpc)
+        # A connection's DURATION is its lifetime (minutes for a pooled one), not a request's
+        # latency: it stays out of the request histograms.
+        duration = None if connection else record.get("duration")
+        upstream = None if connection else record.get("upstream_service_time")
+        src, dst = self.budget.admit(src, "source"), self.budget.admit(dst, "destination")
+        m.requests.labels(src, dst, status, flags).inc()
+        if isinstance(duration, int) and not isinstance(duration, bool):
             m.duration.labels(src, dst).observe(duration / 1000.0)
-        upstream = record.get("upstream_service_time")
-        if isinstance(upstream, int):
+        if isinstance(upstream, int) and not isinstance(upstream, bool):
             m.upstream_time.labels(src, dst).observe(upstream / 1000.0)
         if grpc is not None:
             m.grpc.labels(src, dst, grpc).inc()
@@ -227,7 +243,12 @@ class MeshStream:
             results = [*self.unwrapper.flush()]
             self._reject(out, "too_long")
         else:
-            results = self.unwrapper.push(line)
+            try:
+                results = self.unwrapper.push(line)
+            except Exception as e:  # noqa: BLE001 - as below: a counted rejection, never the follower's end
+                log.warning("line of %s not unwrapped (%s): counted as bad_wrapper", self.workload, type(e).__name__)
+                results = []
+                self._reject(out, "bad_wrapper")
         for item in results:
             if item.text is None:
                 self._reject(out, item.reason or "format_mismatch")
@@ -246,8 +267,13 @@ class MeshStream:
                 continue
             for k, v in item.fields.items():
                 record.setdefault(k, v)
+            try:
+                self.exporter.count(record, self._source_workload(record))
+            except Exception as e:  # noqa: BLE001 - one line lost and counted, never the follower
+                log.warning("line of %s not counted (%s): counted as bad_value", self.workload, type(e).__name__)
+                self._reject(out, "bad_value")
+                continue
             self.exporter.metrics.lines.labels(self.workload).inc()
-            self.exporter.count(record, self._source_workload(record))
             out.lines += 1
             out.parsed += 1
         self.stats.add(out)
@@ -276,7 +302,7 @@ class MeshStream:
         self.stats.add(out)
 
     def _reject(self, out: FeedStats, reason: str) -> None:
-        if reason not in PARSE_ERROR_REASONS:
+        if reason not in PARSE_ERROR_REASONS and reason not in SKIP_REASONS:
             reason = "format_mismatch"
         m = self.exporter.metrics
         m.lines.labels(self.workload).inc()
@@ -293,4 +319,4 @@ class MeshStream:
         return self.workload
 
 
-__all__ = ["DURATION_BUCKETS", "FeedStats", "MeshExporter", "MeshMetrics", "MeshStream", "PARSE_ERROR_REASONS"]
+__all__ = ["DURATION_BUCKETS", "FeedStats", "MeshExporter", "MeshMetrics", "MeshStream", "PARSE_ERROR_REASONS", "SKIP_REASONS"]

@@ -128,11 +128,58 @@ GRPC_HTTP_EQUIVALENT: dict[str, int] = {
     "FailedPrecondition": 400, "Aborted": 409, "OutOfRange": 400, "Unimplemented": 501,
     "Internal": 500, "Unavailable": 503, "DataLoss": 500, "Unauthenticated": 401,
 }
-L4 = "tcp"  # code class of an L4 connection that closed without error (ztunnel): no HTTP status
+L4 = "tcp"  # code class of a TCP connection that closed without error (ztunnel, sidecar TCP): no HTTP status
+
+
+# Response flags with which Envoy reports that a proxied TCP connection failed: the upstream
+# was never reached (no route, no healthy host, connect failure or timeout, circuit breaker,
+# retries exhausted, DNS, overload) or the connection was refused (rate limit, ext_authz/RBAC).
+# The flags a healthy connection may end with (DC, UC, SI, DT, LR, DR...: one side closed it,
+# an idle or duration timeout) are not failures of a TCP connection.
+TCP_FAILURE_FLAGS = frozenset(
+    {"UF", "UH", "UO", "URX", "NR", "NC", "UT", "UPE", "DF", "DO", "OM", "LH", "RL", "RLSE", "UAEX", "NFCF"}
+)
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value in ("", "-")
+
+
+def is_tcp_record(record: Mapping[str, Any], grpc_status: str | None = None) -> bool:
+    """True for a sidecar/Envoy record of a proxied TCP connection, not an HTTP request.
+
+    Envoy writes such a record as ``"- - -" 0 ...`` (Istio text), ``"response_code": 0`` with
+    no method and protocol (JSON), or ``-``/0 for ``%RESPONSE_CODE%``: RESPONSE_CODE is not
+    set for TCP, and DURATION is the downstream connection's lifetime. So: a response code of
+    0 or none, and neither a method nor a protocol (nor a gRPC status) logged. An HTTP request
+    that got no answer (code 0, ``UF``/``DC``...) still has its method and protocol. A format
+    that logs neither cannot tell the two apart; its code-0 records are taken as connections
+    (a failure flag still counts them as errors, see :func:`tcp_class`)."""
+    code = record.get("response_code")
+    if code not in (0, None) or isinstance(code, bool) or grpc_status is not None:
+        return False
+    return _absent(record.get("method")) and _absent(record.get("protocol"))
+
+
+def tcp_failed(flags: Iterable[str] | None) -> bool:
+    """Whether a TCP record's response flags say the connection failed (:data:`TCP_FAILURE_FLAGS`)."""
+    if isinstance(flags, str):
+        flags = (flags,)
+    return any(_LONG_TO_SHORT.get(f, f) in TCP_FAILURE_FLAGS for f in flags or () if isinstance(f, str))
+
+
+def tcp_class(failed: bool) -> str:
+    """Code class of a TCP connection (a ztunnel ``l4`` record or a sidecar's TCP record):
+    ``none`` (counted as an error, like an HTTP request that got no answer) when it failed,
+    else ``tcp``."""
+    return NONE if failed else L4
 
 
 def code_class(code: int | None, grpc_status: str | None = None) -> str:
     """``2xx`` .. ``5xx``; ``none`` for 0 or missing (Envoy logs 0 when no response was sent).
+
+    For an HTTP request only: a TCP connection's class is :func:`tcp_class` (the collector
+    tells them apart with :func:`is_tcp_record`).
 
     A 2xx answer carrying a gRPC status other than OK takes the class of the status' HTTP
     equivalent (``Unavailable`` -> ``5xx``), so a gRPC failure is a failure."""
@@ -152,7 +199,10 @@ def grpc_status_label(status: Any) -> str | None:
     """Canonical gRPC status name, ``other`` for junk, None when the record has none."""
     if status is None or status == "-" or status == "":
         return None
-    if isinstance(status, int) or (isinstance(status, str) and status.isdigit()):
+    if isinstance(status, bool):
+        return OTHER
+    # ASCII digits only: str.isdigit() is also true for "²" or "٣", which int() refuses.
+    if isinstance(status, int) or (isinstance(status, str) and status.isascii() and status.isdigit()):
         n = int(status)
         return GRPC_STATUS_NAMES[n] if 0 <= n < len(GRPC_STATUS_NAMES) else OTHER
     return _GRPC_BY_LOWER.get(str(status).lower(), OTHER)
@@ -166,9 +216,9 @@ def service_name(value: Any) -> str | None:
     return v if _DNS_LABEL.fullmatch(v) else None
 
 
-def authority_host(authority: str | None) -> str | None:
+def authority_host(authority: Any) -> str | None:
     """Host part of an authority: ``carts:80`` -> ``carts``, ``[::1]:8080`` -> ``::1``."""
-    if not authority or authority == "-":
+    if not isinstance(authority, str) or not authority or authority == "-":
         return None
     a = authority.strip()
     if a.startswith("["):
@@ -188,8 +238,10 @@ def _is_ip(host: str) -> bool:
 
 
 def service_of_host(host: str | None, namespaces: frozenset[str] = frozenset()) -> str:
-    """Mesh service for a hostname, or ``external`` / ``unknown`` (never the raw host)."""
-    if not host or host == "-":
+    """Mesh service for a hostname, or ``external`` / ``unknown`` (never the raw host).
+
+    Anything but a string (a JSON number in ``dst_service``, say) is ``unknown``."""
+    if not isinstance(host, str) or not host or host == "-":
         return UNKNOWN
     h = host.strip().rstrip(".").lower()
     if _is_ip(h):
@@ -302,6 +354,7 @@ __all__ = [
     "GRPC_STATUS_NAMES",
     "L4",
     "KNOWN_FLAGS",
+    "TCP_FAILURE_FLAGS",
     "LabelBudget",
     "NONE",
     "OTHER",
@@ -312,8 +365,11 @@ __all__ = [
     "derive_edge",
     "flags_label",
     "grpc_status_label",
+    "is_tcp_record",
     "peer_service_account",
     "service_name",
     "service_of_host",
+    "tcp_class",
+    "tcp_failed",
     "workload_of_pod",
 ]

@@ -9,8 +9,13 @@ ztunnel (Rust, ``tracing``) writes, per connection it proxied::
       direction="outbound" bytes_sent=84 bytes_recv=358 duration="15ms"
 
 (one line; istio.io, "Troubleshoot connectivity issues with ztunnel"). A failed connection is
-logged at ``error`` or ``warn`` with an ``error="..."`` field. The record this parser returns
-carries ``l4`` so the edge and status rules treat it as a connection, not an HTTP request:
+logged at ``error`` or ``warn`` with an ``error="..."`` field. Only ``connection complete`` lines
+and those failed forms are records: with access-log debugging on, ztunnel also writes
+``debug access connection opened ...`` for every connection (istio/ztunnel
+``src/proxy/metrics.rs``), whose ``connection complete`` line follows; such a line (any other
+message that is not a failure) is skipped, counted under the reason ``not_a_record`` (not a
+rejection of the log's format). The record this parser returns carries ``l4`` so the edge and
+status rules treat it as a connection, not an HTTP request:
 
 - the destination is ``dst.service`` (a mesh hostname), else the pod in ``dst.workload``, else
   ``external`` for an outbound connection that left the mesh (only ``dst.addr``);
@@ -35,6 +40,7 @@ _HEAD = re.compile(rf"^(?:{_TS}\s+){{0,2}}(?P<level>trace|debug|info|warn|error)
 _PAIR = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|[^\s"]+)\s*')
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|µs|ms|s)$")
 _UNITS_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
+COMPLETE = "connection complete"
 
 
 def _unquote(value: str) -> str:
@@ -75,6 +81,10 @@ class ZtunnelFormat:
         if "src.addr" not in fields and "dst.addr" not in fields:
             raise ParseError("missing_field", "src.addr / dst.addr")
         failed = "error" in fields or head.group("level") in ("warn", "error")
+        message = head.group("message").strip().lower()
+        if message != COMPLETE and not failed:
+            # "connection opened" (DEBUG): the same connection's "connection complete" follows
+            raise ParseError("not_a_record", f"{message or 'no message'!r} is not a finished connection")
         return {
             "l4": True,
             "level": head.group("level"),

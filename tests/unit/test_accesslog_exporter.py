@@ -281,3 +281,22 @@ def test_an_absurd_time_is_bad_time_in_a_batch_too(tmp_path: Path) -> None:
     assert get("promreflex_accesslog_parse_errors_total", {"site": "shop", "reason": "bad_time"}) == 1
     assert get("promreflex_http_request_duration_seconds_count", {"site": "shop"}) == 99
     assert get("promreflex_http_request_duration_seconds_sum", {"site": "shop"}) == pytest.approx(50 * 0.004 + 49 * 0.006)
+
+
+@pytest.mark.parametrize("routes", [None, [{"name": "api", "prefix": "/api"}]])
+def test_apache_microseconds_are_seconds_in_the_histogram(tmp_path: Path, routes: list | None) -> None:
+    """Apache %D (microseconds) read through `$request_time_us`, on the batch path (with and
+    without routes) and the exact one (the last, odd line): 2345 us is 0.002345 s, not 2345 s."""
+    log = tmp_path / "apache.log"
+    line = '192.0.2.1 - - [10/Oct/2023:13:55:36 -0700] "GET /api HTTP/1.1" 200 45 "-" "Mozilla" {}\n'
+    log.write_text(line.format("2345") * 60 + line.format("345678") * 39 + line.format("1e3"))
+    fmt = '$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" $request_time_us'
+    site = {"site": "apache", "path": str(log), "format": "custom", "log_format": fmt}
+    if routes:
+        site["routes"] = routes
+    exp, reg = make({"logs": [site], "from_start": True})
+    assert exp.poll() == 100
+    assert total(reg, "promreflex_accesslog_parse_errors_total", site="apache") == 0
+    assert total(reg, "promreflex_http_request_duration_seconds_count", site="apache") == 100
+    want = 60 * 0.002345 + 39 * 0.345678 + 0.001
+    assert total(reg, "promreflex_http_request_duration_seconds_sum", site="apache") == pytest.approx(want)

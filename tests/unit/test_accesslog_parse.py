@@ -182,3 +182,127 @@ def test_a_custom_separator_splits_without_trying_every_split() -> None:
     rx, _ = compile_log_format("$remote_addr,$http_x_forwarded_for,$status,$request_time")
     m = rx.match("10.0.0.1,1.2.3.4, 5.6.7.8,200,0.010")
     assert m is not None and m.group("http_x_forwarded_for") == "1.2.3.4, 5.6.7.8" and m.group("status") == "200"
+
+
+def batch_statuses(p, lines: list[str]) -> list[str]:
+    """What the batch path (one findall over many lines) makes of each line: its status, or
+    "bad" when it falls to the catch-all (then the line parser judges it)."""
+    bp = p.batch
+    rows = bp.regex.findall("".join(x + "\n" for x in lines))
+    assert len(rows) == len(lines)
+    return [r[bp.status] or "bad" if not r[bp.bad] else "bad" for r in rows]
+
+
+# ingress-nginx's documented default log-format-upstream: $upstream_addr and
+# $upstream_response_length are unquoted, and lists after a retry ("a, b").
+INGRESS_NGINX = (
+    '$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" '
+    '"$http_user_agent" $request_length $request_time [$proxy_upstream_name] [$proxy_alternative_upstream_name] '
+    '$upstream_addr $upstream_response_length $upstream_response_time $upstream_status $req_id'
+)
+INGRESS_LINES = [
+    '192.168.65.1 - - [10/Oct/2023:13:55:36 +0000] "GET /api HTTP/1.1" 200 5 "-" "curl/8.1.2" 80 0.010 '
+    '[default-api-80] [] 10.1.0.7:80 5 0.009 200 6f5d1fda8b9a0c4b3a7f2c2e1d0b9a8c',
+    '192.168.65.1 - - [10/Oct/2023:13:55:37 +0000] "GET /api HTTP/1.1" 502 150 "-" "curl/8.1.2" 80 0.010 '
+    '[default-api-80] [] 10.1.0.7:80, 10.1.0.8:80 0, 0 0.004, 0.005 502, 502 7f5d1fda8b9a0c4b3a7f2c2e1d0b9a8c',
+    '192.168.65.1 - - [10/Oct/2023:13:55:38 +0000] "GET /api HTTP/1.1" 504 160 "-" "curl/8.1.2" 80 10.002 '
+    '[default-api-80] [] 10.1.0.7:80, 10.1.0.8:80, 10.1.0.9:80 0, 0, 0 5.000, 5.001, 0.001 504, 504, 502 8f5d',
+    '192.168.65.1 - - [10/Oct/2023:13:55:39 +0000] "GET /x HTTP/1.1" 404 0 "-" "curl/8.1.2" 80 0.000 '
+    '[] [] - - - - 9f5d',
+    # an internal redirect to another upstream group: " : " between the groups
+    '192.168.65.1 - - [10/Oct/2023:13:55:40 +0000] "GET /api HTTP/1.1" 503 0 "-" "curl/8.1.2" 80 0.020 '
+    '[default-api-80] [] 10.1.0.7:80 : unix:/run/x.sock 0 : 12 0.004 : 0.010 502 : 503 af5d',
+]
+
+
+def test_ingress_nginx_retries_with_upstream_lists_are_counted() -> None:
+    p = build_parser("custom", INGRESS_NGINX)
+    got = [p.parse(x) for x in INGRESS_LINES]
+    assert [r if isinstance(r, str) else r.status for r in got] == [200, 502, 504, 404, 503]
+    assert got[2].upstream_time == pytest.approx(10.002) and got[3].upstream_time is None
+    assert batch_statuses(p, INGRESS_LINES) == ["200", "502", "504", "404", "503"]
+    m = compile_log_format(INGRESS_NGINX)[0].match(INGRESS_LINES[2])
+    assert m is not None and m["upstream_addr"] == "10.1.0.7:80, 10.1.0.8:80, 10.1.0.9:80"
+    assert m["upstream_response_length"] == "0, 0, 0" and m["req_id"] == "8f5d"
+
+
+@pytest.mark.parametrize(
+    "var",
+    ["upstream_addr", "upstream_response_length", "upstream_bytes_sent", "upstream_bytes_received",
+     "upstream_connect_time", "upstream_header_time", "upstream_status", "upstream_queue_time"],
+)
+def test_every_upstream_list_variable_may_be_a_list_unquoted(var: str) -> None:
+    value = "10.0.0.1:80, 10.0.0.2:80 : 10.0.0.3:80" if var == "upstream_addr" else "0.001, 0.002 : 0.003"
+    if var == "upstream_status":
+        value = "502, 504 : 200"
+    for fmt in (f"$status ${var} $request_time", f"$status|${var}|$request_time", f"$status ${var}"):
+        line = fmt.replace(f"${var}", value).replace("$status", "200").replace("$request_time", "0.5")
+        m = compile_log_format(fmt)[0].match(line)
+        assert m is not None and m[var] == value, (fmt, line)
+    m = compile_log_format(f'$status "${{{var}}}"')[0].match(f'200 "{value}"')
+    assert m is not None and m[var] == value
+    if var in ("upstream_addr", "upstream_response_length"):  # quoted: anything up to the quote, as before
+        m = compile_log_format(f'$status "${{{var}}}"')[0].match('200 "a b, c"')
+        assert m is not None and m[var] == "a b, c"
+
+
+def test_time_local_without_brackets() -> None:
+    fmt = '$time_local $remote_addr "$request" $status $body_bytes_sent $request_time'
+    p = build_parser("custom", fmt)
+    line = '10/Oct/2023:13:55:36 +0000 192.0.2.1 "GET / HTTP/1.1" 200 45 0.123'
+    assert p.parse(line) == Parsed(200, 45, 0.123, None, None)
+    assert batch_statuses(p, [line]) == ["200"]
+    assert p.parse('10/Oct/2023:13:55:36 192.0.2.1 "GET / HTTP/1.1" 200 45 0.123') == "no_match"
+
+
+APACHE_D = '$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" '
+
+
+@pytest.mark.parametrize(
+    ("var", "values", "seconds"),
+    [
+        # Apache %D / %{us}T: microseconds
+        ("request_time_us", ["2345", "345678", "0", "99999999999"], [0.002345, 0.345678, 0.0, 99999.999999]),
+        # Apache %{ms}T: milliseconds
+        ("request_time_ms", ["2", "345", "12.5"], [0.002, 0.345, 0.0125]),
+        # Apache %T: whole seconds, as nginx's $request_time
+        ("request_time", ["0", "3"], [0.0, 3.0]),
+    ],
+)
+def test_request_time_units_for_apache_durations(var: str, values: list[str], seconds: list[float]) -> None:
+    """%D is microseconds: read as $request_time a 2.3 ms request was 2345 s, and a 0.35 s one
+    was rejected as bad_time (and not counted at all)."""
+    p = build_parser("custom", APACHE_D + "$" + var)
+    assert p.has_times
+    lines = [f'192.0.2.1 - - [10/Oct/2023:13:55:36 -0700] "GET / HTTP/1.1" 200 45 "-" "Mozilla" {v}' for v in values]
+    got = [p.parse(x) for x in lines]
+    assert [r.request_time for r in got] == pytest.approx(seconds)  # type: ignore[union-attr]
+    # the batch path reads the same column in the same unit
+    bp = p.batch
+    rows = bp.regex.findall("".join(x + "\n" for x in lines))
+    assert [float(r[bp.request_time]) / bp.time_divisor for r in rows] == pytest.approx(seconds)
+
+
+def test_request_time_us_beyond_the_bound_is_bad_time() -> None:
+    p = build_parser("custom", APACHE_D + "$request_time_us")
+    line = '192.0.2.1 - - [10/Oct/2023:13:55:36 -0700] "GET / HTTP/1.1" 200 45 "-" "Mozilla" {}'
+    assert p.parse(line.format("100000000000")) == "bad_time"  # 1e5 s
+    assert p.parse(line.format("x")) == "bad_time"
+
+
+def test_apache_vhost_combined_is_built_in() -> None:
+    """Debian's other_vhosts_access.log: `%v:%p` before `combined`; was no_match with apache_combined."""
+    p = build_parser("apache_vhost_combined")
+    lines = [
+        'www.example.com:443 192.0.2.1 - - [10/Oct/2023:13:55:36 -0700] "GET /a HTTP/1.1" 200 45 "-" "Mozilla x"',
+        'www.example.com:80 2001:db8::1 - - [10/Oct/2023:13:55:36 -0700] "GET / HTTP/1.1" 404 - "-" "-"',
+        'shop:80 192.0.2.1 - bob [10/Oct/2023:13:55:36 -0700] "POST /c HTTP/1.1" 503 0',
+    ]
+    assert [p.parse(x, want_path=True) for x in lines] == [
+        Parsed(200, 45, None, None, "/a"), Parsed(404, 0, None, None, "/"), Parsed(503, 0, None, None, "/c")]
+    assert batch_statuses(p, lines) == ["200", "404", "503"]
+    assert p.parse('192.0.2.1 - - [10/Oct/2023:13:55:36 -0700] "GET / HTTP/1.1" 200 45 "-" "M"') == "no_match"
+    from exporters.accesslog.config import AccessLogConfig
+
+    cfg = AccessLogConfig.model_validate({"logs": [{"site": "w", "path": "/x.log", "format": "apache_vhost_combined"}]})
+    assert cfg.logs[0].format == "apache_vhost_combined"

@@ -194,3 +194,85 @@ def test_oneshot_globs_keeps_an_unterminated_last_line_and_fails_on_missing_path
     assert code == 1 and "no such log" in err and "nope.log" in err
     code, _, err = run_oneshot(config(tmp_path, [{"workload": "a", "path": str(tmp_path / "none-*.log")}]), capsys)
     assert code == 1 and "matches no file" in err
+
+
+# A sidecar's record of a proxied TCP connection (MySQL): Envoy logs no method, protocol or
+# response code, and DURATION is the connection's lifetime (here 600 s and 45 s).
+TCP_OK = (
+    '[2024-05-01T10:00:00.000Z] "- - -" 0 - - - "-" 1205 3410 600000 - "-" "-" "-" "-" "10.244.1.9:3306" '
+    'outbound|3306||orders-db.shop.svc.cluster.local 10.244.2.3:41234 10.96.0.50:3306 10.244.2.3:55012 - -'
+)
+TCP_UF = (
+    '[2024-05-01T10:00:02.000Z] "- - -" 0 UF - - "-" 0 0 1 - "-" "-" "-" "-" "10.244.1.9:3306" '
+    'outbound|3306||orders-db.shop.svc.cluster.local - 10.96.0.50:3306 10.244.2.3:55016 - -'
+)
+HTTP_DC = (  # an HTTP request that got no answer: still an error
+    '[2024-05-01T10:00:03.000Z] "GET /orders HTTP/1.1" 0 DC - - "-" 0 0 7 - "-" "curl" "r" "orders-db:80" '
+    '"10.244.1.9:80" outbound|80||orders-db.shop.svc.cluster.local - 10.96.0.50:80 10.244.2.3:55018 - default'
+)
+
+
+def test_sidecar_tcp_connections_are_tcp_not_errors_and_stay_out_of_latency():
+    reg, ex, stream = exporter("istio_text", "orders")
+    assert stream.feed([TCP_OK, TCP_OK.replace("600000", "45000"), TCP_UF, HTTP_DC]).parsed == 4
+    edge = {"source": "orders", "destination": "orders-db"}
+    assert requests(reg, **edge, code_class="tcp", response_flags="none") == 2
+    assert requests(reg, **edge, code_class="none", response_flags="UF") == 1  # failed: an error, as ztunnel's
+    assert requests(reg, **edge, code_class="none", response_flags="DC") == 1
+    # only the HTTP request is a request duration
+    assert reg.get_sample_value("promreflex_mesh_request_duration_seconds_count", edge) == 1
+    assert reg.get_sample_value("promreflex_mesh_request_duration_seconds_sum", edge) == pytest.approx(0.007)
+
+
+def test_sidecar_tcp_in_json_and_envoy_format_strings():
+    reg, ex, stream = exporter("istio_json", "orders")
+    rec = {"start_time": "2024-05-01T10:00:00.000Z", "method": None, "path": None, "protocol": None,
+           "response_code": 0, "response_flags": "-", "duration": 600000,
+           "upstream_cluster": "outbound|3306||orders-db.shop.svc.cluster.local", "authority": None}
+    failed = {**rec, "response_flags": "UH", "duration": 0}
+    assert stream.feed([json.dumps(rec), json.dumps(failed)]).parsed == 2
+    edge = {"source": "orders", "destination": "orders-db"}
+    assert requests(reg, **edge, code_class="tcp", response_flags="none") == 1
+    assert requests(reg, **edge, code_class="none", response_flags="UH") == 1
+    assert reg.get_sample_value("promreflex_mesh_request_duration_seconds_count", edge) is None
+
+    fs = '[%START_TIME%] %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% "%UPSTREAM_HOST%" %UPSTREAM_CLUSTER%'
+    reg = CollectorRegistry()
+    stream = MeshExporter(registry=reg).add_stream("orders", "envoy", fs)
+    tail = ' "10.0.0.1:3306" outbound|3306||orders-db.shop.svc.cluster.local'
+    lines = ["[2024-05-01T10:00:00.000Z] - - 1205 3410 600000" + tail,
+             "[2024-05-01T10:00:01.000Z] 0 UF,URX 0 0 2" + tail]
+    assert stream.feed(lines).parsed == 2
+    assert requests(reg, **edge, code_class="tcp", response_flags="none") == 1
+    assert requests(reg, **edge, code_class="none", response_flags="UF,URX") == 1
+    assert reg.get_sample_value("promreflex_mesh_request_duration_seconds_count", edge) is None
+
+
+# ztunnel with access-log debugging on: a DEBUG "connection opened" line precedes each
+# connection's "connection complete" (istio/ztunnel src/proxy/metrics.rs).
+ZT_OPENED = (
+    '2024-08-21T15:32:05.700000Z\tdebug\taccess\tconnection opened\tsrc.addr=10.42.0.9:33772 '
+    'src.workload="curl-7656cf8794-6lsm4" src.namespace="default" dst.addr=10.42.0.5:15008 '
+    'dst.hbone_addr=10.42.0.5:9080 dst.service="details.default.svc.cluster.local" direction="outbound"'
+)
+
+
+@pytest.mark.parametrize("fmt", ["ztunnel", "auto"])
+def test_ztunnel_connection_opened_is_skipped_not_counted_twice(fmt):
+    reg, ex, stream = exporter(fmt, workload="ztunnel")
+    st = stream.feed([ZT_OPENED, ZT_OUT, ZT_OPENED.replace("\tdebug\t", "\tinfo\t"), ZT_DENIED])
+    assert (st.lines, st.parsed, dict(st.rejected)) == (4, 2, {"not_a_record": 2})
+    assert requests(reg, source="curl", destination="details", code_class="tcp", response_flags="none") == 1
+    assert requests(reg, source="attacker", destination="backend", code_class="none", response_flags="none") == 1
+    errors = {r: reg.get_sample_value("promreflex_mesh_parse_errors_total", {"workload": "ztunnel", "reason": r})
+              for r in ("not_a_record", "format_mismatch")}
+    assert errors == {"not_a_record": 2, "format_mismatch": 0}
+    assert reg.get_sample_value("promreflex_mesh_lines_total", {"workload": "ztunnel"}) == 4
+
+
+def test_not_a_record_exists_at_zero_only_for_formats_that_skip():
+    reg, ex, _ = exporter("ztunnel", workload="zt")
+    ex.add_stream("carts", "istio_text")
+    value = reg.get_sample_value
+    assert value("promreflex_mesh_parse_errors_total", {"workload": "zt", "reason": "not_a_record"}) == 0
+    assert value("promreflex_mesh_parse_errors_total", {"workload": "carts", "reason": "not_a_record"}) is None

@@ -317,3 +317,50 @@ def test_golden_metrics_pass_promtool() -> None:
     res = subprocess.run([PROMTOOL, "check", "metrics"], input=GOLDEN.read_bytes(), capture_output=True, timeout=30)
     assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
     assert b"promreflex_mesh_requests_total" in GOLDEN.read_bytes()
+
+
+# ---------------------------------------------------------------- per-line failures never stop the exporter
+
+
+GRPC_HEADER_FORMAT = (
+    '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '
+    '%RESPONSE_FLAGS% %DURATION% "%REQ(:AUTHORITY)%" %UPSTREAM_CLUSTER% %RESP(GRPC-STATUS)%'
+)
+
+
+def test_grpc_status_with_non_ascii_digits_is_other_not_a_crash() -> None:
+    """str.isdigit() is true for "²" and "٣"; int() refuses them: the exporter died."""
+    for junk in ("²", "٣", "９", "1²"):
+        assert grpc_status_label(junk) == "other"
+    assert grpc_status_label("14") == "Unavailable" and grpc_status_label(True) == "other"
+    reg = CollectorRegistry()
+    stream = MeshExporter(registry=reg).add_stream("front-end", "envoy", GRPC_HEADER_FORMAT)
+    head = '[2024-05-01T10:00:00.000Z] "POST /pkg.Svc/Get HTTP/2" 200 - 3 "cart:7070" outbound|7070||cart.default.svc.cluster.local '
+    st = stream.feed([head + "14", head + "²", head + "0"])
+    assert (st.lines, st.parsed) == (3, 3)
+    edge = {"source": "front-end", "destination": "cart"}
+    assert sample(reg, "promreflex_mesh_grpc_responses_total", **edge, grpc_status="other") == 1
+    assert sample(reg, "promreflex_mesh_grpc_responses_total", **edge, grpc_status="OK") == 1
+    assert sample(reg, "promreflex_mesh_lines_total", workload="front-end") == 3
+
+
+def test_a_record_that_cannot_be_counted_is_a_rejection_and_the_stream_goes_on() -> None:
+    """Fuzz find: a JSON line with an extra "l4" key and a number for dst_service raised
+    AttributeError in service_of_host, out of feed() (and so out of follow())."""
+    reg = CollectorRegistry()
+    ex = MeshExporter(registry=reg)
+    stream = ex.add_stream("w", "istio_json")
+    good = '{"response_code":200,"method":"GET","protocol":"HTTP/1.1","authority":"carts","duration":5}'
+    l4 = '{"response_code":200,"l4":true,"dst_service":7,"direction":"outbound"}'
+    st = stream.feed([l4, good])
+    assert st.lines == 2 and st.parsed == 2  # a non-string host is "unknown", not a crash
+    assert service_of_host(7) == "unknown" and authority_host(7) is None  # type: ignore[arg-type]
+
+    def broken(record, workload):  # any bug in counting: one line lost and counted
+        raise RuntimeError("bug")
+
+    ex.count = broken  # type: ignore[method-assign]
+    st = stream.feed([good, good])
+    assert (st.lines, st.parsed, dict(st.rejected)) == (2, 0, {"bad_value": 2})
+    assert sample(reg, "promreflex_mesh_lines_total", workload="w") == 4
+    assert sample(reg, "promreflex_mesh_parse_errors_total", workload="w", reason="bad_value") == 2
