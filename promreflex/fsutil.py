@@ -26,7 +26,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
         mode = ref.st_mode & 0o7777 if ref else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        # UTF-8 whatever the locale (a C locale without UTF-8 mode could not write a config
+        # with a "Café" comment that was read as UTF-8); bytes read with surrogateescape
+        # round-trip; no newline translation (a CRLF file stays CRLF).
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -53,6 +56,6 @@ def atomic_write_json(path: str | os.PathLike, data: Any, sort_keys: bool = True
 
 def read_json(path: str | os.PathLike, default: Any = None) -> Any:
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return default
