@@ -5,6 +5,8 @@ reasoning of the latest report (the online controller's ``rca`` action writes it
 
 :func:`register` adds the subcommand to an argparse parser; each handler is stored as
 ``args.func`` and returns the exit status (0 ok, 1 nothing to show, 2 unusable input).
+``rca eval`` lists a case it cannot read as an error (path and reason), leaves it out of the
+figures and goes on; it exits with 2 only when no case could be read at all.
 """
 
 from __future__ import annotations
@@ -106,20 +108,34 @@ def _eval(args: argparse.Namespace) -> int:
     from controllers.rca.offline import OfflineDataError
     from controllers.rca.tabular import read_graph
 
+    errors: list[evaluate.CaseError] = []
     try:
         graph = read_graph(args.graph) if args.graph else None
-        results = evaluate.run(args.dataset, graph=graph, options=_table_options(args), use_split=not args.no_split)
+        results = evaluate.run(
+            args.dataset, graph=graph, options=_table_options(args), use_split=not args.no_split, errors=errors,
+        )
     except OfflineDataError as e:
         print(f"rca eval: {e}", file=sys.stderr)
         return 2
-    summary = evaluate.summary(results)
+    if args.json or not results:
+        for err in errors:
+            print(f"rca eval: {err.case}: error, not scored: {err.reason}", file=sys.stderr)
+    if not results:
+        print(f"rca eval: none of the {len(errors)} case(s) could be read", file=sys.stderr)
+        return 2
+    summary = evaluate.summary(results, errors)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         for r in results:
-            print(f"{r.case:<28} truth {r.service:<14} rank {r.rank if r.rank is not None else '-':<3} top {', '.join(r.top[:3])}")
+            line = f"{r.case:<28} truth {r.service:<14} rank {r.rank if r.rank is not None else '-':<3} top {', '.join(r.top[:3])}"
+            print(f"{line}  ({r.note})" if r.note else line)
+        for err in errors:
+            print(f"{err.case:<28} error ({err.path}): {err.reason}")
         print()
         print(evaluate.table(summary))
+        if errors:
+            print(f"\n{len(errors)} case(s) could not be read and are not in the figures.")
         print(f"\npublished: {summary['published']}")
     if args.out:
         mode = "split withheld, start found by change point" if args.no_split else "baseline split as given"
@@ -195,9 +211,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     off = sub.add_parser("offline", help="analyse recorded metrics: RCAEval/RCD CSVs, MicroRCA folders, a Prometheus range")
     off.add_argument("path", nargs="?", metavar="PATH",
                      help="a CSV (time + <service>_<metric> columns), a folder with normal.csv + anomalous.csv "
-                          "or data.csv [+ inject_time.txt], or a MicroRCA folder (*_mpg.csv, *_latency_*.csv)")
+                          "or data.csv / simple_metrics.csv / metrics.csv [+ inject_time.txt], or a MicroRCA folder "
+                          "(*_mpg.csv, *_latency_*.csv)")
     off.add_argument("--inject-time", dest="inject_time", type=_time, metavar="TIME",
-                     help="when the anomaly started (unix seconds or ISO); default: found by change-point detection")
+                     help="when the anomaly started (unix time or ISO; must lie within the data's time range, "
+                          "a factor of 1000 is undone with a note); default: found by change-point detection")
     off.add_argument("--prometheus.url", dest="prometheus_url", metavar="URL",
                      help="read --start..--end from this Prometheus instead of files (the live action's queries)")
     off.add_argument("--start", type=_time, metavar="TIME", help="range start for --prometheus.url")
@@ -215,7 +233,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ev = sub.add_parser("eval", help="run a folder of fault cases and print AC@1, AC@3, Avg@5 per fault kind")
     ev.add_argument("dataset", metavar="DATASET",
-                    help="folder of cases named <service>-<fault>[/<run>] (RCD, RCAEval) holding either layout")
+                    help="folder of cases named <service>-<fault>[/<run>] (RCD, RCAEval), or a root of such "
+                         "folders per system (RE1/RE1-TT/...), holding either layout")
     _add_table_flags(ev)
     ev.add_argument("--no-split", dest="no_split", action="store_true",
                     help="withhold the normal/anomalous split and inject times: the start must be found")

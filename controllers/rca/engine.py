@@ -196,7 +196,12 @@ def _with_start(data: AnalysisInput, cfg: AnalysisConfig) -> AnalysisInput:
     ]
     cp = detect(every, cfg.change_min_segment)
     if cp is None:
-        return data
+        note = (
+            f"No anomaly start was given and no change point over the {len(every)} series is significant: "
+            "each series is scored against its whole window, where a change that covers much of the "
+            "window scores low (give the inject time if it is known)."
+        )
+        return data.model_copy(update={"notes": [*data.notes, note]})
     note = (
         f"No anomaly start was given: the earliest significant change point over {cp.series} series is "
         f"t={cp.start:.0f} (summed log-likelihood ratio {cp.llr:.1f}); what came before it is the baseline."

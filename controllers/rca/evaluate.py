@@ -1,10 +1,25 @@
 """``promreflex rca eval DATASET``: run a folder of fault cases, print AC@1, AC@3, Avg@5.
 
-A case is any folder below DATASET that holds a case in RCAEval's layout (``normal.csv`` +
-``anomalous.csv``, or ``data.csv``) or MicroRCA's (``*_mpg.csv``). The truth is read from the
-case's first folder under DATASET, ``<service>-<fault>`` or ``<service>_<fault>`` (RCD's and
-RCAEval's naming: ``carts-cpu/3``, ``checkoutservice_delay/1``), and used for scoring only:
-the analysis never sees the path. Every case runs with the same settings.
+A case is any folder below DATASET (DATASET included) that holds a case in RCAEval's layout
+(``normal.csv`` + ``anomalous.csv``, or one of :data:`~controllers.rca.tabular.TABLE_FILES`:
+RE1's ``data.csv``, RE2/RE3's ``simple_metrics.csv``/``metrics.csv``) or MicroRCA's
+(``*_mpg.csv``). DATASET may be a system's folder (``RE1-TT``) or a benchmark's root holding
+systems (``RE1``, folders ``<system>/<service>_<fault>/<repetition>/``).
+
+The truth is read from the ``<service>-<fault>`` or ``<service>_<fault>`` folder that holds the
+case: the case folder's parent when the case folder is a repetition number (``carts-cpu/3``,
+``checkoutservice_delay/1``), else the case folder itself. Its service is the longest service
+present in the case's data that the folder name starts with, followed by ``-`` or ``_``, so
+service and fault names may hold ``-`` and ``_`` themselves (``ts-order-service_network-delay``,
+``carts_db_cpu``); the rest is the fault kind. When no service of the data fits, the name is
+split at its last ``-``/``_`` and the case's line says that this truth is not a service in the
+data (the case counts as a miss). The truth is used for scoring only: the analysis never sees
+the path. Every case runs with the same settings.
+
+A case that cannot be read (or whose folder name has no ``<service>-<fault>`` form) does not
+stop the run: it is listed as an error with its path and the reason, and left out of the
+figures (their case counts say how many were scored). ``rca eval`` exits with 2 only when no
+case at all could be read.
 
 AC@k is the share of cases whose true service is among the first k of the ranking; Avg@k is
 the mean of AC@1..AC@k (BARO, RCAEval). The published figures printed beside ours are from
@@ -24,7 +39,7 @@ from pathlib import Path
 from controllers.rca.engine import analyse
 from controllers.rca.models import AnalysisConfig
 from controllers.rca.offline import OfflineDataError, load_dir
-from controllers.rca.tabular import TableOptions, is_table_case, load_case
+from controllers.rca.tabular import TABLE_FILES, TableOptions, is_table_case, load_case, table_file
 
 #: Avg@5 on Sock Shop, BARO paper (FSE 2024) Table 3, by fault kind.
 ANCHORS: dict[str, dict[str, float]] = {
@@ -32,7 +47,8 @@ ANCHORS: dict[str, dict[str, float]] = {
     "N-Sigma": {"cpu": 0.98, "mem": 0.98},
     "RCD": {"cpu": 0.62, "mem": 0.46},
 }
-_TRUTH = re.compile(r"^(?P<service>.+?)[-_](?P<fault>[A-Za-z0-9]+)$")
+#: Fallback when no service of the data prefixes the folder name: split at the last - or _.
+_TRUTH = re.compile(r"^(?P<service>.+)[-_](?P<fault>[^-_]+)$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,16 @@ class CaseResult:
     rank: int | None  # 1-based rank of the true service; None: not ranked at all
     top: list[str]
     margin: float | None = None  # the true service's score over the best other score
+    note: str | None = None  # said on the case's line (the truth is not a service in the data)
+
+
+@dataclass(frozen=True)
+class CaseError:
+    """A case that could not be read: left out of the figures."""
+
+    case: str
+    path: str
+    reason: str
 
 
 def ac_at(ranks: Sequence[int | None], k: int) -> float:
@@ -61,18 +87,29 @@ def avg_at(ranks: Sequence[int | None], k: int) -> float:
 def find_cases(root: Path) -> list[Path]:
     found = []
     for p in sorted([root, *(d for d in root.rglob("*") if d.is_dir())]):
-        if (p / "anomalous.csv").is_file() or (p / "data.csv").is_file() or any(p.glob("*_mpg.csv")):
+        if (p / "anomalous.csv").is_file() or table_file(p) is not None or any(p.glob("*_mpg.csv")):
             found.append(p)
     return found
 
 
-def truth_of(case: Path, root: Path) -> tuple[str, str]:
-    rel = case.relative_to(root).parts
-    name = rel[0] if rel else case.name
+def truth_folder(case: Path) -> str:
+    """The name of the ``<service>_<fault>`` folder holding ``case`` (see the module docstring)."""
+    case = case.resolve() if case.name in ("", ".", "..") else case
+    return case.parent.name if case.name.isdigit() else case.name
+
+
+def truth_of(case: Path, services: Sequence[str] = ()) -> tuple[str, str, str | None]:
+    """(service, fault, note): the truth of ``case`` among ``services`` (those in its data);
+    the note is set when no service of the data fits the folder name."""
+    name = truth_folder(case)
+    fits = [s for s in services if len(name) > len(s) + 1 and name.startswith(s) and name[len(s)] in "-_"]
+    if fits:
+        service = max(fits, key=len)
+        return service, name[len(service) + 1:].lower(), None
     m = _TRUTH.match(name)
     if m is None:
-        raise OfflineDataError(f"{case}: cannot read <service>-<fault> from {name!r}")
-    return m["service"], m["fault"].lower()
+        raise OfflineDataError(f"{case}: cannot read <service>-<fault> from the folder name {name!r}")
+    return m["service"], m["fault"].lower(), f"truth {m['service']!r} is not a service in the data"
 
 
 def run(
@@ -82,30 +119,44 @@ def run(
     options: TableOptions | None = None,
     config: AnalysisConfig | None = None,
     use_split: bool = True,
+    errors: list[CaseError] | None = None,
 ) -> list[CaseResult]:
+    """Every case below ``root``, scored. With an ``errors`` list, a case that cannot be read
+    is appended to it and the run goes on; without one, the first such case raises."""
     root = Path(root)
     cases = find_cases(root)
     if not cases:
-        raise OfflineDataError(f"{root}: no cases (folders with anomalous.csv + normal.csv, data.csv or *_mpg.csv)")
+        raise OfflineDataError(
+            f"{root}: no cases (folders with anomalous.csv + normal.csv, {', '.join(TABLE_FILES)} or *_mpg.csv)"
+        )
     out = []
     for case in cases:
-        service, fault = truth_of(case, root)
-        data = (
-            load_case(case, graph=graph, options=options, use_split=use_split) if is_table_case(case)
-            else load_dir(case)
-        )
+        label = str(case.relative_to(root)) if case != root else case.name
+        try:
+            data = (
+                load_case(case, graph=graph, options=options, use_split=use_split) if is_table_case(case)
+                else load_dir(case)
+            )
+            service, fault, note = truth_of(case, list(data.services))
+        except (ValueError, OSError) as e:  # OfflineDataError is a ValueError
+            if errors is None:
+                raise
+            errors.append(CaseError(case=label, path=str(case), reason=str(e)))
+            continue
         finding = analyse(data, config)
         mine = next((v.score for v in finding.ranking if v.service == service), None)
         other = max((v.score for v in finding.ranking if v.service != service), default=0.0)
         out.append(CaseResult(
-            case=str(case.relative_to(root)) or case.name, service=service, fault=fault,
+            case=label, service=service, fault=fault,
             rank=finding.rank_of(service), top=finding.top(5),
-            margin=None if mine is None else mine / max(other, 1e-9),
+            margin=None if mine is None else mine / max(other, 1e-9), note=note,
         ))
     return out
 
 
-def summary(results: list[CaseResult]) -> dict[str, object]:
+def summary(results: list[CaseResult], errors: Sequence[CaseError] = ()) -> dict[str, object]:
+    """Figures per fault kind over the scored cases; unreadable cases (``errors``) are listed
+    apart and are not in the figures."""
     by_fault: dict[str, list[int | None]] = defaultdict(list)
     for r in results:
         by_fault[r.fault].append(r.rank)
@@ -115,7 +166,7 @@ def summary(results: list[CaseResult]) -> dict[str, object]:
                 "published_avg5": {name: a[fault] for name, a in ANCHORS.items() if fault in a}}
         for fault, ranks in by_fault.items()
     }
-    return {"figures": rows, "cases": [asdict(r) for r in results],
+    return {"figures": rows, "cases": [asdict(r) for r in results], "errors": [asdict(e) for e in errors],
             "published": "BARO paper (Pham, Ha, Zhang, FSE 2024), Table 3, Sock Shop, Avg@5"}
 
 

@@ -86,16 +86,23 @@ class _Notes:
 
 
 def _read(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[str, str]]]:
+    """(header, rows) of a CSV, cells stripped. Read as ``utf-8-sig`` (a byte-order mark does
+    not become part of the first column's name). Cells beyond the header (a row ending with a
+    comma, which ``csv.DictReader`` keeps under the key ``None``) are ignored; a short row's
+    missing cells are empty. Errors name the file's full path."""
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             header = [h.strip() for h in reader.fieldnames or []]
-            rows = [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+            rows = [
+                {k.strip(): v.strip() if isinstance(v, str) else "" for k, v in row.items() if isinstance(k, str)}
+                for row in reader
+            ]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise OfflineDataError(f"{path.name}: cannot read as CSV: {e}") from e
+        raise OfflineDataError(f"{path}: cannot read as CSV: {e}") from e
     missing = [c for c in required if c not in header]
     if missing:
-        raise OfflineDataError(f"{path.name}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
+        raise OfflineDataError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(header)})")
     return header, rows
 
 
@@ -122,7 +129,7 @@ def _series(path: Path, rows: list[dict[str, str]], column: str, unit: float, no
         except ValueError:
             notes.bad_cells[path.name] += 1
             continue
-        points.append((_timestamp(row["timestamp"], f"{path.name}:{line}"), value * unit))
+        points.append((_timestamp(row["timestamp"], f"{path}:{line}"), value * unit))
     return TimeSeries(points=points)
 
 
@@ -148,7 +155,11 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
     files = sorted(folder.glob("*.csv"))
     graphs = [f for f in files if f.stem == "mpg" or f.stem.endswith("_mpg")]
     if len(graphs) != 1:
-        raise OfflineDataError(f"{folder}: expected one *_mpg.csv dependency file, found {len(graphs)}")
+        raise OfflineDataError(
+            f"{folder}: expected one *_mpg.csv dependency file (MicroRCA's layout), found {len(graphs)}; "
+            "a table case is a CSV file or a folder with normal.csv + anomalous.csv, data.csv, "
+            "simple_data.csv, simple_metrics.csv or metrics.csv"
+        )
     notes = _Notes()
 
     _, graph_rows = _read(graphs[0], ("source", "destination"))

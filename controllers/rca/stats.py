@@ -20,6 +20,7 @@ evidence.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -68,7 +69,9 @@ def robust_score(
     floor_abs: float = 0.0,
     floor_ratio: float = 0.0,
 ) -> RobustScore | None:
-    """Score the recent peak of ``series``; ``None`` for an empty series.
+    """Score the recent peak of ``series``; ``None`` for an empty series, and for one whose
+    statistics are not finite (values so large that their sums overflow): such a series is not
+    usable, and is left out as a series without data is.
 
     The spread is floored at ``floor_abs`` (in the series' unit) and at ``floor_ratio`` times
     the baseline median, so a flat baseline does not turn noise into an infinite score.
@@ -76,16 +79,22 @@ def robust_score(
     if not series.points:
         return None
     base, recent, whole = split(series, baseline_end, min_baseline_points)
-    median = statistics.median(base)
-    # A window scored against itself holds the anomaly: the MAD tolerates it up to half the
-    # samples, the IQR only up to a quarter. A clean baseline gets BARO's IQR.
-    spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in base) if whole else iqr(base) / IQR_TO_SIGMA
-    scale = max(spread, floor_ratio * abs(median), floor_abs, _TINY)
-    peak = max(recent)
-    z = (peak - median) / scale
+    try:
+        median = statistics.median(base)
+        # A window scored against itself holds the anomaly: the MAD tolerates it up to half the
+        # samples, the IQR only up to a quarter. A clean baseline gets BARO's IQR.
+        spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in base) if whole else iqr(base) / IQR_TO_SIGMA
+        scale = max(spread, floor_ratio * abs(median), floor_abs, _TINY)
+        peak = max(recent)
+        z = (peak - median) / scale
+        mean = statistics.fmean(series.values)
+    except OverflowError:  # values near the float limit (±1.7e308): their sums overflow
+        return None
+    if not all(math.isfinite(x) for x in (median, scale, z, mean)):
+        return None
     return RobustScore(
         max=peak,
-        mean=statistics.fmean(series.values),
+        mean=mean,
         baseline_median=median,
         scale=scale,
         z=z,

@@ -7,14 +7,29 @@ of RCAEval's datasets (``data.csv``, with ``inject_time.txt`` beside it). A case
   and the anomalous one is scored against it. They need not be one recording (RCD's lie hours
   apart, sometimes in either order): the normal one is moved in time to end one step before
   the anomalous one starts, so the split falls between them;
-- a folder holding ``data.csv`` (and optionally ``inject_time.txt``, unix seconds), or one CSV
-  file: the inject time splits it when known; otherwise the engine finds the anomaly's start
-  (:mod:`controllers.rca.changepoint`).
+- a folder holding one table (``TABLE_FILES``, first found: RE1's ``data.csv``, RE2/RE3's
+  ``simple_metrics.csv`` then ``metrics.csv``, then ``simple_data.csv``) and optionally
+  ``inject_time.txt`` (unix time), or one CSV file: the inject time splits it when known;
+  otherwise the engine finds the anomaly's start (:mod:`controllers.rca.changepoint`). The
+  order follows RCAEval's ``main.py``, which reads ``data.csv`` and, for datasets without it
+  (RE2, RE3), ``simple_metrics.csv`` (the service-level subset of ``metrics.csv``). RE2/RE3's
+  ``logs.csv`` and ``traces.csv`` are not read (a note says so).
 
-Columns are split at the first ``_`` into service and metric (``carts-db_cpu`` -> carts-db,
-cpu), and the metric is matched against an ordered list of patterns that say what it measures
+The time column is ``time`` or ``timestamp`` (RCAEval, AIOps challenge, Nezha; any case), the
+first the header has, unless ``TableOptions.time_column`` names one. Files are read as
+``utf-8-sig``, so a byte-order mark is not part of the first column's name. An inject time
+must lie within the data's time range: when it does not, but it does once multiplied or
+divided by 1000 (seconds against milliseconds), that is used and a note says so; otherwise the
+case is refused with both ranges in the message. The baseline is the rows up to the inject
+time (a row exactly at it included; RCAEval's split puts it after: ``time < inject_time``).
+
+A column is split into service and metric at its first ``_`` when the rest is a known metric
+(``carts-db_cpu`` -> carts-db, cpu; ``svc_mem_rss`` -> svc, mem_rss); otherwise at the ``_``
+nearest the end whose right part is a known metric (``carts_db_cpu`` -> carts_db, cpu). The
+metric is matched against an ordered list of patterns that say what it measures
 (``DEFAULT_COLUMN_MAP``; ``--map PATTERN=KIND`` adds patterns ahead of it, ``KIND`` ``ignore``
-drops a column). Load columns (request rates) are not scored: a fault lowers the load of
+drops a column). A column whose values are too large to sum (near ±1.7e308) is skipped with
+a note. Load columns (request rates) are not scored: a fault lowers the load of
 every service behind the one it slows, so a change in load says where traffic stopped, not
 where the fault is. A column whose metric matches no pattern is skipped and named in the
 report. A call graph is optional (``source,destination`` CSV, MicroRCA's ``*_mpg.csv`` works).
@@ -28,6 +43,7 @@ large or too small).
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -56,7 +72,15 @@ class TableOptions(BaseModel):
 
     column_map: list[tuple[str, Kind | None]] = DEFAULT_COLUMN_MAP
     latency_unit_s: float = 1.0  # RCD's and RCAEval's latencies are in seconds
-    time_column: str = "time"
+    time_column: str | None = None  # None: the first of TIME_COLUMNS in the header (any case)
+
+
+#: Time column names tried in order when ``TableOptions.time_column`` is None.
+TIME_COLUMNS = ("time", "timestamp")
+#: A case folder's table, first found (see the module docstring).
+TABLE_FILES = ("data.csv", "simple_metrics.csv", "metrics.csv", "simple_data.csv")
+#: Files of RE2/RE3 cases beside the metrics that are not read.
+UNREAD_FILES = ("logs.csv", "traces.csv")
 
 
 def parse_mapping(items: list[str]) -> list[tuple[str, Kind | None]]:
@@ -83,13 +107,25 @@ def _kind(metric: str, mapping: list[tuple[str, Kind | None]]) -> tuple[bool, Ki
 
 def _table(path: Path, opts: TableOptions) -> tuple[list[float], dict[str, list[tuple[float, float]]], int]:
     """(times, column -> points, non-numeric cells skipped)."""
-    tcol = opts.time_column
-    header, rows = _read(path, (tcol,))
-    cols: dict[str, list[tuple[float, float]]] = {c: [] for c in header if c and c != tcol and not c.startswith("Unnamed")}
+    if opts.time_column is not None:
+        tcol = opts.time_column
+        header, rows = _read(path, (tcol,))
+    else:
+        header, rows = _read(path, ())
+        by_name = {h.lower(): h for h in reversed(header)}
+        tcol = next((by_name[n] for n in TIME_COLUMNS if n in by_name), "")
+        if not tcol:
+            raise OfflineDataError(
+                f"{path}: no time column ({' or '.join(TIME_COLUMNS)}) (has: {', '.join(header)})"
+            )
+    cols: dict[str, list[tuple[float, float]]] = {
+        c: [] for c in header
+        if c and c != tcol and c.lower() not in TIME_COLUMNS and not c.startswith("Unnamed")
+    }
     times: list[float] = []
     bad = 0
     for line, row in enumerate(rows, 2):
-        t = _timestamp(row[tcol], f"{path.name}:{line}")
+        t = _timestamp(row[tcol], f"{path}:{line}")
         times.append(t)
         for c, pts in cols.items():
             cell = row.get(c, "")
@@ -100,6 +136,48 @@ def _table(path: Path, opts: TableOptions) -> tuple[list[float], dict[str, list[
             except ValueError:
                 bad += 1
     return times, cols, bad
+
+
+def _split_column(col: str, mapping: list[tuple[str, Kind | None]]) -> tuple[str, str, bool, Kind | None] | None:
+    """(service, metric, known, kind) of a ``<service>_<metric>`` column: the first ``_`` when
+    the metric after it is known, else the ``_`` nearest the end whose right part is known,
+    else the first ``_`` (an unknown metric). None without a usable ``_``."""
+    cuts = [i for i, ch in enumerate(col) if ch == "_" and 0 < i < len(col) - 1]
+    if not cuts:
+        return None
+    for i in [cuts[0], *reversed(cuts[1:])]:
+        known, kind = _kind(col[i + 1:], mapping)
+        if known:
+            return col[:i], col[i + 1:], True, kind
+    return col[:cuts[0]], col[cuts[0] + 1:], False, None
+
+
+def _summable(pts: list[tuple[float, float]]) -> bool:
+    """False when the values' sum overflows (values near the float limit): not scorable."""
+    try:
+        return math.isfinite(math.fsum(v for _, v in pts if math.isfinite(v)))
+    except OverflowError:
+        return False
+
+
+def _check_inject(inject_time: float, times: list[float], path: Path) -> tuple[float, str | None]:
+    """The inject time to use and a note when it was rescaled. It must lie within the data's
+    time range; a factor of 1000 (seconds against milliseconds) is detected and undone."""
+    lo, hi = min(times), max(times)
+    if lo <= inject_time <= hi:
+        return inject_time, None
+    for scaled, how in ((inject_time * 1000, "times 1000 (seconds against milliseconds)"),
+                        (inject_time / 1000, "divided by 1000 (milliseconds against seconds)")):
+        if lo <= scaled <= hi:
+            return scaled, (
+                f"The inject time {inject_time:.0f} lies outside the data's time range "
+                f"[{lo:.0f}, {hi:.0f}]; {how} it lies inside, so t={scaled:.0f} is used."
+            )
+    raise OfflineDataError(
+        f"{path}: the inject time {inject_time:.3f} lies outside the data's time range [{lo:.3f}, {hi:.3f}] "
+        "(also times 1000 and divided by 1000): check the units (seconds or milliseconds) and the time zone "
+        "of both (a naive ISO time is read as UTC)"
+    )
 
 
 def read_graph(path: str | Path) -> list[tuple[str, str]]:
@@ -144,19 +222,24 @@ def load_table(
                 f"{path.name} starts; {path.name} ({len(times)} rows) is scored against it."
             )
     elif inject_time is not None:
+        inject_time, rescaled = _check_inject(inject_time, times, path)
+        if rescaled:
+            notes.append(rescaled)
         notes.append(f"Baseline: the rows before the inject time t={inject_time:.0f}.")
+        baseline_end = inject_time
 
     metrics: dict[str, list[Metric]] = defaultdict(list)
     unknown: list[str] = []
     ignored = 0
+    huge: list[str] = []
     for col, pts in cols.items():
-        service, sep, metric = col.partition("_")
-        if not sep or not service or not metric:
+        split = _split_column(col, opts.column_map)
+        if split is None or not split[2]:
             unknown.append(col)
             continue
-        known, kind = _kind(metric, opts.column_map)
-        if not known:
-            unknown.append(col)
+        service, _, _, kind = split
+        if not _summable(pts):
+            huge.append(col)
             continue
         metrics.setdefault(service, [])
         if kind is None:
@@ -166,6 +249,8 @@ def load_table(
         metrics[service].append(Metric(kind=kind, name=col, series=TimeSeries(points=[(t, v * unit) for t, v in pts])))
     if unknown:
         notes.append(f"Columns whose metric is not known (see --map), skipped: {', '.join(sorted(unknown))}.")
+    if huge:
+        notes.append(f"Columns whose values are too large to score (their sum overflows), skipped: {', '.join(sorted(huge))}.")
     if ignored:
         notes.append(f"{ignored} load/throughput column(s) not scored (a fault moves load away from where it is).")
     if bad:
@@ -176,8 +261,14 @@ def load_table(
     return AnalysisInput(edges=graph or [], services=services, baseline_end=baseline_end, source=str(path), notes=notes)
 
 
+def table_file(folder: Path) -> Path | None:
+    """The table of a case folder, the first of ``TABLE_FILES`` present (None: none is)."""
+    return next((folder / n for n in TABLE_FILES if (folder / n).is_file()), None)
+
+
 def is_table_case(path: Path) -> bool:
-    return path.is_file() or (path / "anomalous.csv").is_file() or (path / "data.csv").is_file()
+    """A CSV file, or a folder with normal.csv + anomalous.csv or one of ``TABLE_FILES``."""
+    return path.is_file() or (path / "anomalous.csv").is_file() or table_file(path) is not None
 
 
 def load_case(
@@ -189,7 +280,9 @@ def load_case(
     use_split: bool = True,
 ) -> AnalysisInput:
     """A case in RCAEval's layout (see the module docstring). ``use_split=False`` ignores the
-    normal/anomalous split and the inject time, so the engine must find the start itself."""
+    normal/anomalous split and the inject time, so the engine must find the start itself.
+    A folder's ``inject_time.txt`` is read when no ``inject_time`` is given; a CSV file given
+    alone has none (give ``inject_time``)."""
     p = Path(path)
     if p.is_file():
         return load_table(p, inject_time=inject_time if use_split else None, graph=graph, options=options)
@@ -201,9 +294,18 @@ def load_case(
             "baseline_end": None,
             "notes": [*data.notes, "The normal/anomalous split is withheld: the engine finds the start."],
         })
-    if (p / "data.csv").is_file():
+    table = table_file(p)
+    if table is not None:
         if inject_time is None and use_split and (p / "inject_time.txt").is_file():
-            text = (p / "inject_time.txt").read_text().strip()
+            text = (p / "inject_time.txt").read_text(encoding="utf-8-sig").strip()
             inject_time = _timestamp(text, str(p / "inject_time.txt"))
-        return load_table(p / "data.csv", inject_time=inject_time if use_split else None, graph=graph, options=options)
-    raise OfflineDataError(f"{p}: neither a CSV nor a folder with anomalous.csv + normal.csv or data.csv")
+        data = load_table(table, inject_time=inject_time if use_split else None, graph=graph, options=options)
+        unread = [n for n in UNREAD_FILES if (p / n).is_file()]
+        if unread:
+            data = data.model_copy(update={"notes": [
+                *data.notes, f"Only the metrics ({table.name}) are read; {' and '.join(unread)} are not.",
+            ]})
+        return data
+    raise OfflineDataError(
+        f"{p}: neither a CSV nor a folder with anomalous.csv + normal.csv or one of {', '.join(TABLE_FILES)}"
+    )

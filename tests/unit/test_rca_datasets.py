@@ -1,0 +1,176 @@
+"""Recorded incident data laid out as other tools publish it (RCAEval RE1/RE2/RE3, AIOps,
+Chaos Mesh fault names): reading, the inject time's unit, the truth of `rca eval`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from controllers.rca import analyse
+from controllers.rca.evaluate import run, truth_of
+from controllers.rca.offline import OfflineDataError
+from controllers.rca.stats import robust_score
+from controllers.rca.models import TimeSeries
+from controllers.rca.tabular import load_case
+from promreflex.cli import main
+
+WOBBLE = [0.0, 0.3, -0.2, 0.1, -0.3, 0.2, 0.0, -0.1, 0.3, -0.2]
+SERVICES = ["frontend", "ts-order-service", "carts", "carts-db"]
+
+
+def case(
+    folder: Path,
+    root: str = "ts-order-service",
+    *,
+    services: list[str] = SERVICES,
+    n: int = 40,
+    start: float = 1_692_569_000,
+    step: float = 1,
+    name: str = "data.csv",
+    time_column: str = "time",
+    inject: str | None = "same",
+    row_end: str = "",
+    encoding: str = "utf-8",
+) -> Path:
+    """An RCAEval RE1-like table: ``root``'s cpu and latency go up 5x at row n/2."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cols = [f"{s}_{m}" for s in services for m in ("cpu", "mem", "latency-90")]
+    lines = [",".join([time_column, *cols])]
+    for i in range(n):
+        cells = [f"{start + i * step:.0f}"]
+        for j, s in enumerate(services):
+            w = 1 + 0.05 * WOBBLE[(i + j) % len(WOBBLE)]
+            hot = 5 if s == root and i >= n // 2 else 1
+            cells += [f"{0.2 * w * hot:.6g}", f"{2e8 * w:.6g}", f"{0.05 * w * hot:.6g}"]
+        lines.append(",".join(cells) + row_end)
+    (folder / name).write_text("\n".join(lines) + "\n", encoding=encoding)
+    if inject is not None:
+        at = start + (n // 2) * step
+        (folder / "inject_time.txt").write_text(f"{at:.0f}\n" if inject == "same" else inject)
+    return folder
+
+
+def test_rows_ending_with_a_comma_are_read(tmp_path):
+    data = load_case(case(tmp_path / "c", row_end=","))
+    assert analyse(data).top(1) == ["ts-order-service"]
+
+
+def test_values_at_the_float_limit_are_skipped_with_a_note(tmp_path):
+    assert robust_score(TimeSeries.of([1.7e308, -1.7e308, 1.7e308, 1.7e308])) is None
+    folder = case(tmp_path / "c")
+    rows = list(csv.reader((folder / "data.csv").open()))
+    rows[0].append("frontend_error")
+    for i, r in enumerate(rows[1:]):
+        r.append("1.7e308" if i >= 20 else "-1.7e308")
+    with (folder / "data.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    data = load_case(folder)
+    assert any("too large" in n and "frontend_error" in n for n in data.notes)
+    assert analyse(data).top(1) == ["ts-order-service"]
+
+
+@pytest.mark.parametrize(("step", "inject_factor", "expected"), [(1000, 1 / 1000, "times 1000"), (1, 1000, "divided by 1000")])
+def test_an_inject_time_in_the_other_unit_is_rescaled_with_a_note(tmp_path, step, inject_factor, expected):
+    start = 1_692_569_000 * (1000 if step == 1000 else 1)
+    at = (start + 20 * step) * inject_factor
+    data = load_case(case(tmp_path / "c", start=start, step=step, inject=f"{at:.0f}"))
+    assert data.baseline_end == start + 20 * step
+    assert any(expected in n and "outside the data's time range" in n for n in data.notes)
+    assert analyse(data).top(1) == ["ts-order-service"]
+
+
+def test_an_inject_time_outside_the_data_is_refused_naming_both_ranges(tmp_path, capsys):
+    folder = case(tmp_path / "c", inject="1692597800")  # 8 hours later: a naive local time
+    with pytest.raises(OfflineDataError, match=r"1692597800.*outside.*\[1692569000\.000, 1692569039\.000\]"):
+        load_case(folder)
+    assert main(["rca", "offline", str(folder / "data.csv"), "--inject-time", "1792569000"]) == 2
+    assert "outside the data's time range" in capsys.readouterr().err
+    assert main(["rca", "offline", str(folder / "data.csv"), "--inject-time", "1692569020000", "--json"]) == 0
+    assert any("divided by 1000" in s for s in json.loads(capsys.readouterr().out)["steps"])
+
+
+def test_a_timestamp_column_and_a_byte_order_mark(tmp_path):
+    assert load_case(case(tmp_path / "a", time_column="timestamp")).baseline_end == 1_692_569_020
+    assert load_case(case(tmp_path / "b", encoding="utf-8-sig")).baseline_end == 1_692_569_020
+
+
+def test_the_truth_is_the_longest_service_of_the_data_before_the_fault(tmp_path):
+    c = tmp_path / "ts-order-service_network-delay" / "1"
+    assert truth_of(c, ["ts-order", "ts-order-service", "frontend"]) == ("ts-order-service", "network-delay", None)
+    assert truth_of(tmp_path / "carts-db-cpu" / "3", ["carts", "carts-db"]) == ("carts-db", "cpu", None)
+    service, fault, note = truth_of(tmp_path / "RE1-TT" / "nothing_cpu" / "1", ["carts"])
+    assert (service, fault) == ("nothing", "cpu") and note and "not a service in the data" in note
+    results = run(case(tmp_path / "chaos" / "ts-order-service_pod-kill" / "1").parent.parent)
+    assert [(r.service, r.fault, r.rank) for r in results] == [("ts-order-service", "pod-kill", 1)]
+
+
+def test_eval_on_a_root_holding_systems_reads_the_truth_from_the_case_folder(tmp_path, capsys):
+    case(tmp_path / "RE1" / "RE1-TT" / "ts-order-service_cpu" / "1")
+    case(tmp_path / "RE1" / "RE1-SS" / "carts_mem" / "2", root="carts")
+    case(tmp_path / "RE1" / "RE1-SS" / "queue_cpu" / "1", root="carts")
+    assert main(["rca", "eval", str(tmp_path / "RE1"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    got = {c["case"]: (c["service"], c["rank"], c["note"]) for c in s["cases"]}
+    assert got["RE1-TT/ts-order-service_cpu/1"] == ("ts-order-service", 1, None)
+    assert got["RE1-SS/carts_mem/2"] == ("carts", 1, None)
+    assert got["RE1-SS/queue_cpu/1"][1] is None and "not a service" in got["RE1-SS/queue_cpu/1"][2]
+    assert main(["rca", "eval", str(tmp_path / "RE1")]) == 0
+    assert "truth 'queue' is not a service in the data" in capsys.readouterr().out
+
+
+def test_an_unreadable_case_is_listed_and_left_out_of_the_figures(tmp_path, capsys):
+    case(tmp_path / "ds" / "ts-order-service_cpu" / "1")
+    bad = tmp_path / "ds" / "carts_cpu" / "1"
+    bad.mkdir(parents=True)
+    (bad / "data.csv").write_text("when,carts_cpu\n1,2\n")
+    errors: list = []
+    results = run(tmp_path / "ds", errors=errors)
+    assert [r.rank for r in results] == [1]
+    assert [e.case for e in errors] == ["carts_cpu/1"] and str(bad / "data.csv") in errors[0].reason
+    with pytest.raises(OfflineDataError, match=str(bad / "data.csv")):
+        run(tmp_path / "ds")
+    assert main(["rca", "eval", str(tmp_path / "ds"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["figures"]["overall"]["cases"] == 1 and s["errors"][0]["path"] == str(bad)
+    assert main(["rca", "eval", str(tmp_path / "ds" / "carts_cpu")]) == 2
+    assert "could be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tables", [("metrics.csv",), ("metrics.csv", "simple_metrics.csv")])
+def test_rcaeval_re2_cases_are_table_cases(tmp_path, capsys, tables):
+    folder = tmp_path / "RE2-TT" / "ts-order-service_cpu" / "1"
+    for name in tables:
+        case(folder, name=name)
+    (folder / "logs.csv").write_text("time,timestamp,container_name,message\n1,1,frontend,hi\n")
+    (folder / "traces.csv").write_text("traceID,spanID,serviceName,startTimeMillis,duration\n")
+    data = load_case(folder)
+    assert data.source.endswith(tables[-1]) and data.baseline_end == 1_692_569_020
+    assert any("logs.csv and traces.csv are not" in n for n in data.notes)
+    assert main(["rca", "eval", str(tmp_path / "RE2-TT"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cases"][0]["rank"] == 1
+    assert main(["rca", "offline", str(folder)]) == 0
+    out = capsys.readouterr()
+    assert "_mpg.csv" not in out.err and out.out.splitlines()[1].split()[:2] == ["1", "ts-order-service"]
+
+
+def test_a_folder_of_neither_layout_names_both(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    assert main(["rca", "offline", str(tmp_path / "x")]) == 2
+    assert "metrics.csv" in capsys.readouterr().err
+
+
+def test_service_names_with_underscores_keep_their_columns(tmp_path):
+    folder = case(tmp_path / "carts_db_cpu" / "1", root="carts_db", services=["frontend", "carts", "carts_db"])
+    data = load_case(folder)
+    assert sorted(data.services) == ["carts", "carts_db", "frontend"]
+    assert {m.name for m in data.services["carts_db"].metrics} == {"carts_db_cpu", "carts_db_mem", "carts_db_latency-90"}
+    assert [(r.service, r.rank) for r in run(folder.parent)] == [("carts_db", 1)]
+
+
+def test_a_failed_start_detection_is_said(tmp_path):
+    data = load_case(case(tmp_path / "c", root="none", inject=None))
+    assert data.baseline_end is None
+    assert "no change point over the 12 series is significant" in analyse(data).explain()
