@@ -25,6 +25,11 @@ Behaviour:
   ``dwell`` under live traffic, then the Pareto choice is applied, or the current value kept
   when the pick is not significantly better. Errors rising during a dwell restore the last
   good value at once; every change is ``nginx -t``-checked and rolled back on failure;
+- the "current" value is the one in force for the tuned scope (the named server's own, else
+  the http block's, else nginx's 75 s); a config where a server or location below the tuned
+  scope sets its own ``keepalive_timeout`` (so a tuned value would not reach its traffic), an
+  ambiguous ``server_name`` or a shared snippet is refused before any trial ("tuning
+  refused: ...", counted ``failed``, not retried);
 - ``resolve`` undoes nothing: the chosen value is the new good configuration;
 - metrics on the controller's /metrics: ``promreflex_nginx_tuner_*`` (state, trials, applied
   value) plus ``promreflex_nginx_tuner_retunes_total{result}`` and
@@ -45,7 +50,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from controllers.actions.base import Action, ActionContext, Deferred, register
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.nginx_ctl import NginxControl, nginx_seconds
+from controllers.nginx_tuner.config_edit import ConfigEditError
+from controllers.nginx_tuner.nginx_ctl import NginxControl
 from controllers.nginx_tuner.passive import DEFAULT_MEMORY_QUERY, PassiveMeasurer
 from controllers.nginx_tuner.sweep import LoadMeasurer, Measure, Sweep, SweepSettings, write_results
 from promreflex.config import Duration, Strict
@@ -200,12 +206,12 @@ class RetuneNginx(Action):
                         self.log.warning("%s: an interrupted sweep's original: %s", p.nginx_config, recovered)
                 except Exception as e:  # noqa: BLE001 - said; the next sweep tries again before it starts
                     self.log.error("%s: cannot put back an interrupted sweep's original: %s", p.nginx_config, e)
-                try:
-                    args = await asyncio.to_thread(self._control(p).current_value)
+                try:  # the value in force for the tuned scope (inherited from http, else 75 s)
+                    seconds = await asyncio.to_thread(self._control(p).effective_seconds)
                 except Exception as e:  # noqa: BLE001 - a config we cannot read yet is not fatal at start
                     self.log.warning("cannot read keepalive_timeout from %s: %s", p.nginx_config, e)
                     continue
-                self.metrics.set_applied(nginx_seconds(args[0]) if args else 75.0)
+                self.metrics.set_applied(seconds)
 
     def _count(self, result: str) -> None:
         if self.retunes is not None:
@@ -240,8 +246,15 @@ class RetuneNginx(Action):
         recovered = await asyncio.to_thread(ctl.recover)  # before "current" is read: not a trial's value
         if recovered:
             self.log.warning("%s: an interrupted sweep's original: %s", p.nginx_config, recovered)
-        args = await asyncio.to_thread(ctl.current_value)
-        current = nginx_seconds(args[0]) if args else 75.0
+        try:
+            # nothing to sweep when no value could reach the traffic (an override below the tuned
+            # scope), the server name is ambiguous or the config cannot be read: said, not retried
+            await asyncio.to_thread(ctl.check_tunable)
+        except ConfigEditError as e:
+            self._count("failed")
+            return f"tuning refused: {e}"
+        # the value in force: the scope's own, else inherited from http, else nginx's 75 s
+        current = await asyncio.to_thread(ctl.effective_seconds)
         if self.metrics is not None:
             self.metrics.set_applied(current)
         measure: Measure

@@ -109,12 +109,9 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _current(ctl) -> float | None:  # noqa: ANN001
-    from controllers.nginx_tuner.nginx_ctl import nginx_seconds
-
-    args = ctl.current_value()
-    if not args:
-        return 75.0  # absent: nginx's built-in default
-    return nginx_seconds(args[0])
+    """The value in force for the tuned scope: the nearest definition going up (server, then
+    http), else nginx's built-in 75 s; not merely what is written in the scope itself."""
+    return ctl.effective_seconds()
 
 
 async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: ANN001
@@ -137,16 +134,21 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
     ctl = NginxControl(args.nginx_config, prefix, args.nginx_binary, server_name=args.server_name,
                        health_url=args.health_url or (args.load_url if args.mode == "active" else None),
                        pid_path=args.nginx_pid_file, reload_timeout=args.reload_timeout)
+    from controllers.nginx_tuner.config_edit import ConfigEditError
     from controllers.nginx_tuner.nginx_ctl import NginxError
 
     try:  # a sweep killed mid-way left a trial value: its original goes back first
         recovered = ctl.recover()
-    except NginxError as e:
+        # refused before any trial: an override below the tuned scope (the sweep would measure
+        # the same effective value for every candidate), an ambiguous server name, a shared
+        # snippet, a config that cannot be read
+        ctl.check_tunable()
+        current = _current(ctl)
+    except (NginxError, ConfigEditError) as e:
         progress(f"promreflex {TUNE}: {e}")
         return 1
     if recovered:
         progress(f"an interrupted sweep's original: {recovered}")
-    current = _current(ctl)
     metrics = TunerMetrics(sorted({*settings.candidates, *([current] if current is not None else [])}),
                            registry=registry)
     ctl.metrics = metrics
@@ -189,8 +191,14 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from controllers.nginx_tuner.config_edit import ConfigEditError
+    from controllers.nginx_tuner.nginx_ctl import NginxError
+
     try:
         return asyncio.run(run_tune(args))
+    except (ConfigEditError, NginxError) as e:  # a config it cannot work with: one line, no traceback
+        print(f"promreflex {TUNE}: {e}", file=sys.stderr)
+        return 1
     except ValueError as e:
         print(f"promreflex {TUNE}: {e}", file=sys.stderr)
         return 2

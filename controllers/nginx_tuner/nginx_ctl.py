@@ -70,11 +70,16 @@ from pathlib import Path
 from typing import Literal
 
 from controllers.nginx_tuner import config_edit
-from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult
+from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, nginx_seconds
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.procfs import children, cmdline
 from promreflex.fsutil import atomic_write_text
 from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
+
+__all__ = ["NOT_RUNNING", "ApplyResult", "NginxControl", "NginxError", "ReloadResult", "nginx_seconds"]
+
+#: nginx's built-in ``keepalive_timeout`` (the value in force when no enclosing block sets one).
+NGINX_DEFAULT_KEEPALIVE_S = 75.0
 
 #: How :meth:`NginxControl.restore_original` ends when the file is back but no nginx serves it:
 #: a sweep that kept its value then has not ended well (nginx is down), whatever the file says.
@@ -82,26 +87,8 @@ NOT_RUNNING = "nginx is not running"
 
 Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
 
-_TIME_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "M": 2592000, "y": 31536000}
-_TIME_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|M|y)?")
-
-
 class NginxError(Exception):
     """nginx is not in a state this controller can work with (no master, bad pid file...)."""
-
-
-def nginx_seconds(text: str) -> float:
-    """nginx time syntax to seconds: ``75`` and ``75s`` -> 75.0, ``1m30s`` -> 90.0, ``500ms`` -> 0.5."""
-    pos, total = 0, 0.0
-    while pos < len(text):
-        m = _TIME_PART.match(text, pos)
-        if m is None or m.end() == pos:
-            raise ValueError(f"not an nginx time: {text!r}")
-        total += int(m.group(1)) * _TIME_UNITS[m.group(2) or "s"]
-        pos = m.end()
-    if not text:
-        raise ValueError("empty nginx time")
-    return total
 
 
 @dataclass(frozen=True)
@@ -208,7 +195,9 @@ class NginxControl:
         try:
             pid = int(self.pid_path.read_text().strip())
         except (OSError, ValueError) as e:
-            raise NginxError(f"cannot read nginx pid file {self.pid_path}: {e}") from e
+            hint = ("; is nginx running with this config, and is --nginx.prefix (or --nginx.pid-file) its -p prefix "
+                    f"({self.prefix})?") if isinstance(e, FileNotFoundError) else ""
+            raise NginxError(f"cannot read nginx pid file {self.pid_path}: {e}{hint}") from e
         if not pid_alive(pid) or "master process" not in cmdline(pid):
             raise NginxError(f"pid {pid} from {self.pid_path} is not a running nginx master")
         return pid
@@ -218,8 +207,24 @@ class NginxControl:
         return children(self.master_pid())
 
     def current_value(self) -> tuple[str, ...] | None:
+        """The arguments set directly in the tuned scope (what an edit replaces), or None."""
         loc = config_edit.get_directive(self.conf_path, self.directive, self.server_name)
         return loc.args if loc else None
+
+    def effective_seconds(self) -> float:
+        """The ``keepalive_timeout`` in force for the tuned scope, in seconds: the nearest
+        definition going up (the named server's own, else the ``http`` block's), else nginx's
+        built-in 75 s. Raises :class:`ConfigEditError` (unreadable config, ambiguous server)
+        or ValueError (not a time)."""
+        loc = config_edit.effective_directive(self.conf_path, self.directive, self.server_name)
+        return nginx_seconds(loc.args[0]) if loc else NGINX_DEFAULT_KEEPALIVE_S
+
+    def check_tunable(self) -> None:
+        """Raise :class:`ConfigEditError` when :meth:`apply` would refuse every value because of
+        the configuration's layout: the server name is ambiguous, the config cannot be read, a
+        server/location below the tuned scope sets its own value (the edit would not reach its
+        traffic), or the directive lives in a snippet that other blocks include too."""
+        config_edit.check_tunable(self.conf_path, self.directive, self.server_name)
 
     # ------------------------------------------------------------------ test & reload
 
@@ -426,8 +431,15 @@ class NginxControl:
         """Set the directive to ``value`` and make it live, or roll back and say why.
 
         Never raises for nginx trouble: every failure is a result with ``stage`` and
-        ``message``. An unexpected exception after the edit (master vanished mid-reload,
-        disk error...) still restores the backup before it is reported.
+        ``message``, a config it cannot read (a missing include, an ambiguous server name)
+        included: that is a ``precheck`` failure. It also refuses at ``precheck``, touching
+        nothing, when the edit would not reach the traffic of the tuned scope (a server or
+        location below it sets its own value: tune that server with ``server_name``, or remove
+        the override) or would change other servers too (a shared snippet): see
+        :meth:`check_tunable`. A ``keepalive_timeout`` second argument (the Keep-Alive header
+        timeout) above the new value is lowered to it, and the message says so. An unexpected
+        exception after the edit (master vanished mid-reload, disk error...) still restores the
+        backup before it is reported.
         """
         shown = value if isinstance(value, (str, int)) else " ".join(value)
         res = ApplyResult(False, str(shown), "precheck", "")
@@ -438,12 +450,10 @@ class NginxControl:
             finally:
                 self._state("rolled_back" if res.rolled_back else "idle")
             if res.ok and self.metrics is not None:
-                args = self.current_value()
-                if args:
-                    try:
-                        self.metrics.set_applied(nginx_seconds(args[0]))
-                    except ValueError:
-                        res.notes.append(f"applied value {args[0]!r} is not a time; gauge not updated")
+                try:
+                    self.metrics.set_applied(self.effective_seconds())
+                except (ValueError, ConfigEditError) as e:
+                    res.notes.append(f"cannot read the applied value back ({e}); gauge not updated")
         return res
 
     def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:
@@ -452,16 +462,26 @@ class NginxControl:
         except NginxError as e:
             res.message = f"not touching the config: {e}"
             return
+        except ConfigEditError as e:  # (the pid file's path comes from the config)
+            ok, msg = self.test()
+            res.message = f"not touching the config: it already fails nginx -t: {msg}" if not ok else f"not touching the config: {e}"
+            return
         ok, msg = self.test()
         if not ok:
             res.message = f"not touching the config: it already fails nginx -t: {msg}"
+            return
+        try:  # an override below the tuned scope, an ambiguous server, a shared snippet
+            self.check_tunable()
+        except ConfigEditError as e:
+            res.message = f"not touching the config: {e}"
             return
         if not self._healthy_within():  # a rollback could not bring back a health that was never there
             res.message = "not touching the config: the health check already fails"
             return
         res.stage = "edit"
         try:
-            edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name, backup_dir=self.backup_dir)
+            edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name,
+                                             backup_dir=self.backup_dir, refuse_shadowed=True, clamp_header=True)
         except ConfigEditError as e:
             res.message = f"edit refused, nothing written: {e}"
             return

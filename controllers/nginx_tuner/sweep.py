@@ -16,15 +16,19 @@ One engine, two ways to measure (both return a :class:`Measurement`):
 
 The sweep (:class:`Sweep`):
 
-1. reads the current value; it is always measured too (added to the grid when absent), since
-   the keep-current rule compares against it;
+1. reads the current value (the caller passes the value in force for the tuned scope: its
+   own, else inherited from ``http``, else nginx's 75 s, so the "current" trial re-applies
+   what was running); it is always measured too (added to the grid when absent), since the
+   keep-current rule compares against it;
 2. runs ``trial.trial_plan`` (every candidate once per round, rounds in a Williams order);
    each trial = ``apply`` (edit, ``nginx -t``, reload, wait for the old workers to be gone,
    health check; rolled back by ``NginxControl`` on any failure) then ``measure``;
 3. a trial whose error ratio exceeds ``max_error_ratio`` (or a passive dwell aborted for
    rising errors) restores the last good value at once (the value nginx ran before the
    sweep, which served without errors) and the candidate is dropped from later rounds, as is
-   a candidate whose apply failed (nginx already rolled back to the previous file);
+   a candidate whose apply failed (nginx already rolled back to the previous file), whose
+   apply raised, or whose edit is redefined in a nested server/location (``shadowed_by``:
+   the traffic would not get it, so measuring it would measure the override);
 4. with ``early_stop``, after each round from ``min_repeats`` on: candidates whose intervals
    lie entirely above another candidate's on both objectives are dropped (``pareto.prune``),
    and the sweep stops when the decision (value to apply, keep or change) has been the same
@@ -60,7 +64,8 @@ from typing import Any, Protocol
 
 from controllers.nginx_tuner.memory import Method, group_memory, nginx_memory
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.nginx_ctl import NOT_RUNNING, ApplyResult, NginxControl
+from controllers.nginx_tuner.config_edit import ConfigEditError
+from controllers.nginx_tuner.nginx_ctl import NOT_RUNNING, ApplyResult, NginxControl, NginxError
 from controllers.nginx_tuner.pareto import Choice, Point, Rule, choose, prune
 from controllers.nginx_tuner.trial import LoadError, Trial, run_load, trial_plan
 from promreflex.fsutil import atomic_write_json, atomic_write_text
@@ -418,7 +423,15 @@ class Sweep:
         started = time.time()
         t0 = time.monotonic()
         rec = TrialRecord(t.index, t.round, t.value, "ok", started, 0.0)
-        res = await self._apply(t.value)
+        try:
+            res = await self._apply(t.value)
+        except (ConfigEditError, NginxError) as e:  # (NginxControl.apply says so itself; another apply may raise)
+            res = ApplyResult(False, f"{t.value:g}", "precheck", f"not applied: {e}")
+        if res.ok and res.edit is not None and res.edit.shadowed_by:
+            # the value was written, but a server/location below sets its own: what is measured
+            # is not this candidate (the pre-sweep config comes back when the sweep ends)
+            where = ", ".join(f"{loc.file}:{loc.line}" for loc in res.edit.shadowed_by)
+            res.ok, res.message = False, f"{res.message}, but it is redefined at {where}: the traffic does not get it"
         if not res.ok:
             rec.result = "apply_failed"
             rec.message = f"{res.stage}: {res.message}" + ("" if res.serving_last_good else " (NOT serving the last good config)")

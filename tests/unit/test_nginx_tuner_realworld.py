@@ -1,0 +1,420 @@
+"""Real-world nginx layouts from an outside review (controllers.nginx_tuner): the value in
+force, overrides that would hide an edit, configs that must not give a traceback, the
+Keep-Alive header timeout, one-line configs, nginx's own quoting rules and shared snippets."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controllers.nginx_tuner import cli, config_edit
+from controllers.nginx_tuner.action import RetuneNginx, RetuneParams
+from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, Location, get_directive, set_directive
+from controllers.nginx_tuner.metrics import TunerMetrics
+from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
+from controllers.nginx_tuner.procfs import cmdline
+from controllers.nginx_tuner.sweep import Measurement, Sweep, SweepSettings
+from promreflex.proc import wait_until
+
+HDR = "worker_processes 1;\npid logs/nginx.pid;\nerror_log logs/error.log;\nevents { worker_connections 64; }\n"
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+INHERIT = HDR + """http {
+    keepalive_timeout 20;
+    server {
+        listen 127.0.0.1:18101;
+        server_name shop;
+        location / { return 200 ok; }
+    }
+}
+"""
+SHADOW_SERVER = HDR + """http {
+    keepalive_timeout 65;
+    server {
+        listen 127.0.0.1:18082;
+        server_name shop;
+        keepalive_timeout 10;
+        location / { return 200 ok; }
+    }
+}
+"""
+LOCATION = HDR + """http {
+    server {
+        listen 127.0.0.1:18096;
+        server_name shop;
+        keepalive_timeout 65;
+        location / {
+            keepalive_timeout 15;
+            return 200 ok;
+        }
+    }
+}
+"""
+OTHER_VHOST = HDR + """http {
+    server { listen 127.0.0.1:18097; server_name shop; keepalive_timeout 30; location / { return 200 ok; } }
+    server { listen 127.0.0.1:18098; server_name blog; keepalive_timeout 5; }
+}
+"""
+CERTBOT = """server {
+    server_name shop.example.com;
+    listen 127.0.0.1:18443;
+    keepalive_timeout 20;
+    location / { return 200 ok; }
+}
+server {
+    if ($host = shop.example.com) { return 301 https://$host$request_uri; } # managed by Certbot
+    listen 127.0.0.1:18084;
+    server_name shop.example.com;
+    return 404;
+}
+"""
+UPSTREAM = HDR + """http {
+    keepalive_timeout 65;
+    upstream app { server 127.0.0.1:18999; keepalive 16; keepalive_timeout 60s; }
+    server { listen 127.0.0.1:18095; server_name shop; location / { proxy_pass http://app; } }
+}
+"""
+
+
+def write(tmp_path: Path, text: str, others: dict[str, str] | None = None) -> Path:
+    """``nginx.conf`` with ``text`` (and other files by relative path) in ``tmp_path``."""
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(text)
+    for name, body in (others or {}).items():
+        f = tmp_path / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(body)
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    return conf
+
+
+def nginx_t(conf: Path) -> subprocess.CompletedProcess[str]:
+    assert NGINX is not None
+    return subprocess.run([NGINX, "-t", "-q", "-c", str(conf), "-p", f"{conf.parent}/"], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture
+def fake_master(tmp_path: Path) -> Iterator[Path]:
+    """A pid file naming a process that looks like an nginx master (and ignores SIGHUP)."""
+    proc = subprocess.Popen(["bash", "-c", 'trap "" HUP; exec -a "nginx: master process" sleep 60'])
+    try:
+        wait_until(lambda: "master process" in cmdline(proc.pid), timeout=10, what="the fake master")
+        pid_file = tmp_path / "fake.pid"
+        pid_file.write_text(f"{proc.pid}\n")
+        yield pid_file
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def control(conf: Path, pid_file: Path, **kw: object) -> NginxControl:
+    """A control whose ``nginx -t`` always passes (/bin/true) and whose health is fine."""
+    return NginxControl(conf, conf.parent, "/bin/true", pid_path=pid_file, health_check=lambda: True,
+                        reload_timeout=0.5, emerg_grace=0.1, health_timeout=0.5, **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ H2: the value in force
+
+
+def test_current_value_is_inherited_from_http_for_a_named_server(tmp_path: Path) -> None:
+    conf = write(tmp_path, INHERIT)
+    ctl = NginxControl(conf, tmp_path, server_name="shop")
+    assert cli._current(ctl) == 20.0  # not nginx's 75: the server inherits http's 20
+    assert config_edit.effective_directive(conf, "keepalive_timeout", "shop") == Location(conf, 6, ("20",))
+    assert get_directive(conf, "keepalive_timeout", "shop") is None  # (nothing set in the server itself)
+
+
+def test_current_value_is_nginx_default_only_when_nothing_sets_it(tmp_path: Path) -> None:
+    conf = write(tmp_path, HDR + "http {\n    server { listen 127.0.0.1:18099; server_name shop; }\n}\n")
+    assert cli._current(NginxControl(conf, tmp_path, server_name="shop")) == 75.0
+    conf.write_text(SHADOW_SERVER)
+    assert cli._current(NginxControl(conf, tmp_path, server_name="shop")) == 10.0  # the server's own wins
+
+
+async def test_the_inherited_value_is_published_at_start(tmp_path: Path) -> None:
+    conf = write(tmp_path, INHERIT)
+    reg = CollectorRegistry()
+    action = RetuneNginx()
+    action.route_params = [RetuneParams.model_validate({"nginx_config": str(conf), "server_name": "shop"})]
+    await action.start({"registry": reg})
+    assert reg.get_sample_value("promreflex_nginx_tuner_applied_keepalive_timeout_seconds") == 20
+
+
+# ------------------------------------------------------------------ H1: overrides hide the edit
+
+
+def test_http_level_apply_is_refused_when_a_server_sets_its_own(tmp_path: Path, fake_master: Path) -> None:
+    conf = write(tmp_path, SHADOW_SERVER)
+    before = conf.read_bytes()
+    res = control(conf, fake_master).apply(30)
+    assert (res.ok, res.stage, res.edit) == (False, "precheck", None)
+    assert f"{conf}:10" in res.message and "--nginx.server-name" in res.message and "remove the override" in res.message
+    assert conf.read_bytes() == before
+
+
+def test_named_server_apply_is_refused_when_its_location_sets_its_own(tmp_path: Path, fake_master: Path) -> None:
+    conf = write(tmp_path, LOCATION)
+    before = conf.read_bytes()
+    res = control(conf, fake_master, server_name="shop").apply(30)
+    assert (res.ok, res.stage, res.edit) == (False, "precheck", None)
+    assert f"{conf}:11" in res.message and "remove the override" in res.message
+    assert conf.read_bytes() == before
+
+
+def test_another_vhosts_own_value_does_not_block_a_named_server(tmp_path: Path) -> None:
+    conf = write(tmp_path, OTHER_VHOST)
+    config_edit.check_tunable(conf, "keepalive_timeout", "shop")  # blog's 5 is blog's business
+    res = set_directive(conf, "keepalive_timeout", "12", server_name="shop", refuse_shadowed=True)
+    assert res.changed and res.shadowed_by == ()
+    with pytest.raises(config_edit.ShadowedError, match=rf"{conf}:7 .*--nginx.server-name"):
+        config_edit.check_tunable(conf, "keepalive_timeout")  # http level: both servers override it
+
+
+def test_tune_nginx_refuses_a_shadowed_http_edit_before_any_trial(tmp_path: Path) -> None:
+    conf = write(tmp_path, SHADOW_SERVER)
+    before = conf.read_bytes()
+    said: list[str] = []
+    p = argparse.ArgumentParser()
+    cli.add_tune_arguments(p)
+    args = p.parse_args(["--nginx.config", str(conf), "--nginx.pid-file", str(tmp_path / "none.pid"), "--mode", "active",
+                         "--load.url", "http://127.0.0.1:9/", "--candidates", "5,10", "--repeats", "1",
+                         "--results.dir", str(tmp_path / "results")])
+    import asyncio
+
+    assert asyncio.run(cli.run_tune(args, progress=said.append)) == 1
+    assert len(said) == 1 and f"{conf}:10" in said[0] and "--nginx.server-name" in said[0]
+    assert conf.read_bytes() == before and not (tmp_path / "results").exists()
+
+
+async def test_sweep_does_not_measure_a_shadowed_edit() -> None:
+    applied: list[int] = []
+
+    def apply(value: int) -> ApplyResult:
+        applied.append(value)
+        edit = EditResult(Path("/x.conf"), 6, "keepalive_timeout", ("65",), (str(value),), False, True, None,
+                          (Location(Path("/x.conf"), 10, ("10",)),), f"keepalive_timeout 65 -> {value}")
+        return ApplyResult(True, str(value), "done", edit.message, edit=edit)
+
+    async def measure(value: float) -> Measurement:
+        raise AssertionError("a shadowed edit must not be measured")
+
+    sweep = Sweep(SweepSettings(candidates=(5.0, 10.0), repeats=1), apply, measure, 65.0, progress=lambda _: None)
+    res = await sweep.run()
+    assert res.records and all(r.result == "apply_failed" and "/x.conf:10" in r.message for r in res.records)
+    assert res.choice is None and not res.final_ok
+
+
+async def test_retune_action_refuses_a_shadowed_config_without_a_trial(tmp_path: Path) -> None:
+    from controllers.actions.base import ActionContext
+    from controllers.models import Alert
+
+    conf = write(tmp_path, SHADOW_SERVER)
+    before = conf.read_bytes()
+    reg = CollectorRegistry()
+    action = RetuneNginx()
+    await action.start({"registry": reg})
+    p = RetuneParams.model_validate({"nginx_config": str(conf), "pid_file": str(tmp_path / "none.pid")})
+    alert = Alert.model_validate({
+        "status": "firing", "labels": {"alertname": "NginxResponseTimeHigh"}, "annotations": {},
+        "startsAt": "2026-01-02T03:00:00Z", "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "abc",
+    })
+    said = await action.fire(ActionContext("retune", alert, p, {}))
+    assert said.startswith("tuning refused") and f"{conf}:10" in said
+    assert reg.get_sample_value("promreflex_nginx_tuner_retunes_total", {"result": "failed"}) == 1
+    assert not reg.get_sample_value("promreflex_nginx_tuner_trials_total", {"result": "apply_failed"})
+    assert conf.read_bytes() == before
+
+
+def test_upstream_keepalive_timeout_is_not_a_redefinition(tmp_path: Path) -> None:
+    conf = write(tmp_path, UPSTREAM)
+    res = set_directive(conf, "keepalive_timeout", "30")
+    assert res.shadowed_by == () and "redefined" not in res.message
+
+
+# ------------------------------------------------------------------ H3: no traceback
+
+
+def test_ambiguous_server_name_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 65;\n    include sites-enabled/*;\n}\n", {"sites-enabled/shop": CERTBOT})
+    p = argparse.ArgumentParser()
+    cli.add_tune_arguments(p)
+    args = p.parse_args(["--nginx.config", str(conf), "--nginx.prefix", str(tmp_path), "--nginx.server-name", "shop.example.com",
+                         "--mode", "active", "--load.url", "http://127.0.0.1:9/", "--candidates", "5,10", "--repeats", "1",
+                         "--results.dir", str(tmp_path / "results")])
+    assert cli.cmd_tune(args) == 1
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "found 2" in text and "shop.example.com" in text and "Traceback" not in text
+
+
+@pytest.mark.skipif(NGINX is None, reason="needs an nginx binary for nginx -t")
+def test_apply_on_a_config_crossplane_cannot_read_is_a_precheck_failure(tmp_path: Path) -> None:
+    conf = write(tmp_path, HDR.replace("pid logs/nginx.pid;\n", "") + "http {\n    include missing.conf;\n    keepalive_timeout 65;\n}\n")
+    before = conf.read_bytes()
+    ctl = NginxControl(conf, tmp_path, NGINX)  # the pid file's path has to come from the config
+    res = ctl.apply(2)  # must not raise
+    assert (res.ok, res.stage, res.edit) == (False, "precheck", None)
+    assert "not touching the config" in res.message and "missing.conf" in res.message
+    assert conf.read_bytes() == before
+
+
+async def test_an_apply_that_raises_a_config_error_does_not_abort_the_sweep() -> None:
+    def apply(value: int) -> ApplyResult:
+        raise ConfigEditError("cannot parse /x.conf: No such file or directory: /missing.conf")
+
+    async def measure(value: float) -> Measurement:
+        raise AssertionError("nothing was applied")
+
+    res = await Sweep(SweepSettings(candidates=(5.0, 10.0), repeats=1), apply, measure, None, progress=lambda _: None).run()
+    assert res.records and all(r.result == "apply_failed" and "missing.conf" in r.message for r in res.records)
+    assert res.choice is None
+
+
+# ------------------------------------------------------------------ M4: the Keep-Alive header timeout
+
+
+def test_header_timeout_is_lowered_with_the_timeout(tmp_path: Path, fake_master: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 65 60;\n    server { listen 127.0.0.1:18110; }\n}\n")
+
+    def live(self: NginxControl, edit: EditResult, res: ApplyResult) -> None:  # nginx -t/reload/health: not the point here
+        res.ok, res.stage, res.message = True, "done", edit.message
+
+    monkeypatch.setattr(NginxControl, "_make_live", live)
+    reg = CollectorRegistry()
+    res = control(conf, fake_master, metrics=TunerMetrics([5, 10], registry=reg)).apply(5)
+    assert res.ok and get_directive(conf, "keepalive_timeout").args == ("5", "5")
+    assert "keepalive_timeout 5 5;" in conf.read_text()
+    assert "Keep-Alive header timeout 60 was lowered to 5" in res.message
+    res = control(conf, fake_master).apply(30)  # above the header value: it stays
+    assert res.ok and get_directive(conf, "keepalive_timeout").args == ("30", "5")
+
+
+def test_header_clamp_compares_times_not_strings(tmp_path: Path) -> None:
+    conf = write(tmp_path, HDR + 'http {\n    keepalive_timeout 1m "65s";\n}\n')
+    res = set_directive(conf, "keepalive_timeout", "30", clamp_header=True)
+    assert res.new_args == ("30", "30") and "lowered" in res.message
+    assert "keepalive_timeout 30 30;" in conf.read_text()
+    res = set_directive(conf, "keepalive_timeout", "2m", clamp_header=True)  # 30 s < 2 min: kept
+    assert res.new_args == ("2m", "30") and "lowered" not in res.message
+
+
+# ------------------------------------------------------------------ M1: http { on a line with another block
+
+
+@pytest.mark.parametrize("text", [
+    HDR.replace("events { worker_connections 64; }\n", "events { worker_connections 64; } http {\n")
+    + "    server { listen 127.0.0.1:18092; }\n}\n",
+    "worker_processes 1; pid logs/nginx.pid; error_log logs/error.log; events { worker_connections 64; } http { server "
+    "{ listen 127.0.0.1:18091; location / { return 200 ok; } } }",
+], ids=["sameline", "minified"])
+def test_insert_lands_in_http_when_it_shares_a_line_with_events(tmp_path: Path, text: str) -> None:
+    conf = write(tmp_path, text)
+    res = set_directive(conf, "keepalive_timeout", "30")
+    assert res.inserted and get_directive(conf, "keepalive_timeout").args == ("30",)
+    assert "events { worker_connections 64; }" in conf.read_text()
+    if NGINX is not None:
+        assert nginx_t(conf).returncode == 0, nginx_t(conf).stderr
+
+
+def test_verify_checks_the_parent_block_of_an_insert(tmp_path: Path) -> None:
+    old = tmp_path / "old.conf"
+    new = tmp_path / "new.conf"
+    old.write_text("events { worker_connections 64; } http { gzip on; }\n")
+    new.write_text("events { keepalive_timeout 30; worker_connections 64; } http { gzip on; }\n")
+    with pytest.raises(ConfigEditError, match="did not give exactly the intended change"):
+        config_edit._verify(old, new, "keepalive_timeout", None, ("30",), parent=2)  # http is entry 2
+    new.write_text("events { worker_connections 64; } http { keepalive_timeout 30; gzip on; }\n")
+    config_edit._verify(old, new, "keepalive_timeout", None, ("30",), parent=2)
+
+
+# ------------------------------------------------------------------ M2: nginx's quoting rules
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    ("        location / { add_header X-Note don't; return 200 ok; }\n", "don't"),
+    ("        location /lua {\n            content_by_lua_block {\n                -- don't touch: braces { in comments\n"
+     "                local t = { a = \"}\" }\n                ngx.say(#t, 'ok')\n            }\n        }\n", "content_by_lua_block"),
+], ids=["quote-in-word", "lua-comment"])
+def test_configs_nginx_accepts_are_not_refused_by_the_tokenizer(tmp_path: Path, extra: str, line: str) -> None:
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 65;\n    server {\n        listen 127.0.0.1:18089;\n" + extra + "    }\n}\n")
+    before = conf.read_text()
+    res = set_directive(conf, "keepalive_timeout", "30")
+    assert res.changed and conf.read_text() == before.replace("keepalive_timeout 65;", "keepalive_timeout 30;")
+    assert line in conf.read_text()
+
+
+def test_tokenizer_follows_nginx_quote_rules_and_skips_lua_bodies() -> None:
+    toks = config_edit.tokenize("add_header X don't;\ncontent_by_lua_block {\n -- it's { here\n}\nreturn 200;")
+    assert [t.text for t in toks if t.kind != "lua"] == ["add_header", "X", "don't", ";", "content_by_lua_block", ";", "return", "200", ";"]
+    assert toks[-3].line == 5
+
+
+@pytest.mark.parametrize(("value", "old", "new"), [
+    ('"65"', ("65",), ("30",)),
+    ('1m "65s"', ("1m", "65s"), ("30", "65s")),
+], ids=["quoted", "units"])
+def test_quoted_values_are_compared_unquoted(tmp_path: Path, value: str, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+    conf = write(tmp_path, HDR + f"http {{\n    keepalive_timeout {value};\n    server {{ listen 127.0.0.1:18087; }}\n}}\n")
+    res = set_directive(conf, "keepalive_timeout", "30")
+    assert (res.old_args, res.new_args) == (old, new)
+    assert get_directive(conf, "keepalive_timeout").args == new
+
+
+# ------------------------------------------------------------------ M3: shared snippets
+
+
+def test_named_server_edit_of_a_shared_snippet_is_refused(tmp_path: Path) -> None:
+    conf = write(tmp_path, HDR + "http {\n"
+                 "    server { listen 127.0.0.1:18085; server_name a; include snippets/tuning.conf; }\n"
+                 "    server { listen 127.0.0.1:18086; server_name b; include snippets/tuning.conf; }\n}\n",
+                 {"snippets/tuning.conf": "keepalive_timeout 65;\nsend_timeout 30;\n"})
+    snippet = tmp_path / "snippets" / "tuning.conf"
+    before = snippet.read_bytes()
+    with pytest.raises(ConfigEditError, match=rf"included 2 times \({conf}:6, {conf}:7\)"):
+        set_directive(conf, "keepalive_timeout", "30", server_name="a")
+    assert snippet.read_bytes() == before
+
+
+# ------------------------------------------------------------------ L2: a pid file that is not there
+
+
+def test_missing_pid_file_names_the_path_and_the_prefix(tmp_path: Path) -> None:
+    conf = write(tmp_path, INHERIT)
+    res = NginxControl(conf, tmp_path / "wrong-prefix").apply(30)
+    assert res.stage == "precheck" and str(tmp_path / "wrong-prefix" / "logs" / "nginx.pid") in res.message
+    assert "--nginx.prefix" in res.message
+
+
+# ------------------------------------------------------------------ M5 (part): a Lua long string with braces
+
+
+def test_a_definition_misread_into_a_bogus_block_is_refused_not_inserted_twice(tmp_path: Path) -> None:
+    """crossplane's Lua lexer counts braces inside Lua long strings (``[[ } { ]]``): what follows
+    lands in a block that does not exist. The tuner refuses rather than report the value absent
+    and insert a second one."""
+    conf = write(tmp_path, HDR + """http {
+    init_by_lua_block {
+        local s = [[
+          multi-line } long string {
+        ]]
+        local n = #s -- length { of s
+    }
+    server {
+        listen 127.0.0.1:18111;
+        location / { content_by_lua_block { ngx.say("}") } }
+    }
+    keepalive_timeout 65;
+}
+""")
+    before = conf.read_bytes()
+    with pytest.raises(ConfigEditError, match=rf"{conf}:16 \(inside 'long'\).*misread"):
+        set_directive(conf, "keepalive_timeout", "30")
+    with pytest.raises(ConfigEditError, match="misread"):
+        cli._current(NginxControl(conf, tmp_path))
+    assert conf.read_bytes() == before
