@@ -262,29 +262,35 @@ class Engine:
         counts = {"accepted": 0, "duplicate": 0, "stale": 0, "conflict": 0}
         now = self.clock()
         self._expire(now)
-        for alert in payload.alerts:
-            key = dedupe_key(alert)
-            if self._conflicts(alert):  # before the dedupe memory: the genuine one is not a duplicate
-                result = "conflict"
-            elif key in self._seen:
-                result = "duplicate"
-            else:
-                self._seen[key] = now
-                self.store.put_seen(key, now)
-                try:
+        added: list[tuple[str, str, str]] = []
+        try:
+            for alert in payload.alerts:
+                key = dedupe_key(alert)
+                if self._conflicts(alert):  # before the dedupe memory: the genuine one is not a duplicate
+                    result = "conflict"
+                elif key in self._seen:
+                    result = "duplicate"
+                else:
+                    self._seen[key] = now
+                    self.store.put_seen(key, now)
+                    added.append(key)
                     result = self._observe(alert, now)
-                except BaseException:  # the 500's retry must not be a "duplicate" of what was not taken
-                    self._seen.pop(key, None)
-                    self.store.delete_seen(key)
-                    raise
-            counts[result] += 1
-            self.metrics.notifications.labels(alert.status, result).inc()
-            self.audit.write(
-                "notification", result=result, status=alert.status, fingerprint=alert.fingerprint,
-                startsAt=alert.startsAt.isoformat(), labels=alert.labels, groupKey=payload.groupKey,
-            )
-        self.metrics.last_notification.set(now)
-        await self.store.commit()
+                counts[result] += 1
+                self.metrics.notifications.labels(alert.status, result).inc()
+                self.audit.write(
+                    "notification", result=result, status=alert.status, fingerprint=alert.fingerprint,
+                    startsAt=alert.startsAt.isoformat(), labels=alert.labels, groupKey=payload.groupKey,
+                )
+            self.metrics.last_notification.set(now)
+            await self.store.commit()
+        except BaseException:
+            # Answered 500 so that Alertmanager retries: the retry must be taken, not be a
+            # "duplicate" of a notification whose effect did not reach the disk (a full disk at
+            # the commit) or was not recorded at all (an error while observing it).
+            for key in added:
+                self._seen.pop(key, None)
+                self.store.delete_seen(key)
+            raise
         return counts
 
     def _conflicts(self, alert: Alert) -> bool:
@@ -419,7 +425,7 @@ class Engine:
                 self._observe(alert, now)
         resolved = 0
         for entry in list(self.entries.values()):
-            if entry.alert.fingerprint not in active_fps and entry.desired == FIRING:
+            if entry.alert.fingerprint not in active_fps and entry.desired == FIRING and entry.alert.source == "alertmanager":
                 self._absent(entry, now)
                 resolved += 1
         self.metrics.reconcile_runs.labels("ok").inc()
@@ -564,7 +570,7 @@ class Engine:
 
     async def _still_active(self, entry: Entry) -> bool:
         """Re-check with Alertmanager before acting; if it cannot be asked, trust the notification."""
-        if self.services.get("alertmanager") is None:
+        if self.services.get("alertmanager") is None or entry.alert.source != "alertmanager":
             return True
         active = await self._active_fingerprints()
         return active is None or entry.alert.fingerprint in active

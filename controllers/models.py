@@ -66,6 +66,11 @@ class Alert(BaseModel):
     endsAt: datetime | None = None
     generatorURL: str = ""
     fingerprint: str = ""
+    # Who holds the alert: "alertmanager", whose API the engine re-checks and reconciles
+    # against, or "grafana" (a version 1 payload: Grafana's own alerting, absent from any
+    # Alertmanager's listing, so neither re-checked nor resolved for its absence there). Set
+    # from the payload's version, never from the sender's alert (WebhookPayload).
+    source: Literal["alertmanager", "grafana"] = "alertmanager"
 
     @model_validator(mode="before")
     @classmethod
@@ -131,6 +136,11 @@ class WebhookPayload(BaseModel):
     def _drop_nulls(cls, data: object) -> object:
         return _without_nulls(data, ("truncatedAlerts", "groupLabels", "commonLabels", "commonAnnotations",
                                      "externalURL"))
+
+    def model_post_init(self, __context: object) -> None:
+        source = "grafana" if self.version == "1" else "alertmanager"
+        if any(a.source != source for a in self.alerts):
+            object.__setattr__(self, "alerts", [a.model_copy(update={"source": source}) for a in self.alerts])
 
 
 def alert_from_api(item: dict) -> Alert:

@@ -93,12 +93,16 @@ _SHAPED = {
 # an internal redirect to another group: "a : b"), unquoted in ingress-nginx's default
 # log-format-upstream ($upstream_addr $upstream_response_length ...). The times and statuses above
 # have their own list shapes; these get the generic one. Any other $upstream_* variable gets it
-# too when it is not quoted (where quotes delimit the value anyway).
+# too when it is not quoted (where quotes delimit the value anyway), except the upstream's header,
+# cookie and trailer values.
 _LISTS = frozenset(
     {"upstream_addr", "upstream_response_length", "upstream_bytes_sent", "upstream_bytes_received",
      "upstream_queue_time", "upstream_first_byte_time", "upstream_session_time"}
 )
 _LIST_SEP = "(?:, | : )"
+# Header, cookie and trailer values of the upstream's answer: free text ("no-cache,no-store"),
+# not lists of upstreams; a field up to the next literal, as any other variable.
+_UPSTREAM_HEADERS = ("upstream_http_", "upstream_cookie_", "upstream_trailer_")
 
 
 def _list_pattern(next_literal: str) -> str:
@@ -120,7 +124,7 @@ def _shape(name: str, next_literal: str) -> str | None:
     if shaped is not None:
         return shaped
     delimited = next_literal[:1] in ('"', "]")
-    if name in _LISTS or name.startswith("upstream_"):
+    if name in _LISTS or (name.startswith("upstream_") and not name.startswith(_UPSTREAM_HEADERS)):
         return None if delimited else _list_pattern(next_literal)
     if name == "time_local" and not delimited:
         return _TIME_LOCAL

@@ -69,6 +69,13 @@ REASONS = (
 )
 MAX_TS = 1 << 62  # ns (year 2116): a later or negative timestamp is damage
 MAX_RECORD = 256 * 1024
+# pcapng blocks that may be longer than MAX_RECORD and are skipped unread (up to MAX_SKIP): a
+# section header with long options, name resolution, interface statistics, a systemd journal
+# export, decryption secrets (editcap --inject-secrets: as big as the key log), custom blocks.
+# Any other block that long is damage (8 flipped bytes in a stream must not make the reader
+# wait for a gigabyte): corrupt.
+_SKIPPABLE = frozenset({0x0A0D0D0A, 4, 5, 9, 10, 0x00000BAD, 0x40000BAD})
+MAX_SKIP = 64 * 1024 * 1024
 BACKWARDS_TOLERANCE_NS = 1_000_000
 # A capture file's packets more than this away from the bulk of its timestamps are damage (one
 # packet stamped in 2097 would add a 73-year transit sample): 1 day.
@@ -413,7 +420,7 @@ class StreamParser:
                 self._ifaces = []
             e = self._endian
             btype, blen = struct.unpack_from(e + "II", buf, off)
-            if blen < 12 or blen % 4 or (blen > MAX_RECORD + 64 and btype in (1, 2, 3, 6)):
+            if blen < 12 or blen % 4 or (blen > MAX_RECORD + 64 and (btype not in _SKIPPABLE or blen > MAX_SKIP)):
                 self.stats.rejected["corrupt"] += 1
                 self._dead = True
                 return n

@@ -306,3 +306,12 @@ def test_apache_vhost_combined_is_built_in() -> None:
 
     cfg = AccessLogConfig.model_validate({"logs": [{"site": "w", "path": "/x.log", "format": "apache_vhost_combined"}]})
     assert cfg.logs[0].format == "apache_vhost_combined"
+
+
+@pytest.mark.parametrize("var", ["upstream_http_cache_control", "upstream_cookie_session", "upstream_trailer_grpc_status"])
+def test_the_upstreams_header_values_are_free_text_not_lists(var: str) -> None:
+    """A header value with a comma ("no-cache,no-store") parsed before the list patterns came,
+    and was then no_match (a review of that change)."""
+    fmt = f"$status ${var} $request_time"
+    m = compile_log_format(fmt)[0].match("200 no-cache,no-store 0.5")
+    assert m is not None and m[var] == "no-cache,no-store"

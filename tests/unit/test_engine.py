@@ -662,3 +662,44 @@ async def test_an_episode_alertmanager_lists_again_after_its_resolve_fires_again
     await converge(engine)
     assert kinds() == ["fire", "resolve", "fire", "resolve"]
     await engine.shutdown()
+
+
+async def test_a_grafana_alert_is_neither_rechecked_nor_resolved_for_its_absence_in_alertmanager(tmp_path, am_api):
+    """Grafana's webhook contact point (version 1) sends alerts no Alertmanager lists: with
+    alertmanager_url set (the default) the pre-fire re-check skipped them and the reconciliation
+    resolved them (a stranger's review of the change that took version 1)."""
+    engine, _ = make_engine(tmp_path, am_api.client)
+    body = {**payload(FIRING), "version": "1"}
+    p = WebhookPayload.model_validate(body)
+    assert p.alerts[0].source == "grafana"
+    await engine.handle_payload(p)
+    await converge(engine)
+    await converge(engine)
+    assert kinds() == ["fire"]
+    await engine.handle_payload(WebhookPayload.model_validate({**payload(RESOLVED), "version": "1"}))
+    await converge(engine)
+    assert kinds() == ["fire", "resolve"]
+    # The version decides, not the sender: a version 4 alert claiming Grafana is Alertmanager's.
+    forged = WebhookPayload.model_validate(payload({**FIRING, "source": "grafana"}))
+    assert forged.alerts[0].source == "alertmanager"
+    await engine.shutdown()
+
+
+async def test_a_notification_whose_commit_failed_is_taken_again(tmp_path, monkeypatch):
+    """A full disk at the commit answers 500 (Alertmanager retries); the retry was a 'duplicate'."""
+    engine, _ = make_engine(tmp_path)
+    commit, calls = engine.store.commit, []
+
+    async def fail_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        await commit()
+
+    monkeypatch.setattr(engine.store, "commit", fail_once)
+    with pytest.raises(OSError):
+        await deliver(engine, FIRING)
+    assert (await deliver(engine, FIRING))["accepted"] == 1
+    await engine.drain()
+    assert kinds() == ["fire"]
+    await engine.shutdown()

@@ -217,6 +217,15 @@ def test_a_big_block_that_is_not_a_packet_is_skipped(tmp_path: Path) -> None:
     path.write_bytes(data[:len(data) // 2])
     segs, stats = read_capture(path)
     assert len(segs) == 1 and stats.rejected["truncated"] == 1
+    # A block of another type that long is damage, at once: 8 flipped bytes in a live stream
+    # (an unknown type, a length of a gigabyte) must not make the reader wait for a gigabyte.
+    write_pcapng(path, _packets(3))
+    good = path.read_bytes()
+    off = struct.unpack_from("<I", good, 4)[0] + struct.unpack_from("<I", good, struct.unpack_from("<I", good, 4)[0] + 4)[0]
+    damaged = good[:off] + struct.pack("<II", 0x0BADBEEF, 1 << 30) + good[off + 8:]
+    p = StreamParser()
+    n = sum(len(p.feed(damaged[i:i + 4096])) for i in range(0, len(damaged), 4096))
+    assert n == 0 and p.stats.rejected["corrupt"] == 1 and p._skip == 0
     # A packet block that big is still damage (no capture has one).
     write_pcapng(path, _packets(2))
     path.write_bytes(_insert_block(path.read_bytes(), 3, 6, struct.pack("<IIIII", 0, 0, 0, 8, 8) + b"x" * 300_000))
