@@ -151,7 +151,10 @@ class AdmissionAction(Action):
                 self.held.pop(holder, None)
             else:
                 self.held[holder] = before
-            self._save(params.state_dir)
+            try:
+                self._save(params.state_dir)
+            except OSError as e:  # the proxy's refusal is the error to report; the file keeps the hold
+                log.warning("could not restore %s after a refused hold: %s", params.state_dir / STATE_NAME, e)
             raise
         self._changed.set()
         what = "waiting room for new sessions" if params.mode == "waiting_room" else f"session cap {params.session_cap}"

@@ -102,11 +102,16 @@ def truth_of(case: Path, services: Sequence[str] = ()) -> tuple[str, str, str | 
     """(service, fault, note): the truth of ``case`` among ``services`` (those in its data);
     the note is set when no service of the data fits the folder name."""
     name = truth_folder(case)
-    fits = [s for s in services if len(name) > len(s) + 1 and name.startswith(s) and name[len(s)] in "-_"]
-    if fits:
-        service = max(fits, key=len)
-        return service, name[len(service) + 1:].lower(), None
-    m = _TRUTH.match(name)
+    # A repetition folder need not be all digits (``carts-cpu/run3``): when the case folder's
+    # own name names no service of the data, its parent's may.
+    names = [name] if name != case.name or case.parent.name in ("", ".") else [name, case.parent.name]
+    for candidate in names:
+        fits = [s for s in services if len(candidate) > len(s) + 1 and candidate.startswith(s)
+                and candidate[len(s)] in "-_"]
+        if fits:
+            service = max(fits, key=len)
+            return service, candidate[len(service) + 1:].lower(), None
+    m = next((m for m in map(_TRUTH.match, names) if m is not None), None)
     if m is None:
         raise OfflineDataError(f"{case}: cannot read <service>-<fault> from the folder name {name!r}")
     return m["service"], m["fault"].lower(), f"truth {m['service']!r} is not a service in the data"

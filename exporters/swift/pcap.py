@@ -76,6 +76,7 @@ MAX_RECORD = 256 * 1024
 # wait for a gigabyte): corrupt.
 _SKIPPABLE = frozenset({0x0A0D0D0A, 4, 5, 9, 10, 0x00000BAD, 0x40000BAD})
 MAX_SKIP = 64 * 1024 * 1024
+MAX_BIG_TCP = 1 << 20  # the longest IPv4 packet believed with total length 0 (BIG TCP: 512 KiB)
 BACKWARDS_TOLERANCE_NS = 1_000_000
 # A capture file's packets more than this away from the bulk of its timestamps are damage (one
 # packet stamped in 2097 would add a 73-year transit sample): 1 day.
@@ -845,7 +846,9 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     if big.any():
         total = np.where(big, fr.originals(cap) - l3, total)
     plen = total - ihl - doff
-    bad_tcp = ok & ((doff < 20) | (plen < 0))
+    # The original length is the file's word: Linux's BIG TCP goes to 512 KiB (gso_max_size);
+    # a claim above MAX_BIG_TCP is damage, not a segment a gigabyte long.
+    bad_tcp = ok & ((doff < 20) | (plen < 0) | (big & (total > MAX_BIG_TCP)))
     ok &= ~bad_tcp
     short_opts = ok & (t + doff > cap)  # options cut: header incomplete
     ok &= ~short_opts

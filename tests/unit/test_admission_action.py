@@ -160,3 +160,25 @@ async def test_token_is_sent(tmp_path: Path):
             assert errors(action)["hold"] == 1.0
         finally:
             await action.shutdown()
+
+
+async def test_a_refused_hold_reports_the_proxy_not_a_failed_restore(tmp_path: Path):
+    """Restoring the state file after a refused PUT may fail too (a full disk): the error the
+    controller records is the proxy's, not the file's."""
+    params = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path)
+    action = await started(params)
+    save, calls = action._save, []
+
+    def save_then_fail(state_dir):
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        save(state_dir)
+
+    action._save = save_then_fail  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Exception, match="127.0.0.1:1"):
+            await action.fire(ctx(params))
+        assert len(calls) == 2 and not action.held
+    finally:
+        await action.shutdown()

@@ -174,3 +174,9 @@ def test_a_failed_start_detection_is_said(tmp_path):
     data = load_case(case(tmp_path / "c", root="none", inject=None))
     assert data.baseline_end is None
     assert "no change point over the 12 series is significant" in analyse(data).explain()
+
+
+def test_a_repetition_folder_that_is_not_a_number(tmp_path):
+    """``carts-cpu/run3`` read its truth from ``carts-cpu`` before the case-folder rule came."""
+    assert truth_of(tmp_path / "carts-cpu" / "run3", ["carts", "orders"]) == ("carts", "cpu", None)
+    assert truth_of(tmp_path / "carts-cpu", ["carts", "orders"]) == ("carts", "cpu", None)

@@ -451,3 +451,16 @@ def test_big_tcp_payload_length_from_original_length(tmp_path: Path, fmt: str) -
     assert dict(stats.rejected) == {} and stats.segments == 1
     assert int(segs.plen[0]) == 150_000 and stats.snapped == 1
     assert int(segs.tok[0]) == TOK_REQUEST
+
+
+def test_a_big_tcp_length_no_kernel_sends_is_damage(tmp_path: Path) -> None:
+    """The original length is the file's word: a 'BIG TCP' record claiming 4 GiB is bad_header,
+    not a segment that long (a review of the change that read it)."""
+    frame = tcp_packet("10.200.9.10", "10.200.9.20", 40000, 6200, 1000, 5000, PSH | ACK, b"x" * 400, ip_len=0)
+    path = tmp_path / "claim.pcap"
+    write_pcap(path, [(T0, frame)], snaplen=512)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 24 + 12, 0xFFFFFFF0)  # the record's original length
+    path.write_bytes(bytes(data))
+    segs, stats = read_capture(path)
+    assert len(segs) == 0 and stats.rejected["bad_header"] == 1
