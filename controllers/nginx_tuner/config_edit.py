@@ -303,10 +303,20 @@ def check_tunable(conf_path: str | os.PathLike, directive: str, server_name: str
     refuse for reasons of the configuration's layout (ambiguous server, override below the
     scope, a snippet included elsewhere too), without editing anything."""
     configs, (scope_file, _), direct, nested = _locate(Path(conf_path), directive, server_name)
+    _refusals(configs, scope_file, direct, nested, directive, server_name, refuse_shadowed=True)
+
+
+def _refusals(
+    configs: list[dict], scope_file: str, direct: list[tuple[str, dict]], nested: list[tuple[str, dict]],
+    directive: str, server_name: str | None, refuse_shadowed: bool,
+) -> None:
+    """The layout refusals shared by :func:`check_tunable` and :func:`set_directive`: the
+    directive set twice in the scope, an override below it (only with ``refuse_shadowed``),
+    a file several ``include``s load."""
     if len(direct) > 1:
         where = ", ".join(f"{f}:{s['line']}" for f, s in direct)
         raise ConfigEditError(f"{directive} is set {len(direct)} times in {_scope_label(server_name)} ({where}); refusing to guess")
-    if nested:
+    if nested and refuse_shadowed:
         raise _shadow_error(directive, server_name, [Location(Path(f), s["line"], tuple(s["args"])) for f, s in nested])
     _check_shared(configs, direct[0][0] if direct else scope_file, directive, server_name)
 
@@ -492,7 +502,10 @@ def nginx_seconds(text: str) -> float:
 
 def _clamped_header(directive: str, new_first: str, rest: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     """``keepalive_timeout T H``: H (the ``Keep-Alive: timeout=H`` header) must not exceed T,
-    or clients reuse connections nginx has already closed. (rest, note) with H lowered to T."""
+    or clients reuse connections nginx has already closed. (rest, note) with H lowered to T.
+
+    ``rest`` is the administrator's H (see ``original_rest`` of :func:`set_directive`), not a
+    previous edit's: the result is min(H, T), so a trial's lowered header never sticks."""
     if directive != "keepalive_timeout" or not rest:
         return rest, ""
     try:
@@ -506,7 +519,8 @@ def _clamped_header(directive: str, new_first: str, rest: tuple[str, ...]) -> tu
 
 
 def _replace_args(
-    text: str, directive: str, line: int, occurrence: int, value: str | Sequence[str], clamp_header: bool = False
+    text: str, directive: str, line: int, occurrence: int, value: str | Sequence[str], clamp_header: bool = False,
+    original_rest: Sequence[str] | None = None,
 ) -> tuple[str, tuple[str, ...], tuple[str, ...], str]:
     """(new text, old args as crossplane reads them, new args, note on a lowered header timeout)."""
     tokens = tokenize(text)
@@ -529,18 +543,22 @@ def _replace_args(
     if isinstance(value, str):
         # One value: replace the first argument only (keepalive_timeout's optional second
         # argument, the Keep-Alive header timeout, is the administrator's choice; with
-        # ``clamp_header`` it is lowered to the new value when it would exceed it).
+        # ``clamp_header`` it is lowered to the new value when it would exceed it). The other
+        # arguments are the administrator's (``original_rest``) when given, else the file's.
         new_first = _validate_args([value])
-        rest = old_args[1:]
+        rest = old_args[1:] if original_rest is None else tuple(original_rest)
         if clamp_header:
             rest, note = _clamped_header(directive, new_first[0], rest)
         new_args = new_first + rest
-        if note:
-            start, end = arg_tokens[0].start, arg_tokens[1].end
-            replacement = f"{new_first[0]} {_validate_args([rest[0]])[0]}"
-        else:
+        if rest == old_args[1:]:  # the other arguments stay as written (quotes and all)
             start, end = arg_tokens[0].start, arg_tokens[0].end
             replacement = new_first[0]
+        else:
+            if not note:
+                was = " ".join(old_args[1:]) or "none"
+                note = f"; the Keep-Alive header timeout {was} was set back to {' '.join(rest) or 'none'} (as configured before tuning)"
+            start, end = arg_tokens[0].start, arg_tokens[-1].end
+            replacement = " ".join(new_first + (_validate_args(rest) if rest else ()))
     else:
         new_args = _validate_args(value)
         start, end = arg_tokens[0].start, arg_tokens[-1].end
@@ -709,6 +727,7 @@ def set_directive(
     backup_dir: str | os.PathLike | None = None,
     refuse_shadowed: bool = False,
     clamp_header: bool = False,
+    original_rest: Sequence[str] | None = None,
 ) -> EditResult:
     """Set ``directive`` in the ``http`` block (or the ``server`` named ``server_name``).
 
@@ -726,21 +745,20 @@ def set_directive(
     they make it raise :class:`ShadowedError` instead, naming them, before anything is written:
     the edit would not reach the traffic they serve. With ``clamp_header`` a
     ``keepalive_timeout``'s second argument (the Keep-Alive header timeout) is lowered to the
-    new first one when it would exceed it, and the message says so.
+    new first one when it would exceed it, and the message says so. ``original_rest``: the
+    arguments after the first as the administrator configured them, before any tuning edit
+    (``()`` for none); a one-value edit writes those (with ``clamp_header``, the header as
+    min(that header, new value)) instead of the file's current ones, so a lowered header is
+    raised back when a later value allows it. None: the file's current ones.
     """
     conf = Path(conf_path)
     bdir = Path(backup_dir) if backup_dir is not None else conf.parent / DEFAULT_BACKUP_DIRNAME
     if isinstance(value, int):
         value = str(value)
     configs, (scope_file, scope), direct, nested = _locate(conf, directive, server_name)
+    _refusals(configs, scope_file, direct, nested, directive, server_name, refuse_shadowed)
     shadowed = tuple(Location(Path(f), s["line"], tuple(s["args"])) for f, s in nested)
     scope_name = _scope_label(server_name)
-    if len(direct) > 1:
-        where = ", ".join(f"{f}:{s['line']}" for f, s in direct)
-        raise ConfigEditError(f"{directive} is set {len(direct)} times in {scope_name} ({where}); refusing to guess")
-    if shadowed and refuse_shadowed:
-        raise _shadow_error(directive, server_name, shadowed)
-    _check_shared(configs, direct[0][0] if direct else scope_file, directive, server_name)
 
     parent: int | None = None
     if direct:
@@ -749,7 +767,7 @@ def set_directive(
         parsed = next(c["parsed"] for c in configs if c["file"] == file_s)
         text = read_text(file)
         new_text, old_args, new_args, note = _replace_args(
-            text, directive, stmt["line"], _occurrence_index(parsed, stmt), value, clamp_header
+            text, directive, stmt["line"], _occurrence_index(parsed, stmt), value, clamp_header, original_rest
         )
         line, inserted = stmt["line"], False
         if new_args == old_args:

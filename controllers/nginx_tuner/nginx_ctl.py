@@ -49,6 +49,12 @@ choice applied (an error, a cancellation, nginx not returning to health); :meth:
 removes it once the choice is live. A controller killed mid-sweep finds the journal at its
 next start (:meth:`recover`) or sweep, and the original comes back before anything reads the
 "current" value (which would otherwise be a trial's).
+
+The Keep-Alive header timeout (``keepalive_timeout T H``): an edit writes H as min(H0, T),
+where H0 is the header the administrator configured, read before this control's first edit
+(and recorded in the sweep journal, so a controller restarted mid-sweep clamps against it
+too), never the header a previous trial lowered: starting from ``65 60``, a trial at 30
+writes ``30 30`` and a later 75 writes ``75 60``, whatever the order of the trials.
 """
 
 from __future__ import annotations
@@ -157,6 +163,9 @@ class NginxControl:
         self.health_timeout = health_timeout
         self.metrics = metrics
         self._lock = threading.Lock()
+        # the arguments after the first (the Keep-Alive header timeout) as configured before
+        # this control's first edit; None until read (see _original_rest)
+        self._rest: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ paths & pids
 
@@ -335,7 +344,10 @@ class NginxControl:
         with self._exclusive():
             recovered = self._recover()
             file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
-            record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time()}
+            if self._rest is None:  # (known already when this control edited before the sweep)
+                self._rest = self._file_rest()
+            record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time(),
+                      "rest": list(self._rest)}
             atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
         return recovered
 
@@ -356,8 +368,9 @@ class NginxControl:
         with self._exclusive():
             return self._recover() or "no sweep journal: nothing to restore"
 
-    def _read_journal(self) -> tuple[Path, str] | None:
-        """The journal's (file, text), or None when there is none. Trusted only when this
+    def _read_journal(self) -> tuple[Path, str, tuple[str, ...] | None] | None:
+        """The journal's (file, text, the arguments after the first as configured before the
+        sweep, None in a journal without them), or None when there is none. Trusted only when this
         process's user wrote it: a regular file of its own, mode 0600, not reached through a
         link, naming the file this tuner edits (the configuration's directory may be writable
         by a deploy user, and recovery writes as the controller's user: root)."""
@@ -378,22 +391,43 @@ class NginxControl:
             if problem:
                 raise ValueError(problem)
             record = json.loads(data.decode("utf-8"))
-            file, content = Path(record["file"]), record["content"]
+            file, content, rest = Path(record["file"]), record["content"], record.get("rest")
             if not isinstance(content, str):
                 raise ValueError("content is not text")
+            if rest is not None and (not isinstance(rest, list) or not all(isinstance(a, str) for a in rest)):
+                raise ValueError("rest is not a list of arguments")
             target = config_edit.target_file(self.conf_path, self.directive, self.server_name)
             if file.absolute() != target.absolute():
                 raise ValueError(f"it names {file}, not {target}, the file this tuner edits")
         except (ValueError, KeyError, TypeError, ConfigEditError) as e:
             raise NginxError(f"sweep journal {self.journal_path} is not trusted ({e}); "
                              "check the config by hand, then remove the journal") from None
-        return file, content
+        return file, content, None if rest is None else tuple(rest)
+
+    def _file_rest(self) -> tuple[str, ...]:
+        """The arguments after the first set in the tuned scope now (``()``: none, or unset)."""
+        loc = config_edit.get_directive(self.conf_path, self.directive, self.server_name)
+        return loc.args[1:] if loc else ()
+
+    def _original_rest(self) -> tuple[str, ...]:
+        """The arguments after the first (the Keep-Alive header timeout) as the administrator
+        configured them: remembered from before this control's first edit; a control started
+        while a sweep's journal is on disk (the previous one was killed mid-sweep, the file
+        holds a trial's) takes them from the journal, else from the file."""
+        if self._rest is None:
+            try:
+                found = self._read_journal()
+            except NginxError:  # (an untrusted journal: recovery refuses it and says so)
+                found = None
+            rest = found[2] if found is not None else None
+            self._rest = rest if rest is not None else self._file_rest()
+        return self._rest
 
     def _recover(self) -> str:
         found = self._read_journal()
         if found is None:
             return ""
-        file, content = found
+        file, content, _ = found
         try:
             now = config_edit.read_text(file)
         except (OSError, ConfigEditError):
@@ -436,8 +470,10 @@ class NginxControl:
         nothing, when the edit would not reach the traffic of the tuned scope (a server or
         location below it sets its own value: tune that server with ``server_name``, or remove
         the override) or would change other servers too (a shared snippet): see
-        :meth:`check_tunable`. A ``keepalive_timeout`` second argument (the Keep-Alive header
-        timeout) above the new value is lowered to it, and the message says so. An unexpected
+        :meth:`check_tunable`. The ``keepalive_timeout`` second argument (the Keep-Alive header
+        timeout) is written as configured before this control's first edit, lowered to the new
+        value when above it (the message says so): a header a previous edit lowered comes back
+        when the new value allows it. An unexpected
         exception after the edit (master vanished mid-reload, disk error...) still restores the
         backup before it is reported.
         """
@@ -472,6 +508,7 @@ class NginxControl:
             return
         try:  # an override below the tuned scope, an ambiguous server, a shared snippet
             self.check_tunable()
+            rest = self._original_rest() if isinstance(value, (str, int)) else None
         except ConfigEditError as e:
             res.message = f"not touching the config: {e}"
             return
@@ -481,7 +518,8 @@ class NginxControl:
         res.stage = "edit"
         try:
             edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name,
-                                             backup_dir=self.backup_dir, refuse_shadowed=True, clamp_header=True)
+                                             backup_dir=self.backup_dir, refuse_shadowed=True, clamp_header=True,
+                                             original_rest=rest)
         except ConfigEditError as e:
             res.message = f"edit refused, nothing written: {e}"
             return

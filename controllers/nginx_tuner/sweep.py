@@ -429,7 +429,8 @@ class Sweep:
             res = ApplyResult(False, f"{t.value:g}", "precheck", f"not applied: {e}")
         if res.ok and res.edit is not None and res.edit.shadowed_by:
             # the value was written, but a server/location below sets its own: what is measured
-            # is not this candidate (the pre-sweep config comes back when the sweep ends)
+            # is not this candidate (the pre-sweep config comes back when the sweep ends).
+            # (NginxControl refuses such an edit before writing; this stays for other ``apply``s.)
             where = ", ".join(f"{loc.file}:{loc.line}" for loc in res.edit.shadowed_by)
             res.ok, res.message = False, f"{res.message}, but it is redefined at {where}: the traffic does not get it"
         if not res.ok:

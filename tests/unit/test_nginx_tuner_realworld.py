@@ -418,3 +418,115 @@ def test_a_definition_misread_into_a_bogus_block_is_refused_not_inserted_twice(t
     with pytest.raises(ConfigEditError, match="misread"):
         cli._current(NginxControl(conf, tmp_path))
     assert conf.read_bytes() == before
+
+
+# ------------------------------------------------------------------ H2 (second review): the header ratchet
+
+HEADER_CONF = HDR + "http {\n    keepalive_timeout 65 60;\n    server { listen 127.0.0.1:18111; }\n}\n"
+
+
+def _line(conf: Path) -> str:
+    return next(ln.strip() for ln in conf.read_text().splitlines() if "keepalive_timeout" in ln)
+
+
+@pytest.fixture
+def reloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload that succeeds at once (the fake master ignores SIGHUP): nginx -t is /bin/true."""
+    from controllers.nginx_tuner.nginx_ctl import ReloadResult
+
+    monkeypatch.setattr(NginxControl, "reload", lambda self, timeout=None: ReloadResult(True, "reloaded", (), (1,), True))
+
+
+def test_a_lowered_header_comes_back_with_a_later_higher_value(tmp_path: Path, fake_master: Path, reloads: None) -> None:
+    """65 60 -> 30 -> 75 ends 75 60 (it ended 75 30: the admin's 60 was lost for good), and
+    going back to 65 writes the original line again."""
+    conf = write(tmp_path, HEADER_CONF)
+    original = conf.read_text()
+    ctl = control(conf, fake_master)
+    res = ctl.apply(30)
+    assert res.ok and _line(conf) == "keepalive_timeout 30 30;" and "60 was lowered to 30" in res.message
+    res = ctl.apply(75)
+    assert res.ok and _line(conf) == "keepalive_timeout 75 60;", res.message
+    assert "set back to 60" in res.message
+    res = ctl.apply(45)  # from 75 60: lowered against the admin's 60, not a trial's
+    assert res.ok and _line(conf) == "keepalive_timeout 45 45;"
+    res = ctl.apply(65)
+    assert res.ok and conf.read_text() == original
+
+
+def test_set_directive_writes_the_original_header_clamped(tmp_path: Path) -> None:
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 30 30;\n}\n")
+    res = set_directive(conf, "keepalive_timeout", "75", clamp_header=True, original_rest=("60",))
+    assert res.new_args == ("75", "60") and _line(conf) == "keepalive_timeout 75 60;"
+    res = set_directive(conf, "keepalive_timeout", "30", clamp_header=True, original_rest=("60",))
+    assert res.new_args == ("30", "30") and _line(conf) == "keepalive_timeout 30 30;"
+    res = set_directive(conf, "keepalive_timeout", "65", clamp_header=True, original_rest=())  # no header configured
+    assert res.new_args == ("65",) and _line(conf) == "keepalive_timeout 65;"
+
+
+def _steady(values: dict[float, tuple[float, float]], seen: dict[float, list[str]], conf: Path, bad: float | None = None):  # noqa: ANN202
+    """A measure recording the line each value ran with; ``values``: value -> (seconds, bytes)."""
+    n = {"i": 0}
+
+    async def measure(value: float) -> Measurement:
+        seen.setdefault(value, []).append(_line(conf))
+        n["i"] += 1
+        rt, mem = values[value]
+        jitter = 1 + 0.001 * (n["i"] % 3)
+        return Measurement(rt * jitter, rt * 2, mem * jitter, "pss", 100, 50 if value == bad else 0)
+
+    return measure
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+async def test_sweep_without_journal_measures_each_value_with_its_own_header_and_restores_65_60(
+    tmp_path: Path, fake_master: Path, reloads: None, seed: int
+) -> None:
+    """Whatever the trial order, 75 runs with 75 60 (not 75 30 after a trial at 30), and the
+    restore after 30's errors (no journal: the last good value applied again) writes 65 60."""
+    conf = write(tmp_path, HEADER_CONF)
+    original = conf.read_text()
+    seen: dict[float, list[str]] = {}
+    measure = _steady({30.0: (0.001, 1e6), 65.0: (0.002, 2e6), 75.0: (0.003, 3e6)}, seen, conf, bad=30.0)
+    settings = SweepSettings(candidates=(30.0, 75.0), repeats=3, seed=seed)
+    result = await Sweep(settings, control(conf, fake_master).apply, measure, 65.0, progress=lambda _: None).run()
+    assert seen[30.0] == ["keepalive_timeout 30 30;"]
+    assert set(seen[75.0]) == {"keepalive_timeout 75 60;"}
+    assert set(seen[65.0]) == {"keepalive_timeout 65 60;"}
+    assert result.final_ok and result.choice is not None and result.choice.value == 65.0, result.final
+    assert conf.read_text() == original
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_sweep_with_journal_applies_its_choice_with_the_original_header(
+    tmp_path: Path, fake_master: Path, reloads: None, seed: int
+) -> None:
+    conf = write(tmp_path, HEADER_CONF)
+    seen: dict[float, list[str]] = {}
+    measure = _steady({30.0: (0.003, 3e6), 65.0: (0.002, 2e6), 75.0: (0.001, 1e6)}, seen, conf)
+    ctl = control(conf, fake_master)
+    settings = SweepSettings(candidates=(30.0, 75.0), repeats=3, seed=seed)
+    result = await Sweep(settings, ctl.apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert set(seen[30.0]) == {"keepalive_timeout 30 30;"} and set(seen[75.0]) == {"keepalive_timeout 75 60;"}
+    assert set(seen[65.0]) == {"keepalive_timeout 65 60;"}
+    assert result.final_ok and result.choice is not None and result.choice.value == 75.0, result.final
+    assert _line(conf) == "keepalive_timeout 75 60;" and not ctl.journal_path.exists()
+
+
+def test_a_control_restarted_mid_sweep_takes_the_header_from_the_journal(tmp_path: Path, fake_master: Path, reloads: None) -> None:
+    """Killed after a trial at 30 (the file holds 30 30): the restarted controller's next value
+    gets the admin's 60 from the journal, not the trial's 30, and the restore is the original text."""
+    import json
+
+    conf = write(tmp_path, HEADER_CONF)
+    original = conf.read_text()
+    first = control(conf, fake_master)
+    first.begin_sweep()
+    assert json.loads(first.journal_path.read_text())["rest"] == ["60"]
+    assert first.apply(30).ok and _line(conf) == "keepalive_timeout 30 30;"
+    again = control(conf, fake_master)  # restarted: nothing in memory
+    res = again.apply(75)
+    assert res.ok and _line(conf) == "keepalive_timeout 75 60;", res.message
+    said = again.restore_original()
+    assert said.endswith("and live") and conf.read_text() == original
+    assert not again.journal_path.exists()
