@@ -6,16 +6,31 @@ What is sent (the load profile is yours):
 - ``--request "METHOD PATH [WEIGHT [BODY]]"`` (repeat): e.g. ``--request "GET /product/{id} 9"
   --request "POST /checkout 1 cart=1&qty=1"``; ``{id}`` is a random integer below
   ``--product-count``. Paths are taken under the path of ``--target``
-  (``--target http://shop:8080/store/`` + ``GET /cart`` requests ``/store/cart``).
+  (``--target http://shop:8080/store/`` + ``GET /cart`` requests ``/store/cart``). The BODY is
+  the rest of the line after the weight, exactly as given (quotes, spaces and backslashes
+  kept); one that is a JSON object or array is sent as ``application/json``
+  (``--request 'POST /api/cart 1 {"sku": "A1", "qty": 2}'``), any other as
+  ``application/x-www-form-urlencoded``.
 - ``--replay ACCESS_LOG``: the GET/HEAD requests your visitors made (answered 2xx/3xx), weighted
-  by how often they were made (the ``--replay-top`` most frequent). Left out: our own traffic
-  (``/stub_status``, ``/metrics``, Prometheus and the nginx exporter's user agents, a previous
-  calibration's ``promreflex-calibrate``). POST bodies are not in an access log: add them with
-  ``--request``.
+  by how often they were made (the ``--replay-top`` most frequent). Their paths are sent as the
+  log has them (an absolute URI ``GET http://host/p`` as ``/p``; nginx's ``\\x22`` and Apache's
+  ``\\"`` escapes undone), site-absolute: NOT under the path of ``--target`` (a log line ``GET /store/p1``
+  with ``--target http://shop:8080/store/`` requests ``/store/p1``), and a ``{id}`` in them is
+  no placeholder. Left out: our own traffic
+  (``/stub_status``, ``/metrics`` and the paths under them, not ``/metrics-dashboard``;
+  Prometheus and the nginx exporter's user agents by their product token, not ``PrometheusFanBot``;
+  a previous calibration's ``promreflex-calibrate``). POST bodies are not in an access log: add them with
+  ``--request``. A line longer than 64 KiB is skipped (counted); a gzip-compressed log is refused
+  (decompress it first).
 - ``--profile FILE`` (YAML or JSON): ``requests: [{method, path, weight, body}]`` and
   ``vars: {post: [12, 15, 31], word: [shoe, bag]}``: ``{post}`` in a path or body is a random
-  element of its list, ``{uniq}`` a unique string (a comment that is not a duplicate).
-- None of these: ``GET`` of the ``--target`` URL itself (its path is honoured, never dropped).
+  element of its list, ``{uniq}`` a unique string (a comment that is not a duplicate). Paths are
+  under the path of ``--target``, as with ``--request``. A text body is sent as with
+  ``--request``; a mapping or list as JSON; ``!!binary`` as its bytes
+  (``application/octet-stream``).
+- None of these: ``GET`` of the ``--target`` URL itself, its path and query as given
+  (``--target http://shop/page.html`` requests ``/page.html``).
+Only the ratios of the weights matter; weights whose sum overflows are refused.
 Redirects are not followed: a 302 counts as served, as in the access log.
 
 How hard (start light, ramp; defaults that do not time a PHP shop out): unless ``--users`` is
@@ -84,14 +99,15 @@ the stack's by default).
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import json
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -101,11 +117,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, BinaryIO
 
 from promreflex.config import parse_duration
 
@@ -260,29 +276,100 @@ def refusal(threshold: float, floor: float, min_floor: float = MIN_FLOOR_RPS, id
 # ---------------------------------------------------------------------------- profile
 @dataclass(frozen=True)
 class Request:
+    """One request of the load. ``path`` is under the path of ``--target`` (``--request``,
+    ``--profile``) unless ``site_absolute``: then it is sent as it is, without placeholders
+    (a path replayed from the access log, as the shop saw it; the ``--target`` URL itself).
+    ``body``: text (``{NAME}`` placeholders filled; sent as JSON when it is a JSON object or
+    array, else form-urlencoded), or bytes (sent as they are)."""
+
     method: str
     path: str
     weight: float = 1.0
-    body: str | None = None
+    body: str | bytes | None = None
+    site_absolute: bool = False
+
+
+_FORM = "application/x-www-form-urlencoded"
+
+
+def content_type(body: str | bytes) -> str:
+    """The Content-Type a body is sent with: bytes as they are, a JSON object or array as JSON,
+    any other text form-urlencoded."""
+    if isinstance(body, bytes):
+        return "application/octet-stream"
+    if body.lstrip()[:1] in ("{", "["):
+        try:
+            json.loads(body)
+        except ValueError:
+            return _FORM
+        return "application/json"
+    return _FORM
+
+
+def _checked(text: str, method: str, path: str, weight: str | None, body: str | bytes | None) -> Request:
+    if method.upper() not in METHODS or not path.startswith("/"):
+        raise ValueError(f"{text!r} is not \"METHOD /PATH [WEIGHT [BODY]]\" (METHOD one of {', '.join(METHODS)})")
+    try:
+        w = float(weight) if weight is not None else 1.0
+    except ValueError:
+        raise ValueError(f"{text!r}: the weight {weight!r} is not a number") from None
+    if not math.isfinite(w) or w <= 0:
+        raise ValueError(f"{text!r}: the weight must be > 0")
+    return Request(method.upper(), path, w, body)
 
 
 def parse_request(text: str) -> Request:
-    """``"GET /product/{id} 9"``, ``"POST /checkout 1 cart=1&qty=1"``, ``"/about"`` (GET, weight 1)."""
-    parts = shlex.split(text)
-    if parts and parts[0].upper() not in METHODS and parts[0].startswith("/"):
-        parts.insert(0, "GET")
-    if len(parts) < 2 or parts[0].upper() not in METHODS or not parts[1].startswith("/"):
+    """``"GET /product/{id} 9"``, ``"POST /checkout 1 cart=1&qty=1"``, ``"/about"`` (GET, weight 1).
+    The body is the rest of the text after the weight, exactly as given (spaces, quotes and
+    backslashes kept: ``POST /api/cart 1 {"sku": "A1"}``)."""
+    first = text.split(None, 1)
+    if first and first[0].upper() not in METHODS and first[0].startswith("/"):
+        parts = ["GET", *text.split(None, 2)]
+    else:
+        parts = text.split(None, 3)
+    if len(parts) < 2:
         raise ValueError(f"{text!r} is not \"METHOD /PATH [WEIGHT [BODY]]\" (METHOD one of {', '.join(METHODS)})")
-    try:
-        weight = float(parts[2]) if len(parts) > 2 else 1.0
-    except ValueError:
-        raise ValueError(f"{text!r}: the weight {parts[2]!r} is not a number") from None
-    if not math.isfinite(weight) or weight <= 0:
-        raise ValueError(f"{text!r}: the weight must be > 0")
-    return Request(parts[0].upper(), parts[1], weight, " ".join(parts[3:]) if len(parts) > 3 else None)
+    return _checked(text, parts[0], parts[1], parts[2] if len(parts) > 2 else None, parts[3] if len(parts) > 3 else None)
 
 
-_LOG_REQUEST = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/\S*) HTTP/[0-9.]+" (?P<status>\d{3}) ')
+_LOG_REQUEST = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/\S*|[A-Za-z][\w+.-]*://\S*) HTTP/[0-9.]+" (?P<status>\d{3}) ')
+_ABSOLUTE_URI = re.compile(r"[A-Za-z][\w+.-]*://[^/?#\s]*")
+_LOG_ESCAPE = re.compile(rb'\\x([0-9A-Fa-f]{2})|\\(["\\])')
+#: Kept as they are when a replayed path is re-encoded: printable ASCII but the space, " and \.
+_URL_SAFE = "".join(chr(c) for c in range(33, 127) if chr(c) not in '"\\')
+_AGENT_TOKEN = re.compile(r"[A-Za-z][\w.-]*")
+
+
+def log_path(target: str) -> str:
+    """The path to send for a request line's target: an absolute URI (``http://host/p?q``) as
+    its path and query; nginx's ``\\xHH`` and Apache's ``\\"`` escapes undone (the bytes
+    percent-encoded when they are not printable ASCII)."""
+    m = _ABSOLUTE_URI.match(target)
+    if m:
+        target = target[m.end():]
+        target = target if target.startswith("/") else "/" + target
+    if "\\" not in target:
+        return target
+    raw = _LOG_ESCAPE.sub(lambda e: bytes([int(e.group(1), 16)]) if e.group(1) else e.group(2),
+                          target.encode("utf-8", "surrogateescape"))
+    return urllib.parse.quote(raw, safe=_URL_SAFE)
+
+
+def own_traffic(path: str, agent: str) -> bool:
+    """Our own requests (never replayed): a path of OWN_PATHS or under it (``/metrics``,
+    ``/metrics/x``, ``/metrics?x``, not ``/metrics-dashboard``), or a user agent with a product
+    token of OWN_AGENTS (``Prometheus/2.45``, ``promreflex-calibrate``; not ``PrometheusFanBot``)."""
+    bare = path.split("?", 1)[0]
+    for p in OWN_PATHS:
+        p = p.rstrip("/")
+        if bare == p or bare.startswith(p + "/"):
+            return True
+    own = [a.lower() for a in OWN_AGENTS]
+    for token in _AGENT_TOKEN.findall(agent):
+        t = token.lower()
+        if any(t == a or t.startswith(a + "-") for a in own):
+            return True
+    return False
 _LOG_AGENT = re.compile(r'"(?P<agent>[^"]*)"(?:\s+\S+=\S*)*\s*$')
 
 
@@ -296,10 +383,10 @@ def replay_profile(lines: Sequence[str] | Any, top: int = 500) -> tuple[list[Req
         if not m:
             skipped["not a request line"] += 1
             continue
-        method, path, status = m.group("method"), m.group("path"), int(m.group("status"))
+        method, path, status = m.group("method"), log_path(m.group("path")), int(m.group("status"))
         agent_m = _LOG_AGENT.search(line[m.end():])
         agent = agent_m.group("agent") if agent_m else ""
-        if any(path.startswith(p) for p in OWN_PATHS) or any(a.lower() in agent.lower() for a in OWN_AGENTS):
+        if own_traffic(path, agent):
             skipped["our own traffic"] += 1
         elif method not in ("GET", "HEAD"):
             skipped[f"{method} (no body in the log)"] += 1
@@ -312,7 +399,18 @@ def replay_profile(lines: Sequence[str] | Any, top: int = 500) -> tuple[list[Req
 
 def profile_json(requests: Sequence[Request], base_path: str,
                  variables: Mapping[str, Sequence[Any]] | None = None) -> dict[str, Any]:
-    return {"base_path": base_path.rstrip("/"), "requests": [asdict(r) for r in requests],
+    """The locustfile's ``--profile-file`` (its module doc): ``base_path`` goes in front of every
+    path but the ``site_absolute`` ones; a body has its ``content_type``, bytes in base64."""
+    out = []
+    for r in requests:
+        doc: dict[str, Any] = {"method": r.method, "path": r.path, "weight": r.weight, "body": r.body,
+                               "site_absolute": r.site_absolute}
+        if r.body is not None:
+            doc["content_type"] = content_type(r.body)
+            if isinstance(r.body, bytes):
+                doc["body"], doc["body_base64"] = base64.b64encode(r.body).decode("ascii"), True
+        out.append(doc)
+    return {"base_path": base_path.rstrip("/"), "requests": out,
             "vars": {k: [str(v) for v in vs] for k, vs in (variables or {}).items()}}
 
 
@@ -322,7 +420,9 @@ def read_profile(path: Path) -> tuple[list[Request], dict[str, list[str]]]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--profile {path} is not UTF-8 text: {e}") from e
     except OSError as e:
         raise ValueError(f"cannot read --profile {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
@@ -333,17 +433,26 @@ def read_profile(path: Path) -> tuple[list[Request], dict[str, list[str]]]:
     for i, r in enumerate(data["requests"]):
         if not isinstance(r, dict) or set(r) - {"method", "path", "weight", "body"}:
             raise ValueError(f"--profile {path}: requests[{i}] must be a mapping of method, path, weight, body")
+        method, rpath, weight = str(r.get("method", "GET")), str(r.get("path", "")), str(r.get("weight", 1))
         try:
-            requests.append(parse_request(shlex.join([str(r.get("method", "GET")), str(r.get("path", "")),
-                                                      str(r.get("weight", 1))])))
+            requests.append(_checked(f"{method} {rpath} {weight}", method, rpath, weight, _profile_body(r.get("body"))))
         except ValueError as e:
             raise ValueError(f"--profile {path}: requests[{i}]: {e}") from None
-        if r.get("body") is not None:
-            requests[-1] = Request(requests[-1].method, requests[-1].path, requests[-1].weight, str(r["body"]))
     variables = data.get("vars") or {}
     if not isinstance(variables, dict) or not all(isinstance(v, list) and v for v in variables.values()):
         raise ValueError(f"--profile {path}: `vars:` maps names to non-empty lists")
     return requests, {str(k): [str(x) for x in v] for k, v in variables.items()}
+
+
+def _profile_body(body: Any) -> str | bytes | None:
+    """A profile's ``body``: text as it is, a mapping or list as JSON, ``!!binary`` as bytes."""
+    if body is None or isinstance(body, (str, bytes)):
+        return body
+    if isinstance(body, (dict, list)):
+        return json.dumps(body, default=str)
+    if isinstance(body, (int, float)) and not isinstance(body, bool):
+        return str(body)
+    raise ValueError(f"the body {body!r} is not text, a mapping or list (sent as JSON) or !!binary (quote it)")
 
 
 def builtin_shop(checkout_share: float = 0.1) -> list[Request]:
@@ -445,7 +554,7 @@ class ShopLoad:
     """A bounded Locust run in a child process (own process group); ``start`` then ``wait``.
 
     ``profile`` is the requests to send (default: the built-in shop's, with ``checkout_share``),
-    under the path of ``target``."""
+    under the path of ``target`` (but the ``site_absolute`` ones)."""
 
     def __init__(self, target: str, rate: float, users: int, duration_s: float, *, checkout_share: float = 0.1,
                  locustfile: Path = LOCUSTFILE, margin_s: float = 30.0, profile: Sequence[Request] | None = None,
@@ -906,8 +1015,43 @@ def _stack_defaults(args: argparse.Namespace) -> tuple[str, Path, str]:
     return stack.site_url, stack.textfile_dir, stack.url("prometheus")
 
 
-def build_profile(args: argparse.Namespace) -> tuple[list[Request], dict[str, list[str]], str]:
-    """The requests to send from the flags, their variables, and a line saying what they are."""
+#: A longer access-log line is not one (a binary file, /dev/zero): skipped in bounded pieces.
+MAX_LINE = 64 * 1024
+
+
+def log_lines(f: BinaryIO, skipped: Counter[str]) -> Iterator[str]:
+    """The lines of a binary file, decoded (UTF-8, bad bytes replaced); a line longer than
+    :data:`MAX_LINE` is read and dropped in bounded pieces and counted in ``skipped``."""
+    while line := f.readline(MAX_LINE):
+        if len(line) >= MAX_LINE and not line.endswith(b"\n"):
+            skipped[f"longer than {MAX_LINE // 1024} KiB"] += 1
+            while (rest := f.readline(MAX_LINE)) and not rest.endswith(b"\n"):
+                pass
+            continue
+        yield line.decode("utf-8", errors="replace")
+
+
+def read_replay(path: Path, top: int = 500) -> tuple[list[Request], dict[str, int]]:
+    """:func:`replay_profile` of an access log file, its paths ``site_absolute``; CalibrationError
+    for a file that cannot be one (unreadable, gzip-compressed, a device)."""
+    try:
+        with open(path, "rb") as f:
+            if stat.S_ISCHR(os.fstat(f.fileno()).st_mode):
+                raise CalibrationError(f"--replay {path} is a device, not an access log")
+            if f.peek(2)[:2] == b"\x1f\x8b":
+                raise CalibrationError(f"--replay {path} is gzip-compressed: decompress it first "
+                                       f"(zcat {path} > access.log)")
+            long: Counter[str] = Counter()
+            replayed, skipped = replay_profile(log_lines(f, long), top)
+    except OSError as e:
+        raise CalibrationError(f"cannot read --replay {path}: {e.strerror}") from e
+    replayed = [replace(r, site_absolute=True) for r in replayed]
+    return replayed, {**skipped, **long}
+
+
+def build_profile(args: argparse.Namespace, target: str | None = None) -> tuple[list[Request], dict[str, list[str]], str]:
+    """The requests to send from the flags, their variables, and a line saying what they are.
+    Without any: GET of ``target`` (default ``args.target``) itself, its path and query."""
     requests = list(args.request or [])
     variables: dict[str, list[str]] = {}
     what = []
@@ -918,11 +1062,9 @@ def build_profile(args: argparse.Namespace) -> tuple[list[Request], dict[str, li
         requests += from_file
         what.append(f"{len(from_file)} request(s) from {args.profile}")
     if args.replay:
-        try:
-            with open(args.replay, errors="replace") as f:
-                replayed, skipped = replay_profile(f, args.replay_top)
-        except OSError as e:
-            raise CalibrationError(f"cannot read --replay {args.replay}: {e.strerror}") from e
+        if args.replay_top < 1:
+            raise CalibrationError(f"--replay-top {args.replay_top}: keep at least 1 path")
+        replayed, skipped = read_replay(args.replay, args.replay_top)
         if not replayed:
             raise CalibrationError(f"--replay {args.replay}: no GET/HEAD request answered 2xx/3xx by a visitor "
                                    f"(left out: {skipped or 'nothing, no line parsed'})")
@@ -930,8 +1072,13 @@ def build_profile(args: argparse.Namespace) -> tuple[list[Request], dict[str, li
         what.append(f"{len(replayed)} path(s) replayed from {args.replay} (left out: "
                     + (", ".join(f"{k} {v}" for k, v in skipped.items()) or "none") + ")")
     if not requests:
-        requests = [Request("GET", "/")]
+        target = target or getattr(args, "target", None)
+        requests = [Request("GET", split_target(target)[1], site_absolute=True) if target else Request("GET", "/")]
         what.append("GET of the --target URL (give --request, --profile or --replay for your shop's own mix)")
+    total = sum(r.weight for r in requests)
+    if not math.isfinite(total):
+        raise CalibrationError(f"the weights add up to {total:g}: too large to draw requests by (give smaller weights, "
+                               "only their ratios matter)")
     return requests, variables, "; ".join(what)
 
 
@@ -948,7 +1095,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     prometheus_url = args.prometheus_url or (None if args.textfile_dir and args.source != "prometheus" else prom)
     try:
         split_target(target)
-        profile, variables, what = build_profile(args)
+        profile, variables, what = build_profile(args, target)
     except (ValueError, CalibrationError) as e:
         print(f"calibrate: {e}", file=sys.stderr)
         return 1
@@ -1018,12 +1165,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="the shop's URL, its path included (default: the stack's site: its nginx, or stack.nginx.url)")
     p.add_argument("--site", default="shop", help="site label the threshold is published for (default shop)")
     p.add_argument("--request", action="append", type=_request, metavar='"METHOD /PATH [WEIGHT [BODY]]"',
-                   help="a request of your shop's mix (repeat); {id} is a random integer")
+                   help="a request of your shop's mix (repeat); PATH is under the path of --target; {id} is a random "
+                        "integer; BODY is the rest of the line as given, sent as application/json when it is a JSON "
+                        "object or array, else form-urlencoded")
     p.add_argument("--profile", type=Path, default=None, metavar="FILE",
-                   help="YAML/JSON: requests: [{method, path, weight, body}], vars: {NAME: [values]} for {NAME}")
+                   help="YAML/JSON: requests: [{method, path, weight, body}], vars: {NAME: [values]} for {NAME}; paths "
+                        "under the path of --target; a mapping body is sent as JSON, !!binary as bytes")
     p.add_argument("--replay", type=Path, default=None, metavar="ACCESS_LOG",
-                   help="replay the GET/HEAD paths your visitors requested (weighted by count)")
-    p.add_argument("--replay-top", type=int, default=500, help="the most frequent paths kept by --replay (default 500)")
+                   help="replay the GET/HEAD paths your visitors requested (weighted by count), as the log has them: "
+                        "site-absolute, not under the path of --target; not gzip-compressed")
+    p.add_argument("--replay-top", type=int, default=500, help="the most frequent paths kept by --replay (>= 1, default 500)")
     p.add_argument("--product-count", type=int, default=10000, help="{id} is drawn from 0..N-1 (default 10000)")
     p.add_argument("--users", type=int, default=None, help="concurrent users; default: ramp 1, 2, 4, ... to the knee")
     p.add_argument("--max-users", type=int, default=32, help="where the ramp stops at the latest (default 32)")

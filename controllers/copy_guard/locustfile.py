@@ -8,7 +8,10 @@ locust monkey-patches the standard library with gevent.
   request is drawn with its weight; in its path and body ``{id}`` and ``{n}`` become a random
   integer below ``--product-count``, ``{uniq}`` a string unique to the request, and ``{NAME}`` a
   random element of ``vars[NAME]``; ``base_path`` (the path of ``--target``) is put in front
-  of every path. Redirects are not followed (a 302 is an answer, as in the access log).
+  of every path, except that of a request with ``"site_absolute": true`` (replayed from the
+  access log, or the ``--target`` URL itself), sent as it is, placeholders and all. A body is sent
+  with its ``"content_type"`` (default form-urlencoded); with ``"body_base64": true`` it is
+  base64 of the bytes to send. Redirects are not followed (a 302 is an answer, as in the access log).
   Without it: the built-in shop's profile
   (``bench/copy_guard/site.py``): ``--checkout-share`` of ``POST /checkout``, the rest
   ``GET /product/<id>``.
@@ -40,6 +43,7 @@ Requests carry ``User-Agent: promreflex-calibrate``, so a replay of the access l
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -163,6 +167,14 @@ def fill(text: str, variables: dict[str, list[str]], count: int) -> str:
     return _PLACEHOLDER.sub(one, text)
 
 
+def request_path(base: str, req: dict[str, Any], variables: dict[str, list[str]], count: int) -> str:
+    """The path a profile's request is sent to: a ``site_absolute`` one as it is (replayed from
+    the access log, or the --target URL itself), any other filled and under ``base``."""
+    if req.get("site_absolute"):
+        return str(req["path"])
+    return base + fill(str(req["path"]), variables, count)
+
+
 def parse_schedule(text: str) -> list[tuple[float, float]]:
     """``"0:14,10:126"`` -> ``[(0.0, 14.0), (10.0, 126.0)]`` (sorted by time; ValueError if bad)."""
     steps = []
@@ -240,12 +252,12 @@ class Shopper(FastHttpUser):
     def one_request(self) -> None:
         opts = self.environment.parsed_options
         req = random.choices(self.requests, weights=self.weights)[0]
-        path = self.base + fill(str(req["path"]), self.variables, opts.product_count)
+        path = request_path(self.base, req, self.variables, opts.product_count)
         method = str(req.get("method", "GET")).upper()
         headers = {"User-Agent": USER_AGENT}
-        body = req.get("body")
+        body: Any = req.get("body")  # str or bytes: FastHttpSession sends both ("String/bytes")
         if body is not None:
-            body = fill(str(body), self.variables, opts.product_count)
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            body = base64.b64decode(body) if req.get("body_base64") else fill(str(body), self.variables, opts.product_count)
+            headers["Content-Type"] = str(req.get("content_type") or "application/x-www-form-urlencoded")
         self.client.request(method, path, data=body, headers=headers, name=f"{method} {req['path']}",
                             allow_redirects=False)
