@@ -27,7 +27,7 @@ from exporters.swift.exchanges import Exchange, JoinCounts, exchanges_of, join, 
 from exporters.swift.match import HOW_AMBIGUOUS, HOW_NAMES, Directed, Matches, direct, match, segment_hash
 from exporters.swift.pcap import ACK, RST, SYN, ReadStats, Segments, ip_str, read_capture
 from exporters.swift.roles import Node, RoleMap
-from exporters.swift.swiftlogs import apply_logs, read_logs
+from exporters.swift.swiftlogs import LogRequest, apply_logs, read_logs
 
 I64 = npt.NDArray[np.int64]
 
@@ -94,6 +94,9 @@ class Breakdown:
     connection_failures: Counter[str] = field(default_factory=Counter)
     connections: Counter[str] = field(default_factory=Counter)
     trans_ids_from_logs: int = 0
+    # per --swift-log file: access lines read, other lines skipped; and what to tell about them
+    swift_logs: dict[str, dict[str, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     addresses: dict[str, list[str]] = field(default_factory=dict)  # each node's own addresses, as used
     guessed: list[str] = field(default_factory=list)  # nodes whose address was a tie-break guess
 
@@ -166,6 +169,8 @@ class Breakdown:
             "joins": {**self.joins.as_dict(), "ambiguous_ratio": self.joins.ambiguous_ratio,
                       "trans_ids_from_logs": self.trans_ids_from_logs},
             "exchanges": len(self.exchanges),
+            "swift_logs": self.swift_logs,
+            "notes": self.notes,
             "retransmissions": {f"{a}->{b}": n for (a, b), n in sorted(self.retransmissions.items())},
             "resets": {f"{a}->{b}": n for (a, b), n in sorted(self.resets.items())},
             "connections": dict(self.connections),
@@ -198,7 +203,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     ``publish=(lo, hi)`` (ns, the live reader's windows): everything is computed over the whole
     input, but only what ended in ``[lo, hi)`` is kept (segments by arrival, exchanges by their
     response's end, TCP events by time), so overlapping windows count nothing twice.
-    ``logs``: Swift access logs, a second source of transaction ids (:mod:`exporters.swift.swiftlogs`).
+    ``logs``: Swift access logs, a second source of transaction ids (:mod:`exporters.swift.swiftlogs`);
+    a file with no access line at all is named in ``notes``; a gzip-compressed one raises
+    :class:`~exporters.swift.swiftlogs.SwiftLogError`.
     """
     roles = roles if roles is not None else RoleMap()
     names = list(captures)
@@ -226,8 +233,17 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     for d in directed:
         exchanges.extend(exchanges_of(d, roles))
     from_logs = 0
+    log_counts: dict[str, dict[str, int]] = {}
+    notes: list[str] = []
     if logs:
-        entries, _ = read_logs(logs)
+        entries: list[LogRequest] = []
+        for log in logs:
+            got, skipped = read_logs([log])
+            entries.extend(got)
+            log_counts[str(log)] = {"access_lines": len(got), "skipped_lines": skipped}
+            if not got:
+                notes.append(f"swift log {log}: none of its {skipped} lines is a Swift access line "
+                             "(proxy or storage server): no transaction id from it")
         from_logs = apply_logs(exchanges, entries)
     joins = join(exchanges)
 
@@ -238,7 +254,7 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         m, transit, hop_src, hop_dst = m.subset(keep), transit[keep], hop_src[keep], hop_dst[keep]
         exchanges = [x for x in exchanges if lo <= x.resp_end < hi]
     b = Breakdown(names, read, m, clocks, transit, hop_src, hop_dst, coder.names, exchanges, joins,
-                  trans_ids_from_logs=from_logs)
+                  trans_ids_from_logs=from_logs, swift_logs=log_counts, notes=notes)
     _tcp_events(b, directed, coder, publish)
     for name in names:
         node = roles.nodes.get(name)

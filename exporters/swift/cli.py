@@ -66,7 +66,7 @@ def _common(p: argparse.ArgumentParser, live: bool = False) -> None:
     p.add_argument("--proxy-config", type=Path, default=None, help="the proxy-server.conf (bind_ip/bind_port)")
     p.add_argument("--swift-log", dest="swift_logs", action="append", type=Path, default=[], metavar="FILE",
                    help="a Swift server's access log (proxy or storage): transaction ids for the joins "
-                        "when the captures' snap length cut the headers; repeat per file")
+                        "when the captures' snap length cut the headers; repeat per file (not with --live)")
     p.add_argument("--clock-window", type=_duration, default=1.0, metavar="DURATION",
                    help="window of each clock offset estimate (default 1s)")
 
@@ -144,13 +144,16 @@ def _check_captures(args: argparse.Namespace) -> dict[str, Path]:
 def _analyze(args: argparse.Namespace) -> Any:
     from exporters.swift.analyze import analyze
     from exporters.swift.pcap import CaptureError
+    from exporters.swift.swiftlogs import SwiftLogError
 
     caps = _check_captures(args)
     for log in args.swift_logs:
         if not log.is_file():
             raise UserError(f"--swift-log {log}: " + ("no such file" if not log.exists() else "not a regular file"))
     try:
-        return analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
+        b = analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
+    except SwiftLogError as e:
+        raise UserError(f"--swift-log {e.path}: {e.reason}") from None
     except CaptureError as e:  # name the --capture (node and file) that is not a capture
         node = next((n for n, p in caps.items() if e.path is not None and str(p) == str(e.path)), None)
         if node is None:
@@ -158,6 +161,9 @@ def _analyze(args: argparse.Namespace) -> Any:
         raise UserError(f"--capture {node}={e.path}: not a pcap or pcapng capture ({e.reason})") from e
     except OSError as e:
         raise UserError(f"cannot read {e.filename or 'a capture'}: {e.strerror or e}") from e
+    for note in b.notes:  # a --swift-log that gave nothing: said, not silent
+        print(f"promreflex {COMMAND}: {note}", file=sys.stderr)
+    return b
 
 
 def _check_out(flag: str, path: Path) -> None:
@@ -236,6 +242,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if bool(args.captures) == bool(args.live):
         raise UserError("give either --capture NODE=FILE ... (analysed once) or --live NODE=IFACE[@NETNS] ...")
+    if args.live and args.swift_logs:
+        raise UserError("--swift-log: not read with --live (only with --capture): leave it out")
     try:
         host, _ = split_host_port(args.listen_address)
     except ValueError as e:

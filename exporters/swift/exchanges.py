@@ -121,7 +121,8 @@ def _parse_request(head: bytes | None) -> tuple[str, str, str | None, str]:
     kind = _path_kind(bits[1]) if len(bits) > 1 else "other"
     m = _TXID.search(head)
     target = bits[1][:512] if len(bits) > 1 else ""
-    if b"\r\n" not in head:  # the snap length cut the request line: the target is a prefix
+    # the snap length cut the request line, or the target is longer than kept: a prefix
+    if b"\r\n" not in head or len(bits) > 1 and len(bits[1]) > 512:
         target += CUT
     return method, kind, m.group(1).decode("ascii") if m else None, target
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from exporters.swift.analyze import analyze
 from exporters.swift.pcap import ip_int
@@ -33,7 +34,9 @@ def test_parse_proxy_storage_and_skip_the_rest() -> None:
     assert parse_line("proxy: 10.0.0.1 garbage") is None
 
 
-def test_logs_give_the_joins_their_transaction_ids(tmp_path: Path) -> None:
+def synthetic_puts(tmp_path: Path) -> tuple[dict[str, Path], RoleMap, list[str], list[str], Any]:
+    """Three PUTs captured without X-Trans-Id, the proxy's access messages for them (no tag)
+    and the analysis without logs."""
     net = SynthNet(dict(NODES))
     t = 1_795_448_405_000_000_000
     txs = []
@@ -44,15 +47,21 @@ def test_logs_give_the_joins_their_transaction_ids(tmp_path: Path) -> None:
     roles.add_mapping_dict(roles_mapping())
     paths = net.write(tmp_path)
     before = analyze(paths, roles)
-    assert before.joins.trans_id == 0 and before.joins.timing == 9
-    # The proxy's access log for the three client PUTs (start times from the proxy's capture).
     served = sorted((x for x in before.exchanges if x.side == "server" and x.server_role == "proxy"),
                     key=lambda x: x.req_start)
-    lines = []
+    msgs = []
     for x, tx in zip(served, txs):
         day = time.strftime("%d/%b/%Y/%H/%M/%S", time.gmtime(x.req_start / 1e9))
-        lines.append(f"proxy: {NODES['client']} {NODES['client']} {day} PUT /v1/AUTH_test/c/o HTTP/1.0 201 - ua - - - - "
-                     f"{tx} - 0.01 - - {x.req_start / 1e9:.9f} {x.resp_end / 1e9:.9f} 0")
+        msgs.append(f"{NODES['client']} {NODES['client']} {day} PUT /v1/AUTH_test/c/o HTTP/1.0 201 - ua - - - - "
+                    f"{tx} - 0.01 - - {x.req_start / 1e9:.9f} {x.resp_end / 1e9:.9f} 0")
+    return paths, roles, txs, msgs, before
+
+
+def test_logs_give_the_joins_their_transaction_ids(tmp_path: Path) -> None:
+    paths, roles, txs, msgs, before = synthetic_puts(tmp_path)
+    assert before.joins.trans_id == 0 and before.joins.timing == 9
+    # The proxy's access log for the three client PUTs (start times from the proxy's capture).
+    lines = [f"proxy: {m}" for m in msgs]
     log = tmp_path / "proxy-server.log"
     log.write_text("\n".join(lines) + "\nproxy: STDERR: noise\n")
     entries, skipped = read_logs([log])
