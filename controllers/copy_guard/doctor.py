@@ -18,7 +18,10 @@ checks a hand-built installation too (README "Guard a shop you already run").
 
 The doctor sends one request to the site (to see the access log grow) and one to stub_status;
 both are our own traffic, not demand (the rules subtract the exporter's scrapes; one request is
-below any demand floor).
+below any demand floor). A redirect is an answer: the doctor reports its status and Location and
+does not follow it (to another host or scheme: a WARN, the guard must watch the server block that
+serves the shop). Its first lines name every address and the stack directory the defaults come
+from (a relative ``stack.state_dir``, the default, is under the current directory).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -83,16 +87,54 @@ class Target:
 
 
 # ---------------------------------------------------------------------------- HTTP
-def http_get(url: str, token: str | None = None, timeout: float = HTTP_TIMEOUT) -> tuple[int, bytes, float]:
-    """(status, body, seconds); an HTTP error status is returned, not raised."""
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is the answer of the server asked (it is what nginx logged), not a request to
+    send elsewhere: following it would talk to another host (the public one, a CDN, a name that
+    does not resolve here) and blame the nginx named for its failures."""
+
+    def redirect_request(self, *_args: Any, **_kw: Any) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError: returned by http_fetch
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an http(s) address (None: it can)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as e:
+        return f"{url} is not a URL ({e})"
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return None
+    if "://" in url:
+        return f"{url} is not an http:// or https:// URL"
+    return f"{url} has no scheme: the URL needs http:// (http://{url})"
+
+
+def http_fetch(url: str, token: str | None = None,
+               timeout: float = HTTP_TIMEOUT) -> tuple[int, bytes, float, str | None]:
+    """(status, body, seconds, Location); an HTTP error status is returned, not raised, and a
+    redirect is not followed."""
+    problem = url_problem(url)
+    if problem:
+        raise ValueError(problem)
     req = urllib.request.Request(url, headers={"User-Agent": "promreflex-doctor",  # noqa: S310 - the user's URLs
                                                **({"Authorization": f"Bearer {token}"} if token else {})})
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
-            return resp.status, resp.read(1 << 20), time.monotonic() - t0
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read(1 << 20), time.monotonic() - t0, resp.headers.get("Location")
     except urllib.error.HTTPError as e:
-        return e.code, e.read(1 << 16), time.monotonic() - t0
+        location = e.headers.get("Location") if e.headers is not None else None
+        return e.code, e.read(1 << 16), time.monotonic() - t0, location
+
+
+def http_get(url: str, token: str | None = None, timeout: float = HTTP_TIMEOUT) -> tuple[int, bytes, float]:
+    """(status, body, seconds); an HTTP error status is returned, not raised; a redirect is not
+    followed (its 3xx is the status)."""
+    status, body, seconds, _ = http_fetch(url, token, timeout)
+    return status, body, seconds
 
 
 def _why(e: BaseException) -> str:
@@ -107,12 +149,28 @@ def prom_query(prom: str, expr: str) -> list[tuple[dict[str, str], float]]:
 
 
 # ---------------------------------------------------------------------------- the links
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
 def check_site(t: Target) -> Check:
+    problem = url_problem(t.site_url)
+    if problem:
+        return Check(FAIL, "nginx", f"{problem}: fix stack.nginx.url / --nginx.url")
     try:
-        status, _, s = http_get(t.site_url)
+        status, _, s, location = http_fetch(t.site_url)
     except (OSError, ValueError) as e:
         return Check(FAIL, "nginx", f"{t.site_url} does not answer ({_why(e)}): is nginx running, is the URL right "
                      "(stack.nginx.url / --nginx.url)?")
+    if 300 <= status < 400:
+        answer = f"{t.site_url} answers {status} -> {location or '(no Location)'} ({s * 1000:.0f} ms, not followed)"
+        target = urllib.parse.urljoin(t.site_url, location) if location else None
+        if target is None or _origin(target) == _origin(t.site_url):
+            return Check(OK, "nginx", answer)
+        return Check(WARN, "nginx", f"{answer}: that server block only redirects to another host or scheme; the guard "
+                     "must watch the one that serves the shop: give its URL (stack.nginx.url / --nginx.url) and "
+                     "its access log (stack.nginx.access_log / --nginx.access-log)")
     if status >= 500:
         return Check(WARN, "nginx", f"{t.site_url} answers {status} ({s * 1000:.0f} ms): the shop behind nginx fails")
     return Check(OK, "nginx", f"{t.site_url} answers {status} ({s * 1000:.0f} ms)")
@@ -137,8 +195,11 @@ def _stub_location(t: Target) -> str:
 
 
 def check_stub_status(t: Target) -> Check:
+    problem = url_problem(t.stub_status_url)
+    if problem:
+        return Check(FAIL, "stub_status", f"{problem}: fix stack.nginx.stub_status_url / --nginx.stub-status-url")
     try:
-        status, body, _ = http_get(t.stub_status_url)
+        status, body, _, location = http_fetch(t.stub_status_url)
     except (OSError, ValueError) as e:
         return Check(FAIL, "stub_status", f"{t.stub_status_url} does not answer ({_why(e)}): nginx must listen there, "
                      f"with {_stub_location(t)} in that server block (README)")
@@ -148,6 +209,10 @@ def check_stub_status(t: Target) -> Check:
     if status == 403:
         return Check(FAIL, "stub_status", f"{t.stub_status_url} answers 403: that location denies this host; allow the "
                      "address the nginx exporter and this doctor connect from")
+    if 300 <= status < 400:
+        return Check(FAIL, "stub_status", f"{t.stub_status_url} answers {status} -> {location or '(no Location)'}, not "
+                     "the stub_status page: give a URL that serves it without a redirect "
+                     f"(--nginx.stub-status-url / stack.nginx.stub_status_url), a {_stub_location(t)}")
     if status != 200:
         return Check(FAIL, "stub_status", f"{t.stub_status_url} answers {status}, not the stub_status page "
                      f"({_stub_location(t)})")
@@ -162,30 +227,60 @@ def check_stub_status(t: Target) -> Check:
 _SERVED = re.compile(r'" [23]\d\d ')
 
 
+def _file_kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "not a regular file")
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return -1  # gone (rotated) while the doctor waits: the checks below say so
+
+
 def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
     p = t.access_log
-    if not p.exists():
+    try:  # stat first: a directory, a FIFO or a device is never opened (a FIFO's open blocks)
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        return [Check(FAIL, "access log", f"{p} cannot be looked at ({_why(e)}): the access-log exporter runs as uid "
+                      f"{os.geteuid()} and must reach it")]
+    if mode is None:
         return [Check(FAIL, "access log", f"{p} does not exist: nginx must write it (an `access_log {p} promreflex;` line "
                       "in the shop's server block, README)")]
+    if not stat.S_ISREG(mode):
+        return [Check(FAIL, "access log", f"{p} is {_file_kind(mode)}, not a file: give the file nginx writes (the path "
+                      "of the shop's `access_log ... promreflex;` line) to --nginx.access-log / stack.nginx.access_log")]
     if not os.access(p, os.R_OK):
         return [Check(FAIL, "access log", f"{p} is not readable by uid {os.geteuid()}: the access-log exporter runs as this "
                       "user (e.g. add it to group adm, or run the stack as root)")]
-    size = p.stat().st_size
+    size = _size(p)
+    problem = url_problem(t.site_url)
     t.probe_at = time.time()
-    try:
-        http_get(t.site_url)
-    except (OSError, ValueError):
-        pass  # the nginx line says so
-    deadline = time.monotonic() + wait_s
-    while p.stat().st_size == size and time.monotonic() < deadline:
-        time.sleep(0.1)
+    if problem is None:
+        try:
+            http_get(t.site_url)
+        except (OSError, ValueError):
+            pass  # the nginx line says so
+        deadline = time.monotonic() + wait_s
+        while _size(p) == size and time.monotonic() < deadline:
+            time.sleep(0.1)
     out = []
-    if p.stat().st_size == size:
+    if problem is not None:
+        out.append(Check(FAIL, "access log", f"{p} not tested: no request could be sent ({problem})"))
+    elif _size(p) == size:
         out.append(Check(FAIL, "access log", f"{p} did not grow after a request to {t.site_url}: that server block logs "
                          "elsewhere (or buffers: drop `buffer=` from its access_log)"))
     from exporters.accesslog.preflight import tail_lines, timed_matcher
 
-    lines = tail_lines(p, 64 << 10)[-200:]
+    try:
+        lines = tail_lines(p, 64 << 10)[-200:]
+    except OSError as e:
+        return [*out, Check(FAIL, "access log", f"{p} cannot be read ({_why(e)})")]
     if not lines:
         return out or [Check(FAIL, "access log", f"{p} is empty")]
     matches = timed_matcher()
@@ -230,12 +325,22 @@ def _stack_fix(t: Target, comp: str) -> str | None:
     return None
 
 
+def _service_fix(t: Target, comp: str, flag: str, example: str) -> str:
+    """What to do when Prometheus or Alertmanager (the stack's component ``comp``) does not answer."""
+    dead = _stack_fix(t, comp) if comp in t.stack_dead else None
+    if dead:
+        return dead
+    return (f"is it running? Give the address of yours with {flag} (e.g. `{flag} {example}`), or start the "
+            f"local stack's with `promreflex stack up{t.extra.get('flags', '')}`")
+
+
 def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
     prom = t.prometheus_url
     try:
         prom_query(prom, "vector(1)")
     except Exception as e:  # noqa: BLE001 - any failure: one line
-        return [Check(FAIL, "prometheus", f"{prom} does not answer queries ({_why(e)}): --prometheus.url")]
+        return [Check(FAIL, "prometheus", f"{prom} does not answer queries ({_why(e)}): "
+                      + _service_fix(t, "prometheus", "--prometheus.url", "http://127.0.0.1:9090"))]
     out = [Check(OK, "prometheus", f"{prom} answers")]
     site = t.site
     how = {"nginx_exporter": f"run prometheus-nginx-exporter -nginx.scrape-uri={t.stub_status_url} and add it to "
@@ -460,7 +565,8 @@ def check_alertmanager(t: Target) -> list[Check]:
         _, body, _ = http_get(f"{am.rstrip('/')}/api/v2/status")
         config = yaml.safe_load(json.loads(body)["config"]["original"])
     except Exception as e:  # noqa: BLE001
-        return [Check(FAIL, "alertmanager", f"{am} does not answer /api/v2/status ({_why(e)}): --alertmanager.url")]
+        return [Check(FAIL, "alertmanager", f"{am} does not answer /api/v2/status ({_why(e)}): "
+                      + _service_fix(t, "alertmanager", "--alertmanager.url", "http://127.0.0.1:9093"))]
     webhook = f"{t.controller_url.rstrip('/')}/webhook"
     receivers = {r["name"]: r for r in config.get("receivers") or []}
     ours = [name for name, r in receivers.items()
@@ -600,7 +706,10 @@ def target_from(args: argparse.Namespace) -> Target:
     # the flags that find this configuration again, for the commands our fixes name
     flags = f" --config.file {args.config_file}" if args.config_file else (
         f" --state.dir {args.state_dir}" if args.state_dir else "")
-    extra: dict[str, Any] = {"flags": flags}
+    extra: dict[str, Any] = {"flags": flags, "stack_dir": stack.dir, "stack_running": running,
+                             # stack.state_dir relative: under the current directory
+                             "stack_dir_from_cwd": not args.state_dir
+                             and not cfg.stack.state_dir.expanduser().is_absolute()}
     # A file written for the stack: its addresses are the stack's, whether it runs or not (the
     # controller's defaults, 9090 and friends, could be another stack's or anyone's).
     stack_addresses = running or "stack" in cfg.model_fields_set or bool(args.state_dir)
@@ -631,13 +740,25 @@ def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
     return path if path.is_absolute() else (Path(config_file).expanduser().absolute().parent / path)
 
 
+def header(t: Target) -> str:
+    """What the doctor checks: every address, and the stack directory its defaults come from."""
+    out = (f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log "
+           f"{t.access_log}, Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller "
+           f"{t.controller_url}")
+    stack_dir = t.extra.get("stack_dir")
+    if stack_dir is not None:
+        out += (f"\nstack directory {stack_dir}: " + ("a stack runs there" if t.extra.get("stack_running")
+                                                      else "no stack runs there")
+                + (" (stack.state_dir is relative: under the current directory; --state.dir or --config.file "
+                   "names another)" if t.extra.get("stack_dir_from_cwd") else ""))
+    return out
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     t = target_from(args)
     checks: list[Check] = []
     try:
-        print(f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log "
-              f"{t.access_log}, Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller "
-              f"{t.controller_url}", flush=True)
+        print(header(t), flush=True)
         checks = run_checks(t)
         print(render(checks))
         failed = [c for c in checks if c.status == FAIL]
