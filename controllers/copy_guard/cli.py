@@ -156,7 +156,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``copy`` and ``copy-guard`` to a CLI's subcommands."""
     cp = subparsers.add_parser("copy", help="copy a file or tree: resumable, pausable, throttled, with /metrics",
                                description="Copy SRC to DST (a file or a directory tree). Resumable: run the same "
-                               "command again after a stop or a kill. Exit 0 done, 1 failed, 2 usage, 3 stopped.")
+                               "command again after a stop or a kill. Exit 0 done, 1 failed, 2 usage, 3 stopped; as rsync, "
+                               "23 done but some files or folders could not be read, 24 done but some source files "
+                               "vanished (each named in the log).")
     cp.add_argument("src")
     cp.add_argument("dst")
     cp.add_argument("--site", type=_site, default="shop", help="the site whose overload pauses this copy (default shop)")

@@ -2,20 +2,43 @@
 throttle at any chunk, and that continues where it stopped after being stopped or killed.
 
 How it stays correct across kills:
-- The plan (every file, directory and symlink with sizes and mtimes) is taken once and kept in a
-  journal beside the destination (``.<dst name>.promreflex-copy.json``, written atomically).
-  Files are copied in plan order; the journal says which file is next and how many of its bytes
-  are safely in its part file.
-- A file is written to a hidden part file (``.<name>.promreflex-part``) in its destination
-  folder, fsync'd, its size checked against the source, given the source's mode and mtime, and
-  only then renamed to its name: a destination file under its real name is always complete.
+- The plan (every file, directory and symlink with sizes and mtimes) is taken once and written
+  once, atomically, beside the destination (``.<dst name>.promreflex-copy.json``). Where the copy
+  is (the next file, how many of its bytes are safely in its part file) is a separate small file
+  (``.<dst name>.promreflex-copy.progress.json``, a few dozen bytes, fsync'd and renamed): at
+  each data checkpoint (every ``checkpoint_bytes``, after fdatasync) and, between files, every
+  ``checkpoint_files`` files or ``checkpoint_seconds``, not after each file. So the journal
+  costs O(1) per file whatever the size of the tree. A resume after a kill starts from the last
+  checkpoint: the files completed since are only checked (size and mtime), not copied again.
+- A file is written to a hidden part file (``.<hash of its name>.promreflex-part``, fixed length
+  so a 255-byte name has one too) in its destination folder, fsync'd, its size checked against
+  the source, given the source's mode and mtime, and only then renamed to its name: a
+  destination file under its real name is always complete. A source file whose name has that
+  form (a leftover of an interrupted copy) is not copied (listed in ``plan.skipped``).
 - On restart the part file is cut back to the journaled offset and the copy continues there; a
   file whose destination already has the source's size and mtime is done (also covers a kill
   between the rename and the journal update). A source file that changed since the plan is
   copied again from the start (counted).
 
+What a live source does (as rsync, the copy goes on and says so):
+- A file that changes while it is copied is copied again from the start, at most
+  ``MAX_ATTEMPTS`` (3) times, with a warning each time; after the last, the bytes it had when
+  that attempt started are kept (not a consistent snapshot: a warning names it, and its mtime
+  is the one of that moment, so the next run copies it again).
+- A file that vanished is skipped with a warning (``progress.vanished``); the journal moves on.
+- A folder that cannot be listed, an entry that cannot be read at planning, a file that cannot
+  be opened (permissions) are skipped and named (``progress.unreadable``); the copy goes on.
+  ``promreflex copy`` exits 23 if anything could not be read, else 24 if something vanished.
+- Special files (sockets, FIFOs, devices) are not copied: warned and listed (``plan.skipped``).
+- A write error (ENOSPC, EIO, EDQUOT) fails the copy with a message naming the destination file
+  and the error (resumable once fixed); a journal that cannot be read or written raises
+  :class:`JournalError`. A torn journal is ignored: the copy plans again.
+- Not kept, unlike ``cp -a``: owner and group, xattrs and ACLs, hard links (each name is a
+  separate copy), holes (a sparse file is written dense), symlink mtimes; a file already in DST
+  with the source's size and mtime is not touched (its mode is not updated either).
+
 Pausing and throttling: before every chunk (default 1 MiB) the copier asks its
-:class:`Control`. A pause holds until resumed or until its *lease* runs out (the controller
+:class:`Control` (and between files, :meth:`Control.hold`: a pause or a stop holds empty files too). A pause holds until resumed or until its *lease* runs out (the controller
 renews it; if the controller dies, the copy resumes by itself). A throttle, with a lease too,
 either caps the rate (``bytes_per_second``, token bucket) or gives the copy a *share* of its own
 speed (``share`` in (0, 1]: after each chunk it waits ``chunk time * (1 - share) / share``, so
@@ -32,10 +55,14 @@ uses O_DIRECT (falls back to fadvise where the filesystem refuses it, e.g. tmpfs
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import logging
 import math
 import mmap
 import os
+import re
+import secrets
 import stat
 import threading
 import time
@@ -47,13 +74,16 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from promreflex.fsutil import atomic_write_json, read_json
+from promreflex import fsutil
 
 IO_MODES = ("fadvise", "direct", "buffered")
 STATES = ("running", "paused", "throttled", "done", "failed")
 COMMANDS = ("pause", "resume", "throttle")
 ALIGN = 4096
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
+MAX_ATTEMPTS = 3  # copies of a file that keeps changing under the copy before it is kept as is
+PART_SUFFIX = ".promreflex-part"
+_PART_RE = re.compile(r"^\.[0-9a-f]{32}\.promreflex-part$")
 
 log = logging.getLogger("promreflex.copy")
 
@@ -62,16 +92,41 @@ class CopyError(Exception):
     """The copy cannot go on (bad source, no space, ...); the message says why."""
 
 
+class JournalError(CopyError):
+    """The journal beside the destination cannot be read or written."""
+
+
 class Stopped(Exception):
     """The copy was asked to stop; it is resumable from the journal."""
 
 
+class _Vanished(Exception):
+    """The source file is gone: skip it."""
+
+
+class _Unreadable(Exception):
+    """The source file cannot be opened (permissions): skip it, report it."""
+
+
 def journal_path(dst: Path) -> Path:
+    """The plan, written once when the copy starts."""
     return dst.parent / f".{dst.name}.promreflex-copy.json"
 
 
+def progress_path(journal: Path) -> Path:
+    """Where the copy is (next file, bytes of it in its part file): a few dozen bytes."""
+    return journal.with_name(journal.name.removesuffix(".json") + ".progress.json")
+
+
 def part_path(final: Path) -> Path:
-    return final.parent / f".{final.name}.promreflex-part"
+    """The hidden part file of ``final``: a fixed-length name (so a 255-byte name still has one)
+    that no real file of the copy can have (source entries of that form are skipped)."""
+    digest = hashlib.blake2b(os.fsencode(final.name), digest_size=16).hexdigest()
+    return final.parent / f".{digest}{PART_SUFFIX}"
+
+
+def is_part_name(name: str) -> bool:
+    return bool(_PART_RE.match(name))
 
 
 # ---------------------------------------------------------------------- control
@@ -242,6 +297,18 @@ class Control:
             self._chunk_work = end - rate_wait_from if rate_wait_from is not None else 0.0
             self._chunk_end = end
 
+    def hold(self) -> None:
+        """Between files (and before the links and folders): block while paused. Raises Stopped."""
+        with self.cond:
+            while True:
+                if self.stopping:
+                    raise Stopped()
+                now = self.clock()
+                self._expire(now)
+                if self.mode != "paused":
+                    return
+                self.cond.wait(timeout=min(0.25, max(0.001, self.until - now)))
+
 
 # ---------------------------------------------------------------------- plan
 @dataclass
@@ -260,7 +327,8 @@ class Plan:
     files: list[FileItem]
     dirs: list[tuple[str, int, int]]  # rel, mode, mtime_ns
     links: list[tuple[str, str]]  # rel, target
-    skipped: list[str] = field(default_factory=list)  # special files (sockets, fifos, devices)
+    skipped: list[str] = field(default_factory=list)  # special files (sockets, fifos, devices), part files
+    unreadable: list[str] = field(default_factory=list)  # "rel: why": folders not listed, entries not read
 
     @property
     def total_bytes(self) -> int:
@@ -270,14 +338,15 @@ class Plan:
         return {"src": self.src, "dst": self.dst, "single": self.single,
                 "files": [[f.rel, f.size, f.mtime_ns, f.mode] for f in self.files],
                 "dirs": [list(d) for d in self.dirs], "links": [list(x) for x in self.links],
-                "skipped": self.skipped}
+                "skipped": self.skipped, "unreadable": self.unreadable}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
         return cls(data["src"], data["dst"], bool(data["single"]),
                    [FileItem(str(r), int(s), int(m), int(md)) for r, s, m, md in data["files"]],
                    [(str(r), int(md), int(m)) for r, md, m in data["dirs"]],
-                   [(str(r), str(t)) for r, t in data["links"]], list(data.get("skipped", [])))
+                   [(str(r), str(t)) for r, t in data["links"]], list(data.get("skipped", [])),
+                   list(data.get("unreadable", [])))
 
 
 def resolve_dst(src: Path, dst: Path) -> Path:
@@ -300,8 +369,14 @@ def make_plan(src: Path, dst: Path) -> Plan:
         raise CopyError(f"source {src} is neither a file nor a directory")
     if dst.resolve().is_relative_to(src.resolve()):
         raise CopyError(f"destination {dst} is inside the source {src}")
-    files, dirs, links, skipped = [], [("", stat.S_IMODE(st.st_mode), st.st_mtime_ns)], [], []
-    for root, dirnames, filenames in os.walk(src, followlinks=False):
+    files, dirs, links, skipped, unreadable = [], [("", stat.S_IMODE(st.st_mode), st.st_mtime_ns)], [], [], []
+
+    def not_listed(e: OSError) -> None:  # os.walk drops folders it cannot list unless told
+        where = Path(e.filename) if e.filename else src
+        rel = str(where.relative_to(src)) if where.is_relative_to(src) else str(where)
+        unreadable.append(f"{rel}/: {e.strerror}")
+
+    for root, dirnames, filenames in os.walk(src, onerror=not_listed, followlinks=False):
         dirnames.sort()
         base = Path(root).relative_to(src)
         for name in sorted(dirnames) + sorted(filenames):
@@ -309,19 +384,24 @@ def make_plan(src: Path, dst: Path) -> Plan:
             rel = str(base / name) if str(base) != "." else name
             try:
                 s = path.lstat()
-            except OSError:
-                skipped.append(rel)
+            except OSError as e:
+                unreadable.append(f"{rel}: {e.strerror}")
                 continue
             if stat.S_ISLNK(s.st_mode):
-                links.append((rel, os.readlink(path)))
+                try:
+                    links.append((rel, os.readlink(path)))
+                except OSError as e:
+                    unreadable.append(f"{rel}: {e.strerror}")
             elif stat.S_ISDIR(s.st_mode):
                 dirs.append((rel, stat.S_IMODE(s.st_mode), s.st_mtime_ns))
+            elif stat.S_ISREG(s.st_mode) and is_part_name(name):
+                skipped.append(rel)  # a part file of an interrupted copy: its name is the copier's
             elif stat.S_ISREG(s.st_mode):
                 files.append(FileItem(rel, s.st_size, s.st_mtime_ns, stat.S_IMODE(s.st_mode)))
             else:
                 skipped.append(rel)
     # os.walk lists a symlink to a directory among dirnames without descending: handled above.
-    return Plan(str(src), str(dst), False, files, dirs, links, skipped)
+    return Plan(str(src), str(dst), False, files, dirs, links, skipped, unreadable)
 
 
 # ---------------------------------------------------------------------- the copier
@@ -336,13 +416,23 @@ class Progress:
     source_changes: int = 0
     resumed_from: int = 0  # bytes already done when this process started
     error: str = ""
+    vanished: list[str] = field(default_factory=list)  # source files gone before they were copied
+    kept_changing: list[str] = field(default_factory=list)  # copied as they were after MAX_ATTEMPTS
+    unreadable: list[str] = field(default_factory=list)  # "rel: why", planning and copying
 
 
 class Copier:
+    """Copies SRC to DST (see the module docstring). The journal is two files: the plan, written
+    once, and the progress (next file, offset), rewritten at each data checkpoint and, between
+    files, at most every ``checkpoint_seconds`` or ``checkpoint_files`` files: a resume after a
+    kill re-checks (stat) the files done since, it does not copy them again."""
+
     def __init__(self, src: str | Path, dst: str | Path, *, control: Control | None = None,
                  chunk_size: int = 1 << 20, io: str = "fadvise", checkpoint_bytes: int = 16 << 20,
                  journal: str | Path | None = None, fresh: bool = False,
-                 on_chunk: Callable[[Copier], None] | None = None):
+                 on_chunk: Callable[[Copier], None] | None = None,
+                 checkpoint_seconds: float = 2.0, checkpoint_files: int = 1000,
+                 clock: Callable[[], float] = time.monotonic):
         if io not in IO_MODES:
             raise ValueError(f"io must be one of {', '.join(IO_MODES)}")
         if chunk_size < ALIGN or chunk_size % ALIGN:
@@ -354,13 +444,22 @@ class Copier:
         self.io = io
         self.io_effective = io
         self.checkpoint_bytes = max(chunk_size, checkpoint_bytes)
+        self.checkpoint_seconds = checkpoint_seconds
+        self.checkpoint_files = max(1, checkpoint_files)
+        self.clock = clock
         self.journal = Path(journal) if journal else journal_path(self.dst)
+        self.progress_file = progress_path(self.journal)
         self.on_chunk = on_chunk
         self.progress = Progress()
         self._buf: mmap.mmap | None = None
+        self._journal_id = ""
+        self._saved: tuple[int, int] = (-1, -1)
+        self._saved_at = clock()
+        self.next_index = self.offset = 0
         self.plan, self.next_index, self.offset = self._load_or_plan(fresh)
         self.progress.total_bytes = self.plan.total_bytes
         self.progress.total_files = len(self.plan.files)
+        self.progress.unreadable = list(self.plan.unreadable)
         self._done_before = sum(f.size for f in self.plan.files[: self.next_index])
         self._tick()
         self.progress.resumed_from = self.progress.done_bytes
@@ -371,32 +470,66 @@ class Copier:
 
     # --- journal
     def _load_or_plan(self, fresh: bool) -> tuple[Plan, int, int]:
-        data = None if fresh else read_json(self.journal, default=None)
+        try:
+            return self._load_or_plan_io(fresh)
+        except OSError as e:
+            raise JournalError(f"cannot use the journal {self.journal}: {e.strerror}") from e
+
+    def _load_or_plan_io(self, fresh: bool) -> tuple[Plan, int, int]:
+        data = None if fresh else _read_json(self.journal)
         if isinstance(data, dict) and data.get("version") == JOURNAL_VERSION:
             try:
                 plan = Plan.from_json(data["plan"])
                 if plan.src == str(self.src) and plan.dst == str(self.dst):
-                    return plan, int(data["next"]), int(data["offset"])
+                    self._journal_id = str(data["id"])
+                    where = _read_json(self.progress_file)
+                    if isinstance(where, dict) and where.get("id") == self._journal_id:
+                        next_index, offset = int(where["next"]), int(where["offset"])
+                        if 0 <= next_index <= len(plan.files) and offset >= 0:
+                            self._saved = (next_index, offset)
+                            return plan, next_index, offset
+                    # No usable progress: from the first file (done ones are skipped by size+mtime).
+                    return plan, 0, 0
             except (KeyError, TypeError, ValueError):
                 pass  # an unreadable journal: plan again (done files are skipped by size+mtime)
+        elif isinstance(data, dict) and data.get("version") == 1:
+            _drop_v1_part(data)
         plan = make_plan(self.src, self.dst)
-        self._save(plan, 0, 0)
+        self._journal_id = secrets.token_hex(8)
+        self.progress_file.unlink(missing_ok=True)
+        _write_json(self.journal, {"version": JOURNAL_VERSION, "id": self._journal_id, "plan": plan.to_json(),
+                                   "created": time.time()})
+        self.checkpoint()
         return plan, 0, 0
 
-    def _save(self, plan: Plan, next_index: int, offset: int) -> None:
-        atomic_write_json(self.journal, {"version": JOURNAL_VERSION, "plan": plan.to_json(),
-                                         "next": next_index, "offset": offset, "updated": time.time()})
-
     def checkpoint(self) -> None:
-        self._save(self.plan, self.next_index, self.offset)
+        """Journal where the copy is: a small file, whatever the size of the plan."""
+        where = (self.next_index, self.offset)
+        if where != self._saved:
+            try:
+                _write_json(self.progress_file, {"id": self._journal_id, "next": where[0], "offset": where[1]})
+            except OSError as e:  # (a write or fsync error names no file)
+                raise JournalError(f"cannot write the journal {self.progress_file}: {e.strerror}") from None
+            self._saved = where
+        self._saved_at = self.clock()
+
+    def _maybe_checkpoint(self) -> None:
+        """Between files: every ``checkpoint_files`` files or ``checkpoint_seconds``, not after each."""
+        if (self.next_index - self._saved[0] >= self.checkpoint_files
+                or self.clock() - self._saved_at >= self.checkpoint_seconds):
+            self.checkpoint()
 
     # --- paths
     def final_path(self, item: FileItem) -> Path:
         return self.dst if self.plan.single else self.dst / item.rel
 
+    def _src_path(self, item: FileItem) -> Path:
+        return self.src if self.plan.single else self.src / item.rel
+
     # --- run
     def run(self) -> Progress:
-        """Copy until done; raises Stopped (resumable) or CopyError (state failed)."""
+        """Copy until done; raises Stopped (resumable) or CopyError (state failed). Files that
+        vanished, kept changing or could not be read are in ``progress`` (the copy goes on)."""
         try:
             self._run()
         except Stopped:
@@ -410,8 +543,11 @@ class Copier:
             raise CopyError(self.progress.error) from e
         finally:
             if self._buf is not None:
-                self._buf.close()
-                self._buf = None
+                buf, self._buf = self._buf, None
+                try:
+                    buf.close()
+                except BufferError:  # a view still referenced by a traceback: let it go with it
+                    pass
         self.progress.state = "done"
         return self.progress
 
@@ -421,14 +557,20 @@ class Copier:
                 (self.dst / rel).mkdir(parents=True, exist_ok=True)
         else:
             self.dst.parent.mkdir(parents=True, exist_ok=True)
-        while self.next_index < len(self.plan.files):
-            item = self.plan.files[self.next_index]
-            self._copy_file(item)
-            self._done_before += item.size
-            self.next_index += 1
-            self.offset = 0
-            self._tick()
+        try:
+            while self.next_index < len(self.plan.files):
+                self.control.hold()  # a pause or a stop also holds between files (empty ones too)
+                item = self.plan.files[self.next_index]
+                self._copy_file(item)
+                self._done_before += item.size
+                self.next_index += 1
+                self.offset = 0
+                self._tick()
+                self._maybe_checkpoint()
+            self.control.hold()
+        except Stopped:
             self.checkpoint()
+            raise
         if not self.plan.single:
             for rel, target in self.plan.links:
                 link = self.dst / rel
@@ -441,13 +583,20 @@ class Copier:
                 d = self.dst / rel
                 os.chmod(d, mode)
                 os.utime(d, ns=(mtime_ns, mtime_ns))
+        for rel in self.plan.skipped:
+            log.warning("not copied (not a regular file, folder or symlink): %s", rel)
+        for what in self.plan.unreadable:
+            log.error("could not be read, not copied: %s", what)
         self.journal.unlink(missing_ok=True)
+        self.progress_file.unlink(missing_ok=True)
 
     def _source_changed(self, item: FileItem, src: Path) -> bool:
         try:
             s = src.stat()
-        except OSError as e:
-            raise CopyError(f"source file {src} vanished: {e.strerror}") from e
+        except FileNotFoundError as e:
+            raise _Vanished(e.strerror) from e
+        except PermissionError as e:
+            raise _Unreadable(e.strerror) from e
         if (s.st_size, s.st_mtime_ns) != (item.size, item.mtime_ns):
             item.size, item.mtime_ns, item.mode = s.st_size, s.st_mtime_ns, stat.S_IMODE(s.st_mode)
             self.progress.source_changes += 1
@@ -456,9 +605,23 @@ class Copier:
         return False
 
     def _copy_file(self, item: FileItem) -> None:
-        src = self.src if self.plan.single else self.src / item.rel
+        src = self._src_path(item)
         final = self.final_path(item)
         part = part_path(final)
+        try:
+            self._copy_file_or_vanish(item, src, final, part)
+        except _Vanished as e:
+            part.unlink(missing_ok=True)
+            self.offset = 0
+            self.progress.vanished.append(item.rel or str(src))
+            log.warning("source file %s vanished (%s): skipped", src, e)
+        except _Unreadable as e:
+            part.unlink(missing_ok=True)
+            self.offset = 0
+            self.progress.unreadable.append(f"{item.rel or src}: {e}")
+            log.error("source file %s cannot be read (%s): skipped", src, e)
+
+    def _copy_file_or_vanish(self, item: FileItem, src: Path, final: Path, part: Path) -> None:
         if self._source_changed(item, src):
             self.offset = 0
         try:
@@ -470,12 +633,31 @@ class Copier:
         if self.offset and (not part.exists() or part.stat().st_size < self.offset):
             self.offset = 0  # the part file is shorter than the journal says: start this file again
         self._tick()
+        attempt = 1
         while True:
-            self._copy_data(item, src, part)
+            self._copy_data(item, src, part, final)
             os.chmod(part, item.mode)
             os.utime(part, ns=(item.mtime_ns, item.mtime_ns))
             size = part.stat().st_size
-            if self._source_changed(item, src):
+            if attempt >= MAX_ATTEMPTS:
+                try:
+                    changed = self._source_changed(item, src)
+                except _Vanished:
+                    changed = True  # gone now: keep what it was while it was copied
+                if changed:
+                    # Keep what was read, with the times seen when this attempt started: the
+                    # next run sees a different mtime on the source and copies it again.
+                    item.size = size  # (what was kept, for the progress figures)
+                    self.progress.total_bytes = self.plan.total_bytes
+                    self.progress.kept_changing.append(item.rel or str(src))
+                    log.warning("source file %s still changed during copy %d of %d: kept the %d bytes read "
+                                "(not a consistent snapshot; the next run copies it again)",
+                                src, attempt, MAX_ATTEMPTS, size)
+                    break
+            elif self._source_changed(item, src):
+                log.warning("source file %s changed during the copy (copy %d of %d): copying it again",
+                            src, attempt, MAX_ATTEMPTS)
+                attempt += 1
                 self.offset = 0
                 self._tick()
                 continue
@@ -489,7 +671,7 @@ class Copier:
         flags_in, flags_out = os.O_RDONLY, os.O_WRONLY | os.O_CREAT
         if self.io_effective == "direct":
             try:
-                sfd = os.open(src, flags_in | os.O_DIRECT)
+                sfd = _open_source(src, flags_in | os.O_DIRECT)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -502,20 +684,26 @@ class Copier:
                     if e.errno != errno.EINVAL:
                         raise
                     self.io_effective = "fadvise"
-        return os.open(src, flags_in), os.open(part, flags_out, 0o600)
+        sfd = _open_source(src, flags_in)
+        try:
+            return sfd, os.open(part, flags_out, 0o600)
+        except BaseException:
+            os.close(sfd)
+            raise
 
     def _buffer(self) -> mmap.mmap:
         if self._buf is None:
             self._buf = mmap.mmap(-1, self.chunk_size)  # page-aligned, as O_DIRECT needs
         return self._buf
 
-    def _copy_data(self, item: FileItem, src: Path, part: Path) -> None:
+    def _copy_data(self, item: FileItem, src: Path, part: Path, final: Path) -> None:
         part.parent.mkdir(parents=True, exist_ok=True)
         sfd, dfd = self._open(src, part)
         direct = self.io_effective == "direct"
         fadvise = self.io_effective in ("fadvise", "direct")
         buf = self._buffer()
         view = memoryview(buf)
+        reading = False
         try:
             os.ftruncate(dfd, self.offset)
             if fadvise:
@@ -523,16 +711,20 @@ class Copier:
             last_checkpoint = self.offset
             while self.offset < item.size:
                 self.control.wait_turn(min(self.chunk_size, item.size - self.offset))
+                reading = True
                 n = os.preadv(sfd, [buf], self.offset)
+                reading = False
                 if n == 0:
                     break  # the source shrank: caught by the size check
+                # Never past the size this attempt copies (a growing file: see _copy_file).
+                n = min(n, item.size - self.offset)
                 if direct and n % ALIGN:
                     padded = (n + ALIGN - 1) // ALIGN * ALIGN
                     buf[n:padded] = bytes(padded - n)
-                    _write_all(dfd, view[:padded], self.offset)
+                    _write_all(dfd, view, padded, self.offset)
                     os.ftruncate(dfd, self.offset + n)
                 else:
-                    _write_all(dfd, view[:n], self.offset)
+                    _write_all(dfd, view, n, self.offset)
                 if fadvise:
                     os.posix_fadvise(sfd, self.offset, n, os.POSIX_FADV_DONTNEED)
                 self.offset += n
@@ -554,16 +746,60 @@ class Copier:
             os.fsync(dfd)
             self.checkpoint()
             raise
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            # os.pwrite/fsync/preadv name no file: say which one, and why (ENOSPC, EIO, ...).
+            what = f"cannot read {src}" if reading else f"cannot write {final}"
+            raise CopyError(f"{what}: {e.strerror}") from None
         finally:
             view.release()
             os.close(sfd)
             os.close(dfd)
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+def _open_source(src: Path, flags: int) -> int:
+    try:
+        return os.open(src, flags)
+    except FileNotFoundError as e:
+        raise _Vanished(e.strerror) from e
+    except PermissionError as e:
+        raise _Unreadable(e.strerror) from e
+
+
+def _write_all(fd: int, view: memoryview, length: int, offset: int) -> None:
+    """Write ``view[:length]`` at ``offset``. Every slice is released, even on an error, so a
+    traceback never pins the copy buffer (closing it would raise BufferError)."""
+    done = 0
+    while done < length:
+        with view[done:length] as data:
+            n = os.pwrite(fd, data, offset + done)
+        done += n
+
+
+def _drop_v1_part(data: dict[str, Any]) -> None:
+    """A journal of an older promreflex: remove the part file (``.<name>.promreflex-part``) it
+    was writing, so it is not left in DST (the new plan copies that file again)."""
+    try:
+        plan, i = data["plan"], int(data["next"])
+        dst = Path(plan["dst"])
+        final = dst if plan["single"] else dst / plan["files"][i][0]
+        (final.parent / f".{final.name}.promreflex-part").unlink(missing_ok=True)
+    except (KeyError, TypeError, ValueError, IndexError, OSError):
+        pass
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        return None  # a torn or foreign file: as if there were none
+
+
+def _write_json(path: Path, data: Any) -> None:
+    fsutil.atomic_write_text(path, json.dumps(data, separators=(",", ":")) + "\n")
 
 
 def _fsync_dir(path: Path) -> None:

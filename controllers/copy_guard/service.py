@@ -20,8 +20,10 @@ a group- or world-readable one is refused), and a token file is required to list
 loopback (like the controller). The registry entry names the control URL only, never the token
 or its file: the copy-guard route sends the token of its own ``control_token_file`` (give it
 the same token), and calls a non-loopback URL only when its ``control_hosts`` names the host.
-Exit status: 0 done, 1 failed, 3 stopped (resumable: run the same command again), 2 unusable
-arguments.
+Exit status: 0 done, 1 failed (also: the journal beside DST cannot be read or written), 3
+stopped (resumable: run the same command again), 2 unusable arguments; as rsync: 23 done, but
+some files or folders could not be read (each named in an error line), 24 done, but some source
+files vanished before they were copied (each named in a warning line; 23 wins over 24).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from controllers.copy_guard.copier import COMMANDS, Control, CopyCollector, Copier, CopyError, Stopped
+from controllers.copy_guard.copier import COMMANDS, Control, CopyCollector, Copier, CopyError, JournalError, Stopped
 from controllers.copy_guard.registry import Entry, Registry, new_id, process_start
 from promreflex.config import is_loopback, split_host_port
 from promreflex.errors import UserError
@@ -52,6 +54,7 @@ from promreflex.httpd import (
 log = logging.getLogger("promreflex.copy")
 
 EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+EXIT_PARTIAL, EXIT_VANISHED = 23, 24  # rsync's codes: some files not read / some source files vanished
 MAX_BODY = 4096
 
 
@@ -85,7 +88,9 @@ class CopyService:
                 "share": ctl["share"], "share_wait_seconds": round(ctl["share_wait_seconds"], 3),
                 "work_seconds": round(ctl["work_seconds"], 3),
                 "paused_seconds": round(ctl["paused_seconds"], 3), "pauses": ctl["pauses"],
-                "lease_expiries": ctl["lease_expiries"], "error": p.error}
+                "lease_expiries": ctl["lease_expiries"], "error": p.error,
+                "not_copied": {"special": len(self.copier.plan.skipped), "unreadable": len(p.unreadable),
+                               "vanished": len(p.vanished)}, "kept_changing": len(p.kept_changing)}
 
     def command(self, name: str, query: dict[str, str], auth: str) -> tuple[int, dict[str, Any]]:
         if name not in COMMANDS:
@@ -202,9 +207,22 @@ class CopyService:
                  self.copier.io, url)
         try:
             self.copier.run()
-            code = EXIT_DONE
+            code = EXIT_PARTIAL if p.unreadable else EXIT_VANISHED if p.vanished else EXIT_DONE
             log.info("copy %s done: %d bytes, paused %.1fs", self.copy_id, p.done_bytes,
                      self.control.snapshot()["paused_seconds"])
+            skipped = self.copier.plan.skipped
+            if skipped:
+                log.warning("copy %s: %d special files (sockets, FIFOs, devices) or leftover part files not copied",
+                            self.copy_id, len(skipped))
+            if p.kept_changing:
+                log.warning("copy %s: %d files kept changing and were copied as they were (not a consistent "
+                            "snapshot): %s", self.copy_id, len(p.kept_changing), ", ".join(p.kept_changing[:10]))
+            if p.vanished:
+                log.warning("copy %s: %d source files vanished before they were copied (exit %d): %s",
+                            self.copy_id, len(p.vanished), code, ", ".join(p.vanished[:10]))
+            if p.unreadable:
+                log.error("copy %s: some files could not be copied (exit %d): %s", self.copy_id, code,
+                          "; ".join(p.unreadable[:10]))
         except Stopped:
             code = EXIT_STOPPED
             log.info("copy %s stopped at %d of %d bytes; run the same command again to continue",
@@ -237,6 +255,9 @@ def run_copy(src: str, dst: str, *, site: str = "shop", registry_dir: str | Path
     try:
         copier = Copier(src, dst, control=control, chunk_size=chunk_size, io=io,
                         checkpoint_bytes=checkpoint_bytes, fresh=fresh)
+    except JournalError as e:  # (not the arguments: the place beside DST)
+        print(f"copy: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (CopyError, ValueError) as e:
         print(f"copy: {e}", file=sys.stderr)
         return EXIT_USAGE
