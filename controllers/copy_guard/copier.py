@@ -553,8 +553,16 @@ class Copier:
 
     def _run(self) -> None:
         if not self.plan.single:
-            for rel, _, _ in self.plan.dirs:
-                (self.dst / rel).mkdir(parents=True, exist_ok=True)
+            for rel, _, _ in self.plan.dirs:  # (parents first)
+                d = self.dst / rel
+                if rel not in ("", ".") and (d.is_symlink() or (d.exists() and not d.is_dir())):
+                    # Where the source has a folder, the destination's symlink (yesterday's
+                    # `cache -> /elsewhere`) or file is replaced, as rsync does: followed, it
+                    # had the copy write, chmod and utime outside DST.
+                    log.warning("replacing the %s %s in the destination with the source's folder",
+                                "symlink" if d.is_symlink() else "file", d)
+                    d.unlink()
+                d.mkdir(parents=True, exist_ok=True)
         else:
             self.dst.parent.mkdir(parents=True, exist_ok=True)
         try:

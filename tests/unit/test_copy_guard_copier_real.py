@@ -305,3 +305,23 @@ def test_a_stop_is_honoured_between_empty_files(tmp_path):
     assert os.listdir(tmp_path / "dst") == []
     Copier(src, tmp_path / "dst").run()
     assert sorted(os.listdir(tmp_path / "dst")) == sorted(os.listdir(src))
+
+
+# ---------------------------------------------------------------------- M3
+def test_a_symlink_or_file_in_the_destination_where_the_source_has_a_folder_is_replaced(tmp_path):
+    """Yesterday's backup had `cache -> /elsewhere`, today the site has a `cache` folder: the
+    copy followed the link and wrote (and chmod'ed) outside DST (a stranger's review)."""
+    src, dst, outside = tmp_path / "src", tmp_path / "dst", tmp_path / "outside"
+    (src / "cache").mkdir(parents=True)
+    (src / "cache" / "page.html").write_text("page\n")
+    (src / "logs").mkdir()
+    (src / "logs" / "a.log").write_text("a\n")
+    outside.mkdir()
+    outside.chmod(0o700)
+    dst.mkdir()
+    (dst / "cache").symlink_to(outside)
+    (dst / "logs").write_text("a file where the source has a folder\n")
+    Copier(src, dst, chunk_size=CHUNK).run()
+    assert list(outside.iterdir()) == [] and (outside.stat().st_mode & 0o777) == 0o700
+    assert not (dst / "cache").is_symlink() and (dst / "cache" / "page.html").read_text() == "page\n"
+    assert (dst / "logs" / "a.log").read_text() == "a\n"
