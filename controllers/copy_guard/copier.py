@@ -81,6 +81,7 @@ STATES = ("running", "paused", "throttled", "done", "failed")
 COMMANDS = ("pause", "resume", "throttle")
 ALIGN = 4096
 JOURNAL_VERSION = 2
+_SKIP_LISTS = ("unreadable", "vanished", "kept_changing")  # Progress lists kept in the progress file
 MAX_ATTEMPTS = 3  # copies of a file that keeps changing under the copy before it is kept as is
 PART_SUFFIX = ".promreflex-part"
 _PART_RE = re.compile(r"^\.[0-9a-f]{32}\.promreflex-part$")
@@ -453,13 +454,18 @@ class Copier:
         self.progress = Progress()
         self._buf: mmap.mmap | None = None
         self._journal_id = ""
-        self._saved: tuple[int, int] = (-1, -1)
+        self._saved: tuple[int, ...] = (-1, -1)  # (next, offset, lengths of the skip lists) last written
+        self._skipped_before: dict[str, list[str]] = {}
         self._saved_at = clock()
         self.next_index = self.offset = 0
         self.plan, self.next_index, self.offset = self._load_or_plan(fresh)
         self.progress.total_bytes = self.plan.total_bytes
         self.progress.total_files = len(self.plan.files)
         self.progress.unreadable = list(self.plan.unreadable)
+        # Files skipped before a stop or kill, kept in the progress file (a resumed run does not
+        # pass them again: it must still report them, and exit 23 or 24).
+        for k, v in self._skipped_before.items():
+            getattr(self.progress, k).extend(x for x in v if x not in getattr(self.progress, k))
         self._done_before = sum(f.size for f in self.plan.files[: self.next_index])
         self._tick()
         self.progress.resumed_from = self.progress.done_bytes
@@ -486,7 +492,9 @@ class Copier:
                     if isinstance(where, dict) and where.get("id") == self._journal_id:
                         next_index, offset = int(where["next"]), int(where["offset"])
                         if 0 <= next_index <= len(plan.files) and offset >= 0:
-                            self._saved = (next_index, offset)
+                            # What was skipped before the stop or kill (not in the plan).
+                            self._skipped_before = {k: [str(x) for x in where.get(k) or []] for k in _SKIP_LISTS}
+                            self._saved = (next_index, offset, *(len(v) for v in self._skipped_before.values()))
                             return plan, next_index, offset
                     # No usable progress: from the first file (done ones are skipped by size+mtime).
                     return plan, 0, 0
@@ -504,10 +512,12 @@ class Copier:
 
     def checkpoint(self) -> None:
         """Journal where the copy is: a small file, whatever the size of the plan."""
-        where = (self.next_index, self.offset)
+        lists = {k: getattr(self.progress, k) for k in _SKIP_LISTS}
+        where = (self.next_index, self.offset, *(len(v) for v in lists.values()))
         if where != self._saved:
             try:
-                _write_json(self.progress_file, {"id": self._journal_id, "next": where[0], "offset": where[1]})
+                _write_json(self.progress_file, {"id": self._journal_id, "next": where[0], "offset": where[1],
+                                                 **{k: v for k, v in lists.items() if v}})
             except OSError as e:  # (a write or fsync error names no file)
                 raise JournalError(f"cannot write the journal {self.progress_file}: {e.strerror}") from None
             self._saved = where
@@ -515,8 +525,10 @@ class Copier:
 
     def _maybe_checkpoint(self) -> None:
         """Between files: every ``checkpoint_files`` files or ``checkpoint_seconds``, not after each."""
+        skipped = sum(len(getattr(self.progress, k)) for k in _SKIP_LISTS)
         if (self.next_index - self._saved[0] >= self.checkpoint_files
-                or self.clock() - self._saved_at >= self.checkpoint_seconds):
+                or self.clock() - self._saved_at >= self.checkpoint_seconds
+                or skipped != sum(self._saved[2:])):  # a file skipped: written before the copy moves on
             self.checkpoint()
 
     # --- paths
@@ -633,8 +645,9 @@ class Copier:
         if self._source_changed(item, src):
             self.offset = 0
         try:
-            f = final.stat()
-            if not part.exists() and (f.st_size, f.st_mtime_ns) == (item.size, item.mtime_ns):
+            f = final.lstat()  # (a symlink in DST at this name is not the copy: os.replace swaps it)
+            if (stat.S_ISREG(f.st_mode) and not part.exists()
+                    and (f.st_size, f.st_mtime_ns) == (item.size, item.mtime_ns)):
                 return  # done before (a kill between the rename and the journal, or a re-run)
         except FileNotFoundError:
             pass
@@ -706,6 +719,10 @@ class Copier:
 
     def _copy_data(self, item: FileItem, src: Path, part: Path, final: Path) -> None:
         part.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a part file already given a read-only source's mode (a second attempt, a resume)
+            os.chmod(part, 0o600)
+        except FileNotFoundError:
+            pass
         sfd, dfd = self._open(src, part)
         direct = self.io_effective == "direct"
         fadvise = self.io_effective in ("fadvise", "direct")

@@ -325,3 +325,80 @@ def test_a_symlink_or_file_in_the_destination_where_the_source_has_a_folder_is_r
     assert list(outside.iterdir()) == [] and (outside.stat().st_mode & 0o777) == 0o700
     assert not (dst / "cache").is_symlink() and (dst / "cache" / "page.html").read_text() == "page\n"
     assert (dst / "logs" / "a.log").read_text() == "a\n"
+
+
+# ---------------------------------------------------------------------- the late review
+def test_a_file_skipped_before_a_stop_is_still_reported_after_the_resume(tmp_path, monkeypatch):
+    """The skip lists lived in memory only: unreadable before a stop, the resumed run ended
+    'done' with exit 0 and the file silently missing."""
+    import controllers.copy_guard.copier as copier
+
+    src, dst = many_files(tmp_path / "src", 6), tmp_path / "dst"
+    secret = src / sorted(os.listdir(src))[0]
+    real_open = copier._open_source
+
+    def refuse(path, flags):  # what _open_source makes of EACCES (the tests run as root)
+        if Path(path) == secret:
+            raise copier._Unreadable("Permission denied")
+        return real_open(path, flags)
+
+    monkeypatch.setattr(copier, "_open_source", refuse)
+    ctl = Control()
+    first = Copier(src, dst, control=ctl, chunk_size=CHUNK, checkpoint_files=1)
+    seen = first._maybe_checkpoint
+
+    def stop_at_3():
+        seen()
+        if first.next_index == 3:
+            ctl.stop()
+
+    first._maybe_checkpoint = stop_at_3  # type: ignore[method-assign]
+    with pytest.raises(Stopped):
+        first.run()
+    assert first.progress.unreadable and secret.name in first.progress.unreadable[0]
+    again = Copier(src, dst, chunk_size=CHUNK).run()
+    assert again.state == "done" and again.unreadable and secret.name in again.unreadable[0]
+
+
+def test_a_read_only_file_that_changes_during_the_copy_is_copied_again(tmp_path, monkeypatch):
+    """Attempt 1 gave the part file the source's 0444 before the change check; attempt 2 could
+    not open it for writing (not root) and every re-run failed there."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    f = src / "ro.txt"
+    f.write_bytes(b"a" * 3 * CHUNK)
+    f.chmod(0o444)
+    real_chmod, calls = os.chmod, []
+
+    def chmod(path, mode, *a, **k):  # touch the source after attempt 1's chmod of the part file
+        real_chmod(path, mode, *a, **k)
+        if str(path).endswith(".promreflex-part") and mode == 0o444 and not calls:
+            calls.append(1)
+            st = f.stat()
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    monkeypatch.setattr(os, "chmod", chmod)
+    opened: list[int] = []
+    real_os_open = os.open
+
+    def os_open(path, flags, mode=0o777, *a, **k):  # as a non-root user would see it
+        if str(path).endswith(".promreflex-part") and os.path.exists(path) and flags & os.O_WRONLY:
+            opened.append(os.stat(path).st_mode & 0o777)
+            if os.stat(path).st_mode & 0o200 == 0:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_os_open(path, flags, mode, *a, **k)
+    monkeypatch.setattr(os, "open", os_open)
+    Copier(src, dst, chunk_size=CHUNK).run()
+    assert calls and (dst / "ro.txt").read_bytes() == f.read_bytes()
+    assert (dst / "ro.txt").stat().st_mode & 0o777 == 0o444
+
+
+def test_a_symlink_in_the_destination_at_a_files_name_is_replaced_by_the_file(tmp_path):
+    """Same size and mtime through the link (to the source itself): taken as the finished copy,
+    the backup held a link out of DST instead of the data."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    (src / "data").write_bytes(b"d" * 100)
+    dst.mkdir()
+    (dst / "data").symlink_to(src / "data")
+    Copier(src, dst, chunk_size=CHUNK).run()
+    assert not (dst / "data").is_symlink() and (dst / "data").read_bytes() == b"d" * 100
