@@ -196,7 +196,7 @@ def test_memory_collector_on_a_master_and_missing_pid(tmp_path: Path) -> None:
     # A process titled the way nginx titles its master, with one "worker".
     master = subprocess.Popen(["bash", "-c", 'sleep 60 & exec -a "nginx: master process" sleep 60'])
     try:
-        wait_until(lambda: len(children(master.pid)) == 1 and "master process" in cmdline(master.pid), timeout=10,
+        wait_until(lambda: len(children(master.pid)) == 1 and cmdline(master.pid).startswith("nginx: master process"), timeout=10,
                    what="the fake master and its worker")
         pid_file.write_text(f"{master.pid}\n")
 

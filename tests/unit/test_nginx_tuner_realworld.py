@@ -104,7 +104,9 @@ def fake_master(tmp_path: Path) -> Iterator[Path]:
     """A pid file naming a process that looks like an nginx master (and ignores SIGHUP)."""
     proc = subprocess.Popen(["bash", "-c", 'trap "" HUP; exec -a "nginx: master process" sleep 60'])
     try:
-        wait_until(lambda: "master process" in cmdline(proc.pid), timeout=10, what="the fake master")
+        # startswith, not "in": bash's own command line (before its exec) holds the words too, and
+        # a pid read mid-exec had an empty cmdline (a clean-clone CI run: "not a running nginx master").
+        wait_until(lambda: cmdline(proc.pid).startswith("nginx: master process"), timeout=10, what="the fake master")
         pid_file = tmp_path / "fake.pid"
         pid_file.write_text(f"{proc.pid}\n")
         yield pid_file
