@@ -47,7 +47,7 @@ import hmac
 import json
 import logging
 import re
-from typing import Any
+from typing import Any, get_args
 
 import signal
 from collections.abc import Callable
@@ -82,7 +82,7 @@ JSON_TYPES = ("application/json", "application/octet-stream", "text/plain", "app
 # Alertmanager's webhook is version "4"; Grafana's webhook contact point sends the same shape
 # (groupKey, receiver, status, per-alert labels, startsAt, fingerprint, plus fields of its own,
 # ignored) as version "1". A body without a version is not either (docs/decisions.md).
-WEBHOOK_VERSIONS = ("4", "1")
+WEBHOOK_VERSIONS = get_args(WebhookPayload.model_fields["version"].annotation)  # the model's Literal, one list
 
 #: A route a reload removed keeps resolving what it applied, but matches no new alert.
 _NEVER = parse_matcher('__promreflex_route_removed__="1"')
