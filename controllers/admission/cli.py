@@ -42,7 +42,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The proxy's event loop (``admission.event_loop``): uvloop's, or None for asyncio's own
     (also when uvloop is not installed: said once, then the proxy runs as before). uvloop does the
     loop's polling, timers and socket I/O in C (libuv), the part of a proxied request that is
-    neither aiohttp's nor the proxy's: measured in README, "Session admission against the paper"."""
+    neither aiohttp's nor the proxy's: measured in docs/measured/admission.md."""
     if choice != "uvloop":
         return None
     try:
