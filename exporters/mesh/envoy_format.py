@@ -17,6 +17,43 @@ A line that does not match is classified, never fatal: ``truncated`` when it is 
 prefix of some valid line (a copy cut short, a line cut by a size limit), ``format_mismatch``
 otherwise.
 
+Hostile lines cost linear time. A log line is input from anyone who can send a request, so
+both regular expressions (the line's, and the ``truncated`` check's) are built never to
+backtrack over an unbounded repeat: every unbounded repeat is possessive (``*+``, ``++``: it
+never gives characters back) and the only repeats that do are bounded by 64. Matching a line,
+or failing to, then costs time linear in its length (``bench/mesh_format_cost.py``: a 64 KB
+line that does not match costs 1-3 ms).
+Python's ``re`` backtracks, and the previous patterns (lazy ``.+?`` for an operator written
+right before another one, greedy repeats elsewhere) tried every split of a line that did not
+match: a 16 KB line took seconds with ``%UPSTREAM_HOST%%DURATION%``, and a 1 KB line more than
+a minute with ``%PROTOCOL%.%PROTOCOL%.%PROTOCOL%.%PROTOCOL%!``. Where a value ends is decided by
+classes instead, with these rules (the same splits as before, except where stated):
+
+* Free text before a literal runs to the literal's first character, and a typed value (integer,
+  flags, token) takes every character of its class: neither ever needs to give one back.
+* Operators written back to back (``%RESPONSE_CODE%%RESPONSE_FLAGS%``, a *chain*) are split in
+  one pass. Free text followed by a typed value that ends the chain is as short as it can be:
+  the typed value is the longest one that ends the chain (``10.0.0.1:8012`` before a
+  ``%DURATION%`` is ``10.0.0.1:`` and ``8012``, as before: back-to-back values are ambiguous
+  by nature). Free text followed by free text takes one character; free text followed by a
+  typed value and more stops where that value can start. A typed value takes every character
+  of its class. Changed: no value in a chain holds the first character of the literal after the
+  chain (as no free text before a literal could; so a flag list in a chain before ``,`` is one
+  flag); a free text's ``:N`` bound is checked after the split; of two typed values in a row
+  whose classes run into each other (``%DURATION%%BYTES_SENT%``) the first takes all it can.
+* A value followed by a literal that starts with one of its own characters (a flag list before
+  ``,`` in a comma-separated format, ``%PROTOCOL%/``) may end before any of them, the longest
+  first, as before, but only before one of its last 63 (a format with several such values shares
+  64 ways to match a line among them: 7 each for two, 3 for three).
+* A ``START_TIME`` value is bounded: at most 64 fractional digits for the default format; 20
+  digits for ``%s``/``%f``, 32 letters for a name, 64 characters for an unknown directive. It is
+  matched once, the first way its directives fit (``%s%f`` or an unknown directive could fit a
+  timestamp several ways; trying each against the rest of the line multiplied the work).
+
+The exporter also rejects a line longer than its ``max_line_bytes`` (64 KiB unless configured;
+``too_long``) before any parsing: a generous backstop (Envoy accepts request headers up to 60 KiB
+by default, and a format may log them), not what keeps a line cheap.
+
 Field names in a parsed record follow Istio's JSON access-log keys (``response_code``,
 ``upstream_cluster``, ``authority``, ...), so a text line and a JSON line give the same record.
 """
@@ -164,36 +201,15 @@ class Operator:
         trunc = f":{self.max_length}" if self.max_length is not None else ""
         return f"%{self.command}{arg}{trunc}%"
 
-    def pattern(self, stop: str | None) -> str:
-        """Regex for a full value; ``stop`` is the first character of the next literal,
-        ``""`` at the end of the line, None when another operator follows directly (then
-        the split is ambiguous: this value takes as little as it can, at least one character,
-        since Envoy writes ``-`` for an empty value)."""
-        if self.kind == "int":
-            return r"-|\d+"
-        if self.kind == "flags":
-            return r"-|[A-Za-z]+(?:,[A-Za-z]+)*"
-        if self.kind == "time":
-            return "-|" + _ISO_MS.pattern
-        if self.kind == "token":
-            return r"-|[A-Za-z0-9/._-]+"
-        if self.kind == "strftime":
-            return "-|" + strftime_pattern(self.arg or "")
-        return _text_class(stop, self.max_length, lazy=stop is None)
+    def pattern(self, stop: str) -> str:
+        """Regex for a full value followed by a literal that starts with ``stop`` (``""`` at the
+        end of the line). Operators written back to back are compiled together, see
+        :func:`chain_patterns`. No pattern backtracks over an unbounded repeat."""
+        return value_pattern(self, stop)
 
-    def partial_pattern(self, stop: str | None) -> str:
+    def partial_pattern(self, stop: str) -> str:
         """Regex for any prefix of a value (what a truncated line can end with)."""
-        if self.kind == "int":
-            return r"-|\d*"
-        if self.kind == "flags":
-            return r"[A-Za-z,-]*"
-        if self.kind == "time":
-            return r"[\dT:.Z-]*"
-        if self.kind == "token":
-            return r"[A-Za-z0-9/._-]*"
-        if self.kind == "strftime":
-            return _text_class(stop, None, lazy=False)
-        return _text_class(stop, self.max_length, lazy=False)
+        return partial_pattern(self, stop)
 
     def _bounded(self, value: int) -> int:
         """An integer field's value, or ValueError when no request could have it: negative (a
@@ -261,39 +277,265 @@ def format_start_time(value: datetime) -> str:
 
 
 # Envoy's START_TIME(...) takes strftime directives plus %[1-9]f / %E[1-9]S for sub-seconds.
+# Every piece is bounded (a timestamp's field is never 20 digits or 32 letters long), so a
+# timestamp has a bounded length; it is matched once (an atomic group, see value_pattern).
 _STRFTIME = {
     "Y": r"\d{4}", "y": r"\d{2}", "m": r"\d{2}", "d": r"\d{2}", "H": r"\d{2}", "I": r"\d{2}",
-    "M": r"\d{2}", "S": r"\d{2}", "j": r"\d{3}", "e": r" ?\d{1,2}", "s": r"\d+", "f": r"\d+",
-    "z": r"[+-]\d{4}", "Z": r"[A-Za-z]+", "a": r"[A-Za-z]+", "A": r"[A-Za-z]+", "b": r"[A-Za-z]+",
-    "B": r"[A-Za-z]+", "p": r"[AP]M", "T": r"\d{2}:\d{2}:\d{2}", "F": r"\d{4}-\d{2}-\d{2}",
-    "D": r"\d{2}/\d{2}/\d{2}", "R": r"\d{2}:\d{2}", "%": "%",
+    "M": r"\d{2}", "S": r"\d{2}", "j": r"\d{3}", "e": r" ?\d{1,2}", "s": r"\d{1,20}", "f": r"\d{1,20}",
+    "z": r"[+-]\d{4}", "Z": r"[A-Za-z]{1,32}", "a": r"[A-Za-z]{1,32}", "A": r"[A-Za-z]{1,32}",
+    "b": r"[A-Za-z]{1,32}", "B": r"[A-Za-z]{1,32}", "p": r"[AP]M", "T": r"\d{2}:\d{2}:\d{2}",
+    "F": r"\d{4}-\d{2}-\d{2}", "D": r"\d{2}/\d{2}/\d{2}", "R": r"\d{2}:\d{2}", "%": "%",
 }
 _DIRECTIVE = re.compile(r"%(E?)(\d*)([A-Za-z%])")
 
 
 def strftime_pattern(fmt: str) -> str:
-    """Regex for the timestamps a ``START_TIME(fmt)`` writes (unknown directives: lazy text)."""
+    """Regex for the timestamps a ``START_TIME(fmt)`` writes (unknown directives: 1-64 characters)."""
     out, pos = [], 0
     for m in _DIRECTIVE.finditer(fmt):
         out.append(re.escape(fmt[pos : m.start()]))
         ext, digits, d = m.groups()
         if d == "S" and ext:
-            out.append(r"\d{2}(?:\.\d+)?")
+            out.append(r"\d{2}(?:\.\d{1,20})?")
         elif d == "f" and digits:
             out.append(r"\d{%d}" % int(digits))
         else:
-            out.append(_STRFTIME.get(d, r".+?"))
+            out.append(_STRFTIME.get(d, r".{1,64}?"))
         pos = m.end()
     out.append(re.escape(fmt[pos:]))
     return "".join(out)
 
 
-def _text_class(stop: str | None, max_length: int | None, *, lazy: bool) -> str:
+# --- Line patterns -------------------------------------------------------------------------
+#
+# A line is hostile input: every pattern below decides each character once (possessive
+# ``*+``/``++`` repeats, which never give characters back; atomic groups for timestamps) or
+# tries a bounded number of alternatives (bounded repeats of at most 64, and at most
+# GIVE_BACK_PATHS ends for the values that may end before one of their own characters). No
+# unbounded repeat is ever backtracked into, so matching a line costs time linear in its length
+# (times a constant of the format string), whether it matches or not. The module docstring
+# states the rules this gives; tests/unit/test_mesh_format.py checks the patterns.
+
+# The default %START_TIME% on a line (Envoy writes 3 fractional digits; 64 is the bound).
+_ISO_LINE = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,64})?Z"
+
+# A value of these kinds is a run of one character class (class body for [...], membership).
+_DIGIT_BODY = r"\d"
+_LETTER_BODY = "A-Za-z"
+_TOKEN_BODY = r"A-Za-z0-9/._\-"
+_FLAG_CHARS_BODY = r"A-Za-z,\-"  # what a cut flag list can hold
+_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_TOKEN_CHARS = _LETTERS | frozenset("0123456789/._-")
+_BODY_CHARS = {  # the ASCII classes' characters, to write one without a character
+    _LETTER_BODY: _LETTERS,
+    _LETTER_BODY + ",": _LETTERS | {","},
+    _FLAG_CHARS_BODY: _LETTERS | {",", "-"},
+    _TOKEN_BODY: _TOKEN_CHARS,
+}
+
+# A value followed by a literal that starts with one of the value's own characters (a flag list
+# before "," in a comma-separated format, ``%PROTOCOL%/``) may end before any of those characters.
+# It is split before one of its last GIVE_BACK of them, the longest split first (as a greedy
+# repeat would, without trying all the others). With several such values in one format the
+# splits multiply, so they share one budget: GIVE_BACK_PATHS ways to match a line in all.
+GIVE_BACK_PATHS = 64
+GIVE_BACK = GIVE_BACK_PATHS - 1
+
+
+def give_back_bound(count: int) -> int:
+    """Splits each of ``count`` such values may try: (bound + 1) ** count <= GIVE_BACK_PATHS."""
+    if count <= 1:
+        return GIVE_BACK
+    bound = 1
+    while (bound + 2) ** count <= GIVE_BACK_PATHS:
+        bound += 1
+    return bound
+
+
+TEXT_KINDS = frozenset({"str", "int_header"})
+
+
+def _in_class(kind: str, ch: str) -> bool:
+    """Whether ``ch`` can continue a value of a run ``kind`` (int, flags, token)."""
+    if not ch:
+        return False
+    if kind == "int":
+        return ch.isdecimal()
+    if kind == "flags":
+        return ch in _LETTERS
+    return ch in _TOKEN_CHARS
+
+
+def _class(chars: frozenset[str]) -> str:
+    """A character class of exactly ``chars`` (ASCII), in ranges."""
+    codes = sorted(ord(c) for c in chars)
+    parts: list[str] = []
+    i = 0
+    while i < len(codes):
+        j = i
+        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(re.escape(chr(codes[i])) + "-" + re.escape(chr(codes[j])))
+        else:
+            parts.extend(re.escape(chr(c)) for c in codes[i : j + 1])
+        i = j + 1
+    return "[" + "".join(parts) + "]"
+
+
+def _atom(body: str, without: str = "") -> str:
+    """One character of class ``[body]``, except ``without`` (a character of the class)."""
+    if not without:
+        return f"[{body}]"
+    if body == _DIGIT_BODY:
+        return f"[^\\D{re.escape(without)}]"  # a digit (any \d) but that one
+    return _class(_BODY_CHARS[body] - {without})
+
+
+def _run_body(kind: str) -> str:
+    return {"int": _DIGIT_BODY, "flags": _LETTER_BODY}.get(kind, _TOKEN_BODY)
+
+
+def _give_back(first: str, unit: str, bound: int) -> str:
+    """``first`` then ``unit`` repeated, ending before one of the last ``bound`` units.
+
+    The head takes units while ``bound`` more follow (possessive: never given back), ``bound``
+    at a time then one at a time; the tail takes the rest and gives them back one by one: at
+    most ``bound + 1`` ends are tried, the longest first, the order a greedy ``(?:unit)*`` tries
+    its last ``bound + 1`` ends in. A unit holds one separator, so each is read at most twice by
+    the head's look-aheads, plus ``bound ** 2`` at the end: linear."""
+    ahead = f"(?=(?:{unit}){{{bound}}})"
+    return f"{first}(?:(?:{unit}){{{bound}}}{ahead})*+(?:{unit}{ahead})*+(?:{unit}){{0,{bound}}}"
+
+
+def _split_run(body: str, stop: str, bound: int) -> str:
+    """A run of ``[body]`` followed by a literal starting with ``stop``, itself of the class."""
+    other = _atom(body, stop)
+    unit = f"{re.escape(stop)}{other}*+"
+    return _give_back(f"(?:{other}++|{unit})", unit, bound)  # never empty, as [body]+
+
+
+def _text_class(stop: str, max_length: int | None) -> str:
     """Free text up to the next literal's first character (anything at the end of the line)."""
     body = "." if not stop else "[^" + re.escape(stop) + "\\n]"
-    low = 1 if lazy else 0
-    count = ("+" if lazy else "*") if max_length is None else "{%d,%d}" % (low, max(max_length, 1))
-    return body + count + ("?" if lazy else "")
+    count = "*+" if max_length is None else "{0,%d}+" % max(max_length, 1)
+    return body + count
+
+
+def gives_back(op: Operator, stop: str) -> bool:
+    """Whether a value of ``op`` before a literal starting with ``stop`` may end at a ``stop``."""
+    return (op.kind in ("int", "token") and _in_class(op.kind, stop)) or (op.kind == "flags" and stop == ",")
+
+
+def value_pattern(op: Operator, stop: str, bound: int = GIVE_BACK) -> str:
+    """Regex for a value of ``op`` followed by a literal starting with ``stop`` ("" at the end);
+    ``bound``: how many of its own ``stop`` characters it may end before (see GIVE_BACK)."""
+    kind = op.kind
+    if kind == "int":
+        return "-|" + (_split_run(_DIGIT_BODY, stop, bound) if _in_class(kind, stop) else r"\d++")
+    if kind == "flags":
+        if stop == ",":
+            return "-|" + _give_back("[A-Za-z]++", ",[A-Za-z]++", bound)
+        letter = _atom(_LETTER_BODY, stop if _in_class(kind, stop) else "")
+        return f"-|{letter}++(?:,{letter}++)*+"
+    if kind == "token":
+        if _in_class(kind, stop):
+            return f"-(?={re.escape(stop)})|" + _split_run(_TOKEN_BODY, stop, bound)
+        return f"[{_TOKEN_BODY}]++"
+    if kind == "time":
+        return f"(?>-|{_ISO_LINE})"
+    if kind == "strftime":  # matched once, the first way its directives fit: splits would multiply
+        return f"(?>-|{strftime_pattern(op.arg or '')})"
+    return _text_class(stop, op.max_length)
+
+
+def partial_pattern(op: Operator, stop: str, in_chain: bool = False) -> str:
+    """Regex for any prefix of a value of ``op`` (what a truncated line can end with); in a
+    chain, a flag list or token never holds ``stop`` (see :func:`chain_patterns`)."""
+    kind = op.kind
+    if kind == "int":
+        return r"-|\d*+"
+    if kind == "flags":
+        without = stop if in_chain and stop and (stop == "," or stop in _LETTERS) else ""
+        return _atom(_FLAG_CHARS_BODY, without) + "*+"
+    if kind == "time":
+        return r"[\dT:.Z-]*+"
+    if kind == "token":
+        return _atom(_TOKEN_BODY, stop if in_chain and stop != "-" and _in_class(kind, stop) else "") + "*+"
+    if kind == "strftime":
+        return _text_class(stop, None)
+    return _text_class(stop, op.max_length)
+
+
+def _chain_typed(op: Operator, stop: str) -> str:
+    """A typed value inside a chain: all the characters of its class it finds (never ``stop``)."""
+    kind = op.kind
+    if kind in ("int", "flags", "token"):
+        body = _run_body(kind)
+        ch = _atom(body, stop if _in_class(kind, stop) else "")
+        if kind == "flags" and stop != ",":
+            return f"-|{ch}++(?:,{ch}++)*+"
+        if kind == "token" and stop != "-":
+            return f"{ch}++"
+        return f"-|{ch}++"
+    return value_pattern(op, stop)
+
+
+def _starts(op: Operator) -> str:
+    """Lookahead body: a value of the typed ``op`` starts here."""
+    if op.kind in ("int", "flags", "token"):
+        return f"[{_run_body(op.kind)}\\-]"
+    return f"(?:{value_pattern(op, '')})"
+
+
+def _up_to_suffix(op: Operator, stop: str, region: str) -> str:
+    """What free text takes after its first character when the typed ``op`` follows it and ends
+    the chain: everything but the longest value of ``op`` that ends the region. That is where a
+    lazy ``.+?`` split it (the text as short as it can be), decided in one pass."""
+    end = re.escape(stop) if stop else r"\Z"
+    if op.kind not in ("int", "flags", "token"):  # a timestamp: bounded, so look ahead for it
+        at_end = f"(?={end})" if stop else end
+        return f"(?:(?!(?:{value_pattern(op, '')}){at_end}){region})*+"
+    kind = op.kind
+    body = _run_body(kind)
+    without = stop if _in_class(kind, stop) else ""
+    ch = _atom(body, without)
+    dash = kind != "token" or stop == "-"  # "-" is a value of its own, not a run character
+    comma = kind == "flags" and stop != ","  # flags: a comma-separated list
+    excluded = body + ("\\n" if not stop else re.escape(stop) + "\\n") + ("\\-" if dash else "") + ("," if comma else "")
+    other = f"[^{excluded}]"  # a character no value of op can hold
+    run = _atom(body + ",", without) if comma else ch
+    units = []
+    if comma:
+        units.append(f"(?:{ch}++(?:,{ch}++)*+)?,,++")  # a list cut by ",,": no flag list runs over it
+        units.append(",++")  # commas no flag list starts with
+    units.append(f"{run}*+{other}")  # a run that something else ends
+    if dash and stop != "-":
+        units.append(f"{run}*+-(?!{end})")  # a "-" that is not the value at the end
+    if dash:
+        units.append(f"{run}++(?=-{end})")  # the run before a "-" value at the end
+    return "(?:" + "|".join(units) + ")*+"
+
+
+def chain_patterns(ops: list[Operator], stop: str) -> list[str]:
+    """Patterns for operators written back to back (``%UPSTREAM_HOST%%DURATION%``), followed by
+    a literal starting with ``stop`` ("" at the end of the line). The split is decided by the
+    values' classes in one pass; see the module docstring for the rules."""
+    region = "." if not stop else f"[^{re.escape(stop)}\\n]"
+    out = []
+    for j, op in enumerate(ops):
+        nxt = ops[j + 1] if j + 1 < len(ops) else None
+        if op.kind not in TEXT_KINDS:
+            out.append(_chain_typed(op, stop))
+        elif nxt is None:
+            out.append(region + "*+")
+        elif nxt.kind in TEXT_KINDS:
+            out.append(region)
+        elif j + 2 == len(ops):
+            out.append(region + _up_to_suffix(nxt, stop, region))
+        else:
+            out.append(f"{region}(?:(?!{_starts(nxt)}){region})*+")
+    return out
 
 
 def operator_key(command: str, arg: str | None) -> str:
@@ -390,32 +632,61 @@ class CompiledFormat:
         self.tokens = tokenize(format_string)
         self.operators: list[Operator] = [t for t in self.tokens if isinstance(t, Operator)]
         self.keys = list(dict.fromkeys(op.key for op in self.operators))
+        # free text inside a chain: its :N bound is checked after the split (group name, bound)
+        self._length_checks: list[tuple[str, int]] = []
         full, partial = self._build()
         self.regex = re.compile(full)
         self.prefix_regex = re.compile(partial)
 
-    def _stop_after(self, index: int) -> str | None:
-        """First character of the literal after token ``index``; "" at the end, None before an operator."""
-        if index + 1 >= len(self.tokens):
-            return ""
-        nxt = self.tokens[index + 1]
-        return nxt[0] if isinstance(nxt, str) else None
+    def _value_patterns(self) -> dict[int, tuple[str, str]]:
+        """Full and partial pattern of each operator, by token index: one at a time before a
+        literal or the end, a chain's together (:func:`chain_patterns`)."""
+        out: dict[int, tuple[str, str]] = {}
+        tokens = self.tokens
+        splits = sum(
+            1
+            for k, t in enumerate(tokens)
+            if isinstance(t, Operator) and k + 1 < len(tokens) and isinstance(after := tokens[k + 1], str)
+            and (k == 0 or not isinstance(tokens[k - 1], Operator)) and gives_back(t, after[0])
+        )
+        bound = give_back_bound(splits)
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            if not isinstance(tok, Operator):
+                i += 1
+                continue
+            j = i
+            while j + 1 < len(tokens) and isinstance(tokens[j + 1], Operator):
+                j += 1
+            ops = [t for t in tokens[i : j + 1] if isinstance(t, Operator)]
+            after = tokens[j + 1] if j + 1 < len(tokens) else ""
+            stop = after[0] if isinstance(after, str) and after else ""
+            fulls = [value_pattern(tok, stop, bound)] if i == j else chain_patterns(ops, stop)
+            for k, (op, full) in enumerate(zip(ops, fulls, strict=True)):
+                out[i + k] = (full, partial_pattern(op, stop, in_chain=i != j))
+            i = j + 1
+        return out
 
     def _build(self) -> tuple[str, str]:
         full_parts: list[str] = []
         # A line is truncated when it is a proper prefix of a valid line:
-        # P(i) = partial(token i) | token i P(i+1), built from the end.
+        # P(i) = partial(token i) | token i P(i+1), built from the end. Every token's pattern is
+        # decided in one pass, so P(i+1) is tried at most once per way token i matches.
         prefix = ""
         pieces: list[tuple[str, str]] = []
+        patterns = self._value_patterns()
         group = 0
         for i, tok in enumerate(self.tokens):
             if isinstance(tok, str):
                 full = re.escape(tok)
                 part = "|".join(re.escape(tok[:k]) for k in range(len(tok)))
             else:
-                stop = self._stop_after(i)
-                full = f"(?P<f{group}>{tok.pattern(stop)})"
-                part = tok.partial_pattern(stop)
+                value, part = patterns[i]
+                full = f"(?P<f{group}>{value})"
+                in_chain = any(isinstance(self.tokens[k], Operator) for k in (i - 1, i + 1) if 0 <= k < len(self.tokens))
+                if in_chain and tok.kind in TEXT_KINDS and tok.max_length is not None:
+                    self._length_checks.append((f"f{group}", max(tok.max_length, 1)))
                 group += 1
             full_parts.append(full)
             # the partial alternative inside a nested group must not capture
@@ -431,6 +702,9 @@ class CompiledFormat:
             if self.prefix_regex.fullmatch(line):
                 raise ParseError("truncated", "line ends before the format does")
             raise ParseError("format_mismatch", "line does not fit the format string")
+        for name, bound in self._length_checks:
+            if len(m.group(name)) > bound:
+                raise ParseError("format_mismatch", f"a value is longer than its :{bound}")
         record: dict[str, Any] = {}
         for n, op in enumerate(self.operators):
             raw = m.group(f"f{n}")

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from datetime import datetime, UTC
+from pathlib import Path
+from re import _constants as sre_c, _parser as sre_parse
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from exporters.mesh.cli import oneshot
+from exporters.mesh.config import MeshExporterConfig
 from exporters.mesh.envoy_format import (
+    ENVOY_DEFAULT_FORMAT,
+    ISTIO_LEGACY_TEXT_FORMAT,
     ISTIO_TEXT,
     ISTIO_TEXT_FORMAT,
     CompiledFormat,
@@ -180,3 +190,128 @@ def test_custom_json_dictionary_maps_keys_by_operator() -> None:
     r = fmt.parse('{"status": 201, "took_ms": "7", "svc": "outbound|80||carts.x.svc.cluster.local"}')
     assert r == {"response_code": 201, "duration": 7, "upstream_cluster": "outbound|80||carts.x.svc.cluster.local"}
     assert json.loads(fmt.format(r)) == {"status": 201, "took_ms": 7, "svc": "outbound|80||carts.x.svc.cluster.local"}
+
+
+# ---------------------------------------------------------------- hostile lines cost linear time
+
+
+def backtracking_repeats(rx: re.Pattern[str]) -> list[tuple[int, int | None]]:
+    """(min, max) of every repeat of ``rx`` that can give back what it took (greedy or lazy:
+    not possessive), max None when unbounded. Python's ``re`` backtracks, and a failing match
+    tries every count of each such repeat: over an unbounded one that is O(n) per attempt,
+    O(n^2) and worse when they nest or follow each other."""
+    out: list[tuple[int, int | None]] = []
+
+    def walk(sub: Any) -> None:
+        for op, av in sub:
+            if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
+                out.append((av[0], None if av[1] == sre_c.MAXREPEAT else av[1]))
+                walk(av[2])
+            elif op is sre_c.POSSESSIVE_REPEAT:
+                walk(av[2])
+            elif op is sre_c.SUBPATTERN:
+                walk(av[3])
+            elif op is sre_c.BRANCH:
+                for branch in av[1]:
+                    walk(branch)
+            elif op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+                walk(av[1])
+            elif op is sre_c.ATOMIC_GROUP:
+                walk(av)
+
+    walk(sre_parse.parse(rx.pattern))
+    return out
+
+
+COSTLY_FORMATS = [
+    ISTIO_TEXT_FORMAT,
+    ISTIO_LEGACY_TEXT_FORMAT,
+    ENVOY_DEFAULT_FORMAT,
+    "%UPSTREAM_HOST%%DURATION%",  # 8 s for a 16 KB line that did not match
+    "%RESPONSE_CODE%%RESPONSE_FLAGS% %UPSTREAM_HOST%%DURATION% %A%%B%%C% %D%%RESPONSE_FLAGS%%E% x",
+    "%START_TIME%,%RESPONSE_CODE%,%RESPONSE_FLAGS%,%ROUTE_NAME%,%RESPONSE_FLAGS_LONG%,%DURATION%",
+    "%PROTOCOL%.%PROTOCOL%.%PROTOCOL%.%PROTOCOL%!",  # more than a minute for 1 KB
+    "%REQ(:METHOD)%-%DURATION%1%BYTES_SENT%/x",
+    "%START_TIME(%s%f%Q)% %A%%START_TIME% %B%%START_TIME(%Y)%%C%",
+    "%REQ(USER-AGENT):10%%RESPONSE_CODE% %REQ(X):3%%REQ(Y):2% end",
+]
+
+
+@pytest.mark.parametrize("fs", COSTLY_FORMATS)
+def test_patterns_never_backtrack_over_an_unbounded_repeat(fs: str) -> None:
+    """A line is hostile input: whether it matches or not, it must cost time linear in its
+    length. Every unbounded repeat is possessive; the repeats that may give back are small."""
+    f = CompiledFormat(fs)
+    for rx in (f.regex, f.prefix_regex):
+        costly = [r for r in backtracking_repeats(rx) if r[1] is None or r[1] > 64]
+        assert costly == [], (fs, rx is f.regex, costly)
+
+
+# Operators back to back, and values followed by one of their own characters: the split the
+# former backtracking pattern made (free text in a chain limited to the chain's next literal
+# character, a documented change), compared on every string of a small alphabet.
+SPLITS = [
+    ("%UPSTREAM_HOST%%DURATION% %ROUTE_NAME%", r"([^ \n]+?)(-|\d+) (.*)", "1a- ", 6),
+    ("%UPSTREAM_HOST%%DURATION%", r"(.+?)(-|\d+)", "1a-", 7),
+    ("%UPSTREAM_HOST%%RESPONSE_FLAGS%", r"(.+?)(-|[A-Za-z]+(?:,[A-Za-z]+)*)", "aB,-1", 6),
+    ("%HOSTNAME%%PROTOCOL%!", r"([^!\n]+?)(-|[A-Za-z0-9/._-]+)!", "a1/-.!", 6),
+    ("%A%%DURATION%%B%!", r"([^!\n]+?)(-|\d+)([^!\n]*)!", "a1-!", 7),
+    ("%A%%B%!", r"([^!\n]+?)([^!\n]*)!", "ab!", 7),
+    ("%RESPONSE_CODE%%RESPONSE_FLAGS%!", r"(-|\d+)(-|[A-Za-z]+(?:,[A-Za-z]+)*)!", "1A,-!", 6),
+    ("%RESPONSE_FLAGS%,%ROUTE_NAME%,%DURATION%", r"(-|[A-Za-z]+(?:,[A-Za-z]+)*),([^,\n]*),(-|\d+)", "AB,1-", 7),
+    ("%PROTOCOL%.%ROUTE_NAME%", r"(-|[A-Za-z0-9/._-]+)\.(.*)", "a1.-/", 6),
+]
+
+
+@pytest.mark.parametrize(("fs", "reference", "alphabet", "longest"), SPLITS, ids=[s[0] for s in SPLITS])
+def test_ambiguous_splits_are_decided_in_one_pass_as_before(fs: str, reference: str, alphabet: str, longest: int) -> None:
+    f = CompiledFormat(fs)
+    assert [r for r in backtracking_repeats(f.regex) if r[1] is None] == []
+    ref = re.compile(reference)
+    for n in range(longest + 1):
+        for chars in itertools.product(alphabet, repeat=n):
+            line = "".join(chars)
+            want, got = ref.fullmatch(line), f.regex.fullmatch(line)
+            assert (want and want.groups()) == (got and got.groups()), (fs, line)
+
+
+def test_adjacent_free_text_stops_at_the_next_literal() -> None:
+    f = CompiledFormat("%UPSTREAM_HOST%%DURATION% %ROUTE_NAME%")
+    # back to back values are ambiguous: the free text is as short as it can be (as before)
+    assert f.parse("10.0.0.1:8012 default") == {"upstream_host": "10.0.0.1:", "duration": 8012, "route_name": "default"}
+    assert f.parse("-4 default") == {"upstream_host": None, "duration": 4, "route_name": "default"}
+    # ... and, like any free text before a literal, holds no space when a space follows the chain
+    with pytest.raises(ParseError) as e:
+        f.parse("a b12 default")
+    assert e.value.reason == "format_mismatch"
+    # a CSV line whose flag list is followed by more letters still splits where it fits
+    csv = CompiledFormat("%START_TIME%,%RESPONSE_CODE%,%RESPONSE_FLAGS%,%ROUTE_NAME%,%UPSTREAM_CLUSTER%,%DURATION%")
+    r = csv.parse("2024-05-01T10:00:00.000Z,503,UF,URX,default,PassthroughCluster,12")
+    assert (r["response_flags"], r["route_name"], r["upstream_cluster"]) == (("UF", "URX"), "default", "PassthroughCluster")
+    # a :N bound of free text in a chain is checked after the split
+    bounded = CompiledFormat("%REQ(X-A):3%%RESPONSE_CODE% x")
+    assert bounded.parse("abc200 x") == {"req_x_a": "abc", "response_code": 200}
+    with pytest.raises(ParseError):
+        bounded.parse("abcd200 x")
+
+
+def test_a_long_hostile_line_is_a_counted_rejection_and_the_log_goes_on(tmp_path: Path) -> None:
+    """Through the exporter (oneshot over a file): a 60 KB line that does not fit is one
+    format_mismatch, a line over max_line_bytes one too_long, and the lines around them count."""
+    fs = "%RESPONSE_CODE% %UPSTREAM_HOST%%DURATION% %UPSTREAM_CLUSTER%"
+    assert [r for r in backtracking_repeats(CompiledFormat(fs).regex) if r[1] is None] == []
+    good = "200 -4 outbound|80||carts.shop.svc.cluster.local"
+    log = tmp_path / "orders.log"
+    log.write_text("\n".join([good, "200 " + "1" * 61_440 + "x default", "200 " + "1" * 70_000, good]) + "\n")
+    cfg = MeshExporterConfig.model_validate(
+        {"logs": [{"workload": "orders", "path": str(log), "format": "envoy", "format_string": fs}]}
+    )
+    registry = CollectorRegistry()
+    oneshot(cfg, registry)
+    value = registry.get_sample_value
+    assert value("promreflex_mesh_lines_total", {"workload": "orders"}) == 4
+    errors = {r: value("promreflex_mesh_parse_errors_total", {"workload": "orders", "reason": r})
+              for r in ("format_mismatch", "too_long", "truncated")}
+    assert errors == {"format_mismatch": 1, "too_long": 1, "truncated": 0}
+    edge = {"source": "orders", "destination": "carts", "code_class": "2xx", "response_flags": "none"}
+    assert value("promreflex_mesh_requests_total", edge) == 2
