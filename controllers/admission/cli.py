@@ -54,7 +54,7 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
-    from controllers.admission.proxy import AdmissionProxy, load_ring
+    from controllers.admission.proxy import SHUTDOWN_TIMEOUT, AdmissionProxy, load_ring
 
     ring = load_ring(cfg.session.key_file)
     token = read_token_file(cfg.control.token_file, "admission control.token_file")
@@ -90,10 +90,13 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
                 ready.set()
             await stop.wait()
             proxy.drop_lingering()  # before the server waits for its handlers
+            log.info("stopping: no new connections; waiting for %d request(s) in progress (queued, at the app or "
+                     "streaming), at most %gs, then they are cut", proxy.in_progress, SHUTDOWN_TIMEOUT)
     except OSError as e:
         raise UserError(f"admission proxy: cannot listen: {e.strerror or e}") from None
     finally:
         await proxy.close()
+    log.info("admission proxy stopped")
     return 0
 
 
@@ -126,6 +129,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    folder = Path(args.key_file).parent
+    if not folder.exists():  # (README: /etc/promreflex/admission-keys, a folder that is not there yet)
+        try:
+            folder.mkdir(mode=0o700, parents=True)
+        except OSError as e:
+            raise UserError(f"cannot create the key file's folder {folder}: {e.strerror or e}") from None
+        print(f"created folder {folder} (mode 0700)")
     try:
         kid = append_key(args.key_file)
     except OSError as e:
@@ -137,7 +147,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("admission", help="session admission proxy (page and session schedulers)",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0].replace("``", ""))  # (no RST in --help)
     sub = p.add_subparsers(dest="admission_command", required=True)
     px = sub.add_parser("proxy", help="run the admission proxy in front of an app (nginx -> proxy -> app)")
     px.add_argument("--config.file", dest="config_file", type=Path, default=None,
@@ -157,7 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="run on asyncio's own event loop instead of uvloop (admission.event_loop: asyncio)")
     px.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"])
     px.set_defaults(func=cmd_proxy)
-    kg = sub.add_parser("keygen", help="append a new signing key to the key file (created 0600)")
+    kg = sub.add_parser("keygen", help="append a new signing key to the key file (created 0600, its folder 0700)")
     kg.add_argument("--key-file", dest="key_file", type=Path, required=True)
     kg.set_defaults(func=cmd_keygen)
     return p

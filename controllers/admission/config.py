@@ -92,7 +92,8 @@ class Page(Strict):
     """A page class: the paths it covers and how long the app may take for one of them."""
 
     name: str = Field(pattern=NAME, description="the `page` label (bounded: one per class)")
-    pattern: str = Field(description="regular expression searched in the request path (no query string)")
+    pattern: str = Field(description="regular expression searched in the request's normalised path (decoded, "
+                                     "dot segments resolved, empty segments merged; no query string)")
     timeout: Duration | None = Field(default=None, gt=0, description="upstream timeout (default page_scheduler.timeout)")
     logout: bool = Field(default=False, description="a served request of this class ends the session (completed)")
 
@@ -257,15 +258,16 @@ class AdmissionSection(Strict):
 
 def load_section(path: Path | None, overrides: dict[str, Any] | None = None) -> AdmissionSection:
     """The ``admission:`` section of ``path`` (other sections are left to ``check-config``),
-    with dotted ``overrides`` applied; ConfigError names every problem."""
+    with dotted ``overrides`` applied (the command-line flags); ConfigError names every problem,
+    and the flag behind one that concerns a key a flag set."""
     data: dict[str, Any] = {}
-    source = "(defaults)"
+    source = "the command-line flags" if overrides else "(defaults)"
     if path is not None:
         raw = read_yaml_mapping(path, "admission: and the other sections")
         section = raw.get("admission") or {}
         if not isinstance(section, dict):
             raise ConfigError(str(path), ["admission: must be a mapping"])
-        data, source = section, str(path)
+        data, source = section, (f"{path} and the command-line flags" if overrides else str(path))
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -277,4 +279,13 @@ def load_section(path: Path | None, overrides: dict[str, Any] | None = None) -> 
     except ValidationError as e:
         problems = [p.replace("(top level)", "admission", 1) if p.startswith("(top level)") else f"admission.{p}"
                     for p in validation_problems(e)]
-        raise ConfigError(source, problems) from e
+        raise ConfigError(source, [_flagged(p, overrides or {}) for p in problems]) from e
+
+
+def _flagged(problem: str, overrides: dict[str, Any]) -> str:
+    """``problem`` (``admission.KEY: why``), naming the command-line flag's key when it concerns a
+    key a flag set (at it, or above it: a check across a section's keys)."""
+    where = problem.split(":", 1)[0]
+    keys = [f"admission.{k}" for k in overrides]
+    keys = [k for k in keys if k == where or k.startswith(where + ".") or where.startswith(k + ".")]
+    return f"{problem} (from the command line: {', '.join(keys)})" if keys else problem

@@ -11,8 +11,11 @@ OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "que
             "client_gone", "session_busy", "body_timeout")
 #: Why a new session was not admitted (answered with the waiting-room page, or gone).
 REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "sessions_full", "client_gone")
+#: What became of an exempt request (forwarded without a session or a page class).
+EXEMPT_OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "client_gone", "body_timeout")
 #: Requests refused before they reached a page class (bad input at the proxy's door).
-REQUEST_REJECT_REASONS = ("header_too_large", "malformed", "bad_target", "body_too_large", "body_timeout")
+REQUEST_REJECT_REASONS = ("header_too_large", "malformed", "bad_target", "body_too_large", "body_timeout", "upgrade",
+                          "transfer_coding")
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -76,8 +79,13 @@ class AdmissionMetrics:
                                        registry=registry)
         self.bad_requests = Counter(p + "request_rejections_total",
                                     "Requests refused before reaching a page class: headers too large (431), "
-                                    "unparsable (400), not origin-form, body too large (413) or too slow (408).",
+                                    "unparsable or HTTP/0.9 (400), not origin-form or climbing above the root "
+                                    "(400), body too large (413) or too slow (408), a WebSocket or other upgrade "
+                                    "(501), a transfer coding other than chunked (501).",
                                     ["reason"], registry=registry)
+        self.exempt_requests = Counter(p + "exempt_requests_total",
+                                       "Requests of exempt paths (no session, no page class) by outcome.",
+                                       ["outcome"], registry=registry)
         self.control = Counter(p + "control_requests_total", "Control endpoint requests by result.", ["result"],
                                registry=registry)
         for page in pages:
@@ -92,5 +100,7 @@ class AdmissionMetrics:
             self.cookies.labels(reason)
         for reason in REQUEST_REJECT_REASONS:
             self.bad_requests.labels(reason)
+        for outcome in EXEMPT_OUTCOMES:
+            self.exempt_requests.labels(outcome)
         for result in ("ok", "unauthorized", "bad_request", "not_found"):
             self.control.labels(result)

@@ -7,6 +7,15 @@ waiting-room page at once (503, ``Retry-After``, its position and an estimate) w
 full or a hold set waiting-room mode. An admitted session's requests wait only in their page
 class' queue (``sched.PageClass``), then go to the app with the page's timeout.
 
+Classification reads the path as nginx does for ``location`` (:func:`path_readings`): decoded
+once (``%2e`` is a dot, ``%2F`` a slash), empty segments merged, ``.``/``..`` resolved (RFC 3986
+5.2.4); a target that climbs above the root is refused (400 ``bad_target``, as nginx does), so is
+one with a fragment. The app gets the target as the client sent it (nginx's ``proxy_pass``
+without a URI does the same), and an app may read it otherwise (``%2F`` as data, ``\\`` as a
+slash, ``;parameters`` stripped, dot segments left or resolved, empty segments kept): a request is
+exempt only if it is exempt under every such reading, and its page class is the normalised
+path's. Browsers resolve dot segments themselves; only hand-made targets take the slower path.
+
 Bounded everywhere: a page queue and the session queue have a capacity and a maximum wait, the
 app a per-page timeout (504) and a connect failure answer (502); a client that leaves while its
 request waits (or uploads, or an exempt request is at the app) is dropped and counted: its handler
@@ -16,14 +25,22 @@ wait), as the app's work goes on; a session is limited to ``max_in_flight`` requ
 
 Forwarding: the method, raw path and query, body and headers pass through, minus the hop-by-hop
 headers (RFC 9110 7.6.1: Connection and every header it names, Keep-Alive, TE, Trailer,
-Transfer-Encoding, Upgrade, Proxy-*) and this proxy's own cookie; ``X-Forwarded-For`` gets the
-peer appended, ``X-Forwarded-Proto``/``-Host`` are set when absent. Bodies are not decoded,
-neither the request's nor the app's (``auto_decompress=False`` on both sides: a gzip request body
-reaches the app byte for byte). The first MiB of every request body (chunked too) is read
+Transfer-Encoding, Upgrade, ``Proxy`` and every ``Proxy-*``) and this proxy's own cookie;
+``X-Forwarded-For`` gets the peer appended, ``X-Forwarded-Host`` is set when absent;
+``X-Forwarded-Proto`` passes as nginx set it and is never made up (the proxy does not know the
+visitor's scheme). Header values pass byte for byte, also bytes that are not UTF-8 (obs-text, RFC
+9110 5.5: aiohttp decodes them as surrogate escapes and would drop them when it writes: such
+headers are written by :func:`serialize_headers_as_received`). An app's answer without a
+``Content-Type`` gets none. A WebSocket (any ``Upgrade`` but ``h2c``) cannot pass: 501, counted.
+Bodies are not decoded, neither the request's nor the app's (``auto_decompress=False`` on both
+sides: a gzip request body reaches the app byte for byte); a transfer coding other than chunked
+is refused (501). The first MiB of every request body (chunked too) is read
 before the request queues, within the body timeout (else 408); the rest of a larger one streams
 to the app (``BodyPump``): a pause longer than the body timeout, or less than a MiB per body
 timeout on average, ends it with 408 and frees its slot (outcome ``body_timeout``), and an app
-that leaves it unread for the page timeout gets 504. ``Expect`` is answered here, not sent on. There is no size limit of the proxy's own: nginx's
+that leaves it unread for the page timeout gets 504. ``Expect: 100-continue`` is answered here,
+not sent on, and only once the request is let in: a new visitor the waiting room turns away gets
+its 503 before sending the body. There is no size limit of the proxy's own: nginx's
 ``client_max_body_size`` (1m by default) is the limit. Responses up to 64 KiB are read whole (the
 slot is free before the client reads); larger ones stream (keep nginx's ``proxy_buffering on`` so
 a slow reader does not hold a slot). The app may not set this proxy's cookie: such a
@@ -33,6 +50,7 @@ a slow reader does not hold a slot). The app may not set this proxy's cookie: su
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import json
 import logging
@@ -40,13 +58,14 @@ import math
 import re
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-from aiohttp import web
+from aiohttp import http_writer, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,7 +73,7 @@ from yarl import URL
 
 from controllers.admission.config import AdmissionSection
 from controllers.admission.cookies import CookieCodec, CookieError, KeyRing
-from controllers.admission.metrics import OUTCOMES, AdmissionMetrics
+from controllers.admission.metrics import EXEMPT_OUTCOMES, OUTCOMES, AdmissionMetrics
 from controllers.admission.sched import (
     Clock,
     Hold,
@@ -74,10 +93,13 @@ log = logging.getLogger("promreflex.admission")
 HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade"))
 #: What upstream_headers does with a request header, by its lower-case name (one look-up per
-#: header): the others pass through.
-_DROP, _XFF, _COOKIE, _PROTO, _HOST = range(5)
-REQUEST_HEADER_ACTIONS = {**dict.fromkeys(HOP_BY_HOP, _DROP), "expect": _DROP, "x-forwarded-for": _XFF,
-                          "cookie": _COOKIE, "x-forwarded-proto": _PROTO, "x-forwarded-host": _HOST}
+#: header, :meth:`AdmissionProxy.header_action` for a name not listed): _PASS goes through.
+_PASS, _DROP, _XFF, _COOKIE, _HOST = range(5)
+REQUEST_HEADER_ACTIONS = {**dict.fromkeys(HOP_BY_HOP, _DROP), "expect": _DROP, "proxy": _DROP,
+                          "x-forwarded-for": _XFF, "cookie": _COOKIE, "x-forwarded-host": _HOST}
+#: Header names learnt by :meth:`AdmissionProxy.header_action` at most (past it, worked out
+#: each time): request header names repeat, so the look-up stays one dictionary access.
+HEADER_NAMES_LEARNT = 1024
 #: Response headers not sent on: the hop-by-hop ones, and Content-Length when the proxy read the
 #: body whole (aiohttp sets it for what it sends).
 RESPONSE_DROP = HOP_BY_HOP
@@ -101,6 +123,160 @@ MEMO_KEY_CHARS = 1024
 CLOSED_RETRY = 30
 #: Set on a request whose connection the proxy cut because the app broke off its streamed answer.
 UPSTREAM_BROKE = web.RequestKey("promreflex_upstream_broke", bool)
+#: How long a stopping proxy waits for the requests in progress (aiohttp's shutdown_timeout):
+#: said in the log when it stops.
+SHUTDOWN_TIMEOUT = 60.0
+
+
+class Route(enum.Enum):
+    """What :meth:`AdmissionProxy.route` answers besides a page class (or None: exempt)."""
+
+    CLIMBS = "climbs"  # a reading of the path climbs above the root: 400 bad_target
+
+
+# ------------------------------------------------------------------ reading a path
+#: Whatever lets an app read a path otherwise than its plain decoding: a dot segment (``/.``,
+#: ``/%2e``), an encoded slash or backslash, a backslash, a ``;parameter``, an empty segment.
+_AMBIGUOUS = re.compile(r"/\.|/%2[eE]|%2[fF]|%5[cC]|[\\;]|//")
+_ENCODED_SLASH = re.compile(r"%2[fF]")
+#: An ambiguous path longer than this is read only the normalised way, and never exempt: its
+#: readings cost time in proportion to its length (a quarter of a millisecond at this length, its
+#: every kind of ambiguity in it), and no browser sends such a path.
+READINGS_MAX_CHARS = 512
+
+
+def decoded_path(raw: str) -> str:
+    """``raw`` (a target's path as sent) decoded as aiohttp's ``request.path`` is: percent-decoded
+    once, ``%2F`` included."""
+    return URL.build(path=raw, encoded=True).path
+
+
+def resolve_dot_segments(segments: list[str]) -> str | None:
+    """The absolute path of ``segments`` (the parts after its first ``/``) with ``.`` and ``..``
+    removed (RFC 3986 5.2.4); None when a ``..`` climbs above the root (nginx: 400)."""
+    out: list[str] = []
+    last = len(segments) - 1
+    for i, seg in enumerate(segments):
+        if seg == "." or seg == "..":
+            if seg == "..":
+                if not out:
+                    return None
+                out.pop()
+            if i == last:  # "/a/b/.." is "/a/", not "/a"
+                out.append("")
+        else:
+            out.append(seg)
+    return "/" + "/".join(out)
+
+
+def path_readings(raw: str, decoded: str | None = None, first_only: bool = False) -> list[str] | None:
+    """The paths an app may take ``raw`` (a request target's path as the client sent it, the
+    query left out) for, the normalised one first: what nginx matches its ``location`` blocks
+    on (decoded once, ``%2e`` a dot and ``%2F`` a slash; empty segments merged; dot segments
+    resolved). The others: ``%2F`` kept as data, ``\\`` (also ``%5C``) taken as a slash
+    (Windows servers), ``;parameters`` stripped from each segment (servlet containers), empty
+    segments kept, dot segments left as they are; every combination. None when one of them
+    climbs above the root. ``decoded``: the plain decoding of ``raw`` when the caller has it
+    (aiohttp's ``request.path``). A path with none of what makes readings differ (the common
+    case) has one reading, its decoding. ``first_only``: the normalised reading alone."""
+    if decoded is None:
+        decoded = decoded_path(raw)
+    if not _AMBIGUOUS.search(raw):
+        return [decoded]
+    texts = [decoded]
+    if _ENCODED_SLASH.search(raw):  # (decoded once: "%252F" is the text "%2F", not a slash)
+        texts.append(decoded_path(_ENCODED_SLASH.sub("%252F", raw)))
+    readings: dict[str, None] = {}  # (ordered, without repeats)
+    for text in texts:
+        for backslash in (False, True):
+            if backslash and "\\" not in text:
+                continue
+            segments = (text.replace("\\", "/") if backslash else text).split("/")[1:]
+            for params in (False, True):
+                if params and not any(";" in seg for seg in segments):
+                    continue
+                cut = [seg.split(";", 1)[0] for seg in segments] if params else segments
+                for merge in (True, False):
+                    parts = [seg for seg in cut[:-1] if seg] + cut[-1:] if merge else cut
+                    resolved = resolve_dot_segments(parts)
+                    if resolved is None:
+                        return None
+                    if first_only:
+                        return [resolved]
+                    readings[resolved] = None
+                    readings["/" + "/".join(parts)] = None  # an app that resolves no dot segment
+    return list(readings)
+
+
+# ------------------------------------------------------------------ header bytes as received
+#: True while aiohttp serializes headers that carry bytes outside UTF-8 (surrogate escapes).
+_AS_RECEIVED: ContextVar[bool] = ContextVar("promreflex_admission_headers_as_received", default=False)
+#: What aiohttp refuses in a header (its writer's check: CR, LF and the other controls but TAB).
+_FORBIDDEN_IN_HEADER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def serialize_headers_as_received(status_line: str, headers: Any) -> bytes:
+    """A head as aiohttp's writer makes it, but every header byte as it was received: aiohttp's
+    parsers decode a value as UTF-8 with surrogate escapes (``caf\\xe9`` -> ``"caf\\udce9"``) and
+    its writer encodes UTF-8 and drops the surrogates (``caf``); here they become their bytes
+    again (RFC 9110 5.5: obs-text is opaque data). The same refusal of control characters."""
+    lines = [status_line]
+    for name, value in headers.items():
+        lines.append(f"{name}: {value}")
+    for line in lines:
+        if _FORBIDDEN_IN_HEADER.search(line):
+            raise ValueError("Forbidden control character detected in headers. Potential header injection attack.")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+
+def install_header_serializer() -> None:
+    """Have aiohttp's writer (``http_writer._serialize_headers``, which its server and client
+    both call per message) use :func:`serialize_headers_as_received` while ``_AS_RECEIVED`` is
+    set, and its own otherwise (once per process). Only the proxy sets it, around the messages
+    whose headers hold a byte that is not ASCII; every other message is written as before."""
+    own = http_writer._serialize_headers
+    if getattr(own, "promreflex_as_received", False):
+        return
+
+    def serialize(status_line: str, headers: Any) -> bytes:
+        if _AS_RECEIVED.get():
+            return serialize_headers_as_received(status_line, headers)
+        return own(status_line, headers)
+
+    serialize.promreflex_as_received = True  # type: ignore[attr-defined]
+    http_writer._serialize_headers = serialize
+
+
+class _AsTheAppSent(web.StreamResponse):
+    """The app's answer: its header bytes as received (``as_received``) and no ``Content-Type``
+    where it sent none (``untyped``; aiohttp would add ``application/octet-stream``, which makes a
+    browser download what it would have sniffed). Used only for answers that need either."""
+
+    as_received = False
+    untyped = False
+
+    async def _prepare_headers(self) -> None:
+        await super()._prepare_headers()
+        if self.untyped:
+            self._headers.popall("Content-Type", None)
+
+    async def _write_headers(self) -> None:
+        if not self.as_received:
+            await super()._write_headers()
+            return
+        token = _AS_RECEIVED.set(True)
+        try:
+            await super()._write_headers()
+        finally:
+            _AS_RECEIVED.reset(token)
+
+
+class AsTheAppSentStream(_AsTheAppSent):
+    pass
+
+
+class AsTheAppSentResponse(_AsTheAppSent, web.Response):
+    pass
 
 
 class HoldRequest(BaseModel):
@@ -205,7 +381,10 @@ def header_problem(raw_headers: Any) -> str | None:
 class CountingLogger(logging.Logger):
     """aiohttp's server logger for the proxy's listener: a request aiohttp refuses itself
     (unparsable, or headers beyond even :data:`PARSER_LIMITS`) is logged here through
-    ``exception`` with the parser's error: counted, then logged as usual (rate-limited)."""
+    ``exception`` with the parser's error: counted, then logged as usual (rate-limited), and
+    answered with :func:`refusal`: aiohttp's own error page quotes the offending line back (a
+    Cookie, an HttpOnly one too: CVE-2012-0053's class), and calls this logger just before it
+    makes that page, from the request's handler, where an HTTPException raised is sent instead."""
 
     def __init__(self, count: Callable[[str], None]):
         super().__init__("aiohttp.server")
@@ -217,22 +396,65 @@ class CountingLogger(logging.Logger):
         if not isinstance(exc_info, BadHttpMessage):  # a real error: with its traceback
             self.server_log.exception(msg, *args, exc_info=exc_info, **kw)
             return
-        self.count("header_too_large" if isinstance(exc_info, LineTooLong)
-                   or "Too many headers" in str(exc_info) else "malformed")
+        too_large = isinstance(exc_info, LineTooLong) or "Too many headers" in str(exc_info)
+        self.count("header_too_large" if too_large else "malformed")
         # The type only: the parser's message quotes the offending line (a Cookie, an Authorization)
         self.server_log.warning(f"{msg}: %s", *args, type(exc_info).__name__, **kw)
+        if str(msg).startswith(ERROR_PAGE_LOG):
+            raise refusal(too_large)
 
     def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
         if isinstance(exc_info, BadHttpMessage):  # aiohttp logs a non-HTTP first request at debug
             self.count("malformed")
+            self.server_log.debug(msg, *args, **kw)
+            if str(msg).startswith(ERROR_PAGE_LOG):
+                raise refusal(False)
+            return
         self.server_log.debug(msg, *args, **kw)
 
 
-def _plain(status: int, text: str, retry_after: int | None = None) -> web.Response:
+#: What aiohttp's handle_error logs before it makes its error page (aiohttp 3.14).
+ERROR_PAGE_LOG = "Error handling request"
+
+
+def refusal(too_large: bool) -> web.HTTPException:
+    """The answer to a request aiohttp's parser refused: a fixed text, none of the request's
+    bytes; 431 for headers too long or too many (RFC 6585; also for a request line beyond 32 KiB,
+    which aiohttp's error does not tell from a header line: nginx answers 414 for one over its
+    8 KiB first), else 400; the connection closes."""
+    exc: web.HTTPException
+    if too_large:
+        exc = web.HTTPRequestHeaderFieldsTooLarge(text="request line or header fields too large\n",
+                                                  headers={"Cache-Control": "no-store"})
+    else:
+        exc = web.HTTPBadRequest(text="bad request: not a request this proxy can read\n",
+                                 headers={"Cache-Control": "no-store"})
+    exc.force_close()
+    return exc
+
+
+def _plain(status: int, text: str, retry_after: int | None = None, close: bool = False) -> web.Response:
     headers = {"Cache-Control": "no-store"}
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
-    return web.Response(status=status, text=text + "\n", headers=headers)
+    resp = web.Response(status=status, text=text + "\n", headers=headers)
+    if close:  # (a request body left unread: the connection cannot carry another request)
+        resp.force_close()
+    return resp
+
+
+def _chunked_only(headers: Any) -> bool:
+    """A request's Transfer-Encoding, if any, is ``chunked`` alone: any other coding would reach
+    the app de-chunked but still coded, and without a word of it (RFC 9112 6.1: 501)."""
+    te = headers.get("Transfer-Encoding")
+    if te is None:
+        return True
+    return [t.strip().lower() for v in headers.getall("Transfer-Encoding") for t in v.split(",")] == ["chunked"]
+
+
+def _expects_continue(request: web.Request) -> bool:
+    expect = request.headers.get("Expect")
+    return expect is not None and request.version == aiohttp.HttpVersion11 and expect.lower() == "100-continue"
 
 
 class ClientWatch:
@@ -303,18 +525,23 @@ class AdmissionProxy:
         # until the app answers (or its page timeout ends the wait), see through_page.
         self._lingering: set[ClientWatch] = set()
         self._stopping = False
+        self.in_progress = 0  # requests in the handler now (said in the log when the proxy stops)
         self._own_cookie = cfg.session.cookie_name + "="
         # Paths and Cookie headers repeat (a session sends the same cookie with each request, a
         # shop has few page paths): what the per-request regular expressions and cookie parsing
         # found is remembered (bounded: MEMO_ENTRIES, MEMO_KEY_CHARS). Both depend only on the
-        # configuration, which does not change while the proxy runs.
-        self._routes: dict[str, PageClass | None] = {}
+        # configuration, which does not change while the proxy runs. Routes are remembered by
+        # the path as sent (its readings differ by spelling: path_readings).
+        self._routes: dict[str, PageClass | Route | None] = {}
         self._cookies: dict[str, tuple[tuple[str, ...], str]] = {}
+        self._header_actions = dict(REQUEST_HEADER_ACTIONS)
         # Labelled children looked up once (a labels() call per use costs more than the count).
         self._requests = {(p, o): self.metrics.requests.labels(p, o) for p in self.pages for o in OUTCOMES}
+        self._exempt_requests = {o: self.metrics.exempt_requests.labels(o) for o in EXEMPT_OUTCOMES}
         self._page_wait = {p: self.metrics.page_wait.labels(p) for p in self.pages}
         self._upstream_time = {p: self.metrics.upstream.labels(p) for p in self.pages}
         self._gauges()
+        install_header_serializer()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -423,17 +650,35 @@ class AdmissionProxy:
 
     # ------------------------------------------------------------------ the proxy
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BUFFERED_REQUEST)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app = web.Application(client_max_size=MAX_BUFFERED_REQUEST, middlewares=[self._door])
+        app.router.add_route("*", "/{tail:.*}", self.handle, expect_handler=self._expect)
         return app
+
+    @web.middleware
+    async def _door(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A target no route takes (``OPTIONS *``, ``CONNECT host:port``: aiohttp's router would
+        answer 404 uncounted) is refused like any target that is not origin-form."""
+        if request.match_info.http_exception is None:
+            return await handler(request)
+        self._count_bad("bad_target")
+        return _plain(400, "bad request target: origin-form (/path) only")
+
+    async def _expect(self, request: web.Request) -> None:
+        """``Expect``: aiohttp's own handler sends ``100 Continue`` before the request is
+        handled; here it is sent when the body is read (:meth:`_handle`), after a new visitor is
+        let in, so one the waiting room turns away gets its 503 before sending the body. Other
+        expectations: 417, as aiohttp does."""
+        if request.version == aiohttp.HttpVersion11 and \
+                request.headers.get("Expect", "").lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect', '')}")
 
     def server_kwargs(self) -> dict[str, Any]:
         """What the proxy's listener needs from aiohttp (``serving(..., **proxy.server_kwargs())``):
         handler cancellation (a client that leaves drops its queued request), bodies as sent (no
-        decompression), parser limits above the proxy's own header limits, and a logger that
-        counts what the parser refuses."""
+        decompression), parser limits above the proxy's own header limits, a logger that
+        counts what the parser refuses, and how long a stop waits for requests in progress."""
         return {"handler_cancellation": False, "logger": CountingLogger(self._count_bad), "auto_decompress": False,
-                **PARSER_LIMITS}
+                "shutdown_timeout": SHUTDOWN_TIMEOUT, **PARSER_LIMITS}
 
     def _count_bad(self, reason: str) -> None:
         self.metrics.bad_requests.labels(reason).inc()
@@ -444,18 +689,39 @@ class AdmissionProxy:
                 return page
         return self.pages[self.cfg.default_page]
 
-    def route(self, path: str) -> PageClass | None:
-        """The page class of ``path``; None for an exempt path (forwarded without a session)."""
+    def route(self, raw: str) -> PageClass | Route | None:
+        """The page class of the path ``raw`` (as the client sent it, without the query): that
+        of its normalised reading; None when every reading of it is exempt (forwarded without a
+        session); ``Route.CLIMBS`` when a reading climbs above the root (:func:`path_readings`;
+        beyond READINGS_MAX_CHARS an ambiguous path is read the normalised way only, and is not
+        exempt)."""
         try:
-            return self._routes[path]
+            return self._routes[raw]
         except KeyError:
             pass
-        page = None if any(rx.search(path) for rx in self.exempt) else self.classify(path)
-        if len(path) <= MEMO_KEY_CHARS:
+        long = len(raw) > READINGS_MAX_CHARS and _AMBIGUOUS.search(raw) is not None
+        readings = path_readings(raw, first_only=long)
+        page: PageClass | Route | None
+        if readings is None:
+            page = Route.CLIMBS
+        elif not long and all(any(rx.search(path) for rx in self.exempt) for path in readings):
+            page = None
+        else:
+            page = self.classify(readings[0])
+        if len(raw) <= MEMO_KEY_CHARS:
             if len(self._routes) >= MEMO_ENTRIES:
                 self._routes.clear()
-            self._routes[path] = page
+            self._routes[raw] = page
         return page
+
+    def header_action(self, name: str) -> int:
+        """What upstream_headers does with a request header not in REQUEST_HEADER_ACTIONS
+        (``name`` in lower case): ``Proxy-*`` is dropped (the README's promise; ``Proxy`` itself
+        is httpoxy's), the rest passes. Learnt, up to HEADER_NAMES_LEARNT names."""
+        action = _DROP if name.startswith("proxy-") else _PASS
+        if len(self._header_actions) < len(REQUEST_HEADER_ACTIONS) + HEADER_NAMES_LEARNT:
+            self._header_actions[name] = action
+        return action
 
     def cookie_parts(self, header: str) -> tuple[tuple[str, ...], str]:
         """One Cookie header holding this proxy's cookie: the values of its own cookie in it
@@ -473,9 +739,11 @@ class AdmissionProxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         watch = ClientWatch(request)
+        self.in_progress += 1
         try:
             return await self._handle(request, watch)
         finally:
+            self.in_progress -= 1
             watch.close()
 
     async def _handle(self, request: web.Request, watch: ClientWatch) -> web.StreamResponse:
@@ -485,23 +753,72 @@ class AdmissionProxy:
             resp = _plain(431, f"request header fields too large: {problem}")
             resp.force_close()
             return resp
-        if not request.raw_path.startswith("/"):
+        target = request.raw_path
+        if not target.startswith("/") or "#" in target:
+            # (a fragment: aiohttp routes the path before it, an app that does not would take
+            # "/static/#/../../item" for "/item")
             self._count_bad("bad_target")
-            return _plain(400, "bad request target: origin-form (/path) only")
+            return _plain(400, "bad request target: origin-form (/path, no #fragment) only")
+        if request.version[0] != 1:  # HTTP/0.9 ("GET /path" alone): no headers, no Host
+            self._count_bad("malformed")
+            return _plain(400, "HTTP/1.0 or HTTP/1.1 only", close=True)
+        if "Upgrade" in request.headers and self._refuses_upgrade(request):
+            self._count_bad("upgrade")
+            return _plain(501, "this proxy does not pass WebSocket or other protocol upgrades: nginx should send "
+                               "such paths to the app directly", close=True)
+        page = self.route(request.rel_url.raw_path)
+        if page is Route.CLIMBS:
+            self._count_bad("bad_target")
+            return _plain(400, "bad request target: its path climbs above the root")
         body: bytes | Any = None
+        session: SessionState | None = None
+        cookie: str | None = None
+        admitted_first = False
         if request.body_exists:
+            if not _chunked_only(request.headers):
+                self._count_bad("transfer_coding")
+                return _plain(501, "a transfer coding other than chunked is not supported", close=True)
+            if _expects_continue(request):
+                if page is not None:  # a page request: let in first, then ask for the body
+                    got = await self._session(request, page)
+                    if isinstance(got, web.StreamResponse):
+                        got.force_close()  # (the body was never asked for)
+                        return got
+                    session, cookie = got
+                    admitted_first = True
+                try:
+                    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                except ConnectionError:
+                    return self._with_cookie(_plain(400, "the client left", close=True), cookie)
+                request.writer.output_size = 0  # (as aiohttp's own: the answer has not begun)
             timeout = request.app.get(LIMITS, Limits()).body_timeout
             try:  # the first MiB of any body before it queues: a slow uploader holds no page slot
                 head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
             except BodyError as e:
                 self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
-                resp = _plain(e.status, str(e))
-                resp.force_close()
-                return resp
+                return self._with_cookie(_plain(e.status, str(e), close=True), cookie)
             body = head if whole else BodyPump(request, head, timeout)
-        page = self.route(request.path)
         if page is None:
-            return await self.forward(request, None, body, None)
+            return await self._exempt(request, body)
+        if not admitted_first:
+            got = await self._session(request, page)
+            if isinstance(got, web.StreamResponse):
+                return got
+            session, cookie = got
+        assert session is not None
+        session.last_page = page.name
+        answer = await self.through_page(request, page, session, cookie, body, watch)
+        if cookie is not None and not answer.prepared and not self._sets_own_cookie(answer):
+            # The proxy's own answer (a page queue full or too slow, the app down or silent) to a
+            # session's first request: the session was admitted, so it keeps its place. Without
+            # the cookie its retry would be one more new session and this one a phantom, active
+            # until its idle timeout and then counted as abandoned.
+            answer.headers.add("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age))
+        return answer
+
+    async def _session(self, request: web.Request, page: PageClass) -> tuple[SessionState, str | None] | web.Response:
+        """The request's session and, for a new one, its cookie to set; or the answer to a
+        request not let in (the waiting room, or 429 beyond ``max_in_flight``)."""
         session = self.session_of(request)
         cookie: str | None = None
         if session is None:
@@ -513,15 +830,31 @@ class AdmissionProxy:
         if session.in_flight >= self.cfg.session.max_in_flight:
             self._requests[page.name, "session_busy"].inc()
             return _plain(429, "too many requests of this session at once", retry_after=1)
-        session.last_page = page.name
-        answer = await self.through_page(request, page, session, cookie, body, watch)
-        if cookie is not None and not answer.prepared and not self._sets_own_cookie(answer):
-            # The proxy's own answer (a page queue full or too slow, the app down or silent) to a
-            # session's first request: the session was admitted, so it keeps its place. Without
-            # the cookie its retry would be one more new session and this one a phantom, active
-            # until its idle timeout and then counted as abandoned.
-            answer.headers.add("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age))
-        return answer
+        return session, cookie
+
+    def _with_cookie(self, resp: web.Response, cookie: str | None) -> web.Response:
+        """The proxy's own answer to the first request of a session just admitted: with its
+        cookie (it keeps its place)."""
+        if cookie is not None:
+            resp.headers.add("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age))
+        return resp
+
+    @staticmethod
+    def _refuses_upgrade(request: web.Request) -> bool:
+        """An ``Upgrade`` this proxy cannot pass: any protocol but ``h2c``, which a server may
+        ignore (RFC 9110 7.8; curl --http2 asks for it), as it is ignored here (a hop-by-hop
+        header, not sent on)."""
+        protocols = {p.strip().lower() for v in request.headers.getall("Upgrade") for p in v.split(",")}
+        return bool(protocols - {"h2c", ""})
+
+    async def _exempt(self, request: web.Request, body: bytes | Any) -> web.StreamResponse:
+        try:
+            resp, outcome = await self.forward(request, None, body, None)
+        except asyncio.CancelledError:  # the client left while the app worked (ClientWatch)
+            self._exempt_requests["client_gone"].inc()
+            raise
+        self._exempt_requests[outcome].inc()
+        return resp
 
     def _sets_own_cookie(self, resp: web.StreamResponse) -> bool:
         return any(v.startswith(self._own_cookie) for v in resp.headers.getall("Set-Cookie", ()))
@@ -726,24 +1059,30 @@ class AdmissionProxy:
         return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite=Lax"
                 + ("; Secure" if s.cookie_secure else ""))
 
-    def upstream_headers(self, request: web.Request) -> list[tuple[str, str]]:
-        """The request's headers for the app (one pass, no intermediate mapping)."""
+    def upstream_headers(self, request: web.Request) -> tuple[list[tuple[str, str]], bool]:
+        """The request's headers for the app (one pass, no intermediate mapping), and whether
+        one holds a byte that is not ASCII (then written as received: serialize_headers_as_received).
+        ``X-Forwarded-Proto`` is not added: only nginx knows the visitor's scheme (set it there:
+        ``proxy_set_header X-Forwarded-Proto $scheme``); the app gets what nginx sent, or none."""
         headers = request.headers
         named = _connection_tokens(headers) if "Connection" in headers else None
         own = self._own_cookie
-        actions = REQUEST_HEADER_ACTIONS
+        actions = self._header_actions
         out: list[tuple[str, str]] = []
         prior: list[str] = []
-        proto = host = False
+        host = False
+        ascii_only = True
         for k, v in headers.items():
             lk = k.lower()
             if named is not None and lk in named:
                 continue
             action = actions.get(lk)
-            if action is not None:
+            if action is None:
+                action = self.header_action(lk)
+            if action:
                 if action == _DROP:
-                    # (Expect: 100-continue is answered here, by aiohttp, before the body is read; sent
-                    # on, the client would wait for the app's own 100, which an app may never send)
+                    # (Expect: 100-continue is answered here, before the body is read; sent on, the
+                    # client would wait for the app's own 100, which an app may never send)
                     continue
                 if action == _XFF:
                     prior.append(v)
@@ -753,23 +1092,22 @@ class AdmissionProxy:
                         v = self.cookie_parts(v)[1]
                         if not v:
                             continue
-                elif action == _PROTO:
-                    proto = True
                 else:
                     host = True
+            if not v.isascii():
+                ascii_only = False
             out.append((k, v))
         peer = request.remote or ""
         out.append(("X-Forwarded-For", f"{', '.join(prior)}, {peer}" if prior else peer))
-        if not proto:
-            out.append(("X-Forwarded-Proto", request.scheme))
         if not host and request.host:
             out.append(("X-Forwarded-Host", request.host))
-        return out
+            ascii_only = ascii_only and request.host.isascii()
+        return out, not ascii_only
 
     async def forward(self, request: web.Request, page: PageClass | None, body: bytes | None,
-                      extra: Callable[[int], list[tuple[str, str]]] | None) -> Any:
-        """Send the request to the app. Returns the response (exempt requests: ``page`` None) or
-        (response, outcome).
+                      extra: Callable[[int], list[tuple[str, str]]] | None) -> tuple[web.StreamResponse, str]:
+        """Send the request to the app (``page`` None: an exempt request). Returns the response
+        and its outcome.
 
         The app's time is bounded by aiohttp's own timers (``sock_read``: no byte for the page's
         timeout -> 504), not by one more timer per request; small answers (with a Content-Length
@@ -778,17 +1116,18 @@ class AdmissionProxy:
         name = page.name if page is not None else self.cfg.default_page
         t0 = self.clock() if page is not None else 0.0
 
-        def done(resp: web.StreamResponse, outcome: str) -> Any:
+        def done(resp: web.StreamResponse, outcome: str) -> tuple[web.StreamResponse, str]:
             if page is not None:
                 self._upstream_time[name].observe(self.clock() - t0)
-                return resp, outcome
-            return resp
+            return resp, outcome
 
         timeout = page.timeout if page is not None else self.cfg.page_scheduler.timeout
+        headers, as_received = self.upstream_headers(request)
+        token = _AS_RECEIVED.set(True) if as_received else None  # (the request's head is written in this task)
         try:
             sending = self.client.request(
                 request.method, URL(self.upstream + request.raw_path, encoded=True),
-                headers=self.upstream_headers(request), data=body, allow_redirects=False,
+                headers=headers, data=body, allow_redirects=False,
                 timeout=self._timeouts[name], compress=None, chunked=None)
             up = await (self._watched(sending, body, timeout) if isinstance(body, BodyPump) else sending)
         except TimeoutError:
@@ -806,6 +1145,9 @@ class AdmissionProxy:
             if isinstance(e, aiohttp.ClientResponseError):  # it answered, with something unreadable
                 return done(_plain(502, f"the app's response could not be read: {e.message}"), "upstream_error")
             return done(_plain(502, "the app cannot be reached"), "upstream_error")
+        finally:
+            if token is not None:
+                _AS_RECEIVED.reset(token)
         try:
             status = up.status
             length = up.content_length
@@ -814,18 +1156,23 @@ class AdmissionProxy:
             raw = up.headers
             named = _connection_tokens(raw) if "Connection" in raw else None
             drop = RESPONSE_DROP_BUFFERED if buffered else RESPONSE_DROP
+            reason = up.reason
+            ascii_only = reason is None or reason.isascii()
             # A list, not a CIMultiDict: aiohttp's response copies what it is given into its own.
-            headers: list[tuple[str, str]] = []
+            out: list[tuple[str, str]] = []
             for k, v in raw.items():
                 lk = k.lower()
                 if lk in drop or (named is not None and lk in named):
                     continue
                 if lk == "set-cookie" and v.split("=", 1)[0].strip() == self.cfg.session.cookie_name:
                     continue  # only the proxy sets its session cookie (browsers trim the name's spaces)
-                headers.append((k, v))
+                if not v.isascii():
+                    ascii_only = False
+                out.append((k, v))
             outcome = "upstream_5xx" if status >= 500 else "served"
             if extra is not None:
-                headers += extra(status)
+                out += extra(status)
+            untyped = "Content-Type" not in raw
             if buffered:
                 try:
                     payload = await up.read()
@@ -834,8 +1181,16 @@ class AdmissionProxy:
                 except (aiohttp.ClientError, OSError) as e:  # it closed the connection mid-body
                     log.warning("upstream %s broke off a response: %s", self.upstream, describe_error(e))
                     return done(_plain(502, "the app's response was cut short"), "upstream_error")
-                return done(web.Response(status=status, reason=up.reason, body=payload, headers=headers), outcome)
-            resp = web.StreamResponse(status=status, reason=up.reason, headers=headers)
+                if ascii_only and not untyped:
+                    return done(web.Response(status=status, reason=reason, body=payload, headers=out), outcome)
+                answer = AsTheAppSentResponse(status=status, reason=reason, body=payload, headers=out)
+                answer.as_received, answer.untyped = not ascii_only, untyped
+                return done(answer, outcome)
+            if ascii_only and not untyped:
+                resp = web.StreamResponse(status=status, reason=reason, headers=out)
+            else:
+                resp = AsTheAppSentStream(status=status, reason=reason, headers=out)
+                resp.as_received, resp.untyped = not ascii_only, untyped
             try:
                 await resp.prepare(request)
             except ConnectionError:  # the client left before its answer began (counted where it left)
@@ -881,11 +1236,21 @@ class AdmissionProxy:
 
     # ------------------------------------------------------------------ control
     def control_app(self) -> web.Application:
-        app = add_standard_routes(web.Application(client_max_size=4096), self.registry, "promreflex admission proxy")
+        app = add_standard_routes(web.Application(client_max_size=4096, middlewares=[self._control_unrouted]),
+                                  self.registry, "promreflex admission proxy")
         app.router.add_get("/api/v1/state", self.get_state)
         app.router.add_put("/api/v1/holds/{holder}", self.put_hold)
         app.router.add_delete("/api/v1/holds/{holder}", self.delete_hold)
         return app
+
+    @web.middleware
+    async def _control_unrouted(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A control request no route takes is counted: 404 ``not_found``, a wrong method (405)
+        ``bad_request``."""
+        exc = request.match_info.http_exception
+        if exc is not None:
+            self.metrics.control.labels("not_found" if exc.status == 404 else "bad_request").inc()
+        return await handler(request)
 
     def _authorized(self, request: web.Request) -> bool:
         if not self.token:
