@@ -2,9 +2,10 @@
 throttle at any chunk, and that continues where it stopped after being stopped or killed.
 
 How it stays correct across kills:
-- The plan (every file, directory and symlink with sizes and mtimes) is taken once and written
-  once, atomically, beside the destination (``.<dst name>.promreflex-copy.json``). Where the copy
-  is (the next file, how many of its bytes are safely in its part file) is a separate small file
+- The plan (every file, directory and symlink with sizes, mtimes and modes, the owners of
+  folders and symlinks, which files are hard links of which) is taken once and written once,
+  atomically, beside the destination (``.<dst name>.promreflex-copy.json``). Where the copy is
+  (the next file, how many of its bytes are safely in its part file) is a separate small file
   (``.<dst name>.promreflex-copy.progress.json``, a few dozen bytes, fsync'd and renamed): at
   each data checkpoint (every ``checkpoint_bytes``, after fdatasync) and, between files, every
   ``checkpoint_files`` files or ``checkpoint_seconds``, not after each file. So the journal
@@ -12,13 +13,17 @@ How it stays correct across kills:
   checkpoint: the files completed since are only checked (size and mtime), not copied again.
 - A file is written to a hidden part file (``.<hash of its name>.promreflex-part``, fixed length
   so a 255-byte name has one too) in its destination folder, fsync'd, its size checked against
-  the source, given the source's mode and mtime, and only then renamed to its name: a
-  destination file under its real name is always complete. A source file whose name has that
-  form (a leftover of an interrupted copy) is not copied (listed in ``plan.skipped``).
+  the source, given the source's owner, extended attributes, mode and mtime (in that order:
+  chown clears setuid bits and file capabilities), and only then renamed to its name: a
+  destination file under its real name is always complete (a symlink or a hard link is made
+  under a part name too, then renamed). A source file whose name has that form (a leftover of an
+  interrupted copy) is not copied (listed in ``plan.skipped``).
 - On restart the part file is cut back to the journaled offset and the copy continues there; a
   file whose destination already has the source's size and mtime is done (also covers a kill
-  between the rename and the journal update). A source file that changed since the plan is
-  copied again from the start (counted).
+  between the rename and the journal update) and only given the source's owner, extended
+  attributes and mode. A source file that changed since the plan is copied again from the
+  start (counted). A journal of the version before (2) is planned again; the file it was in
+  goes on from its offset.
 
 What a live source does (as rsync, the copy goes on and says so):
 - A file that changes while it is copied is copied again from the start, at most
@@ -33,9 +38,23 @@ What a live source does (as rsync, the copy goes on and says so):
 - A write error (ENOSPC, EIO, EDQUOT) fails the copy with a message naming the destination file
   and the error (resumable once fixed); a journal that cannot be read or written raises
   :class:`JournalError`. A torn journal is ignored: the copy plans again.
-- Not kept, unlike ``cp -a``: owner and group, xattrs and ACLs, hard links (each name is a
-  separate copy), holes (a sparse file is written dense), symlink mtimes; a file already in DST
-  with the source's size and mtime is not touched (its mode is not updated either).
+- Kept, as ``cp -a``: contents, modes, mtimes (of files, folders and symlinks), owner and
+  group, extended attributes (ACLs are ``system.posix_acl_*``; as root ``security.*`` too:
+  file capabilities, SELinux labels), hard links within SRC (a name after the first is linked
+  to the first one's copy: across a stop or a kill too; a name whose file changed or split off
+  since the plan is copied apart), holes (found with SEEK_DATA/SEEK_HOLE, in 4 KiB blocks; a
+  sparse VM image or database file takes its blocks, not its size). In DST a user attribute or
+  ACL the source has not (inherited from a default ACL, stale) is taken away. Owners: as root,
+  every file, folder and symlink gets the source's (a refusal, NFS root squash, is warned once);
+  as another user, as ``cp -a``: what chown allows (its own owner, the source's group if it is
+  in it), silently, and a file whose owner and group are not both kept loses its setuid, setgid
+  and sticky bits (a folder its setuid and setgid bits). An attribute DST refuses
+  (``security.*`` as a user, a filesystem without user attributes) is warned once per name, the
+  copy goes on.
+- Not kept: access times (set to the mtime), change and birth times (no call sets them), hard
+  links to files outside SRC (copied), ``chattr`` flags (immutable, append-only; cp -a neither),
+  ``security.evm`` and XFS internals (as cp's xattr.conf), special files (sockets, FIFOs,
+  devices: skipped, above).
 
 Pausing and throttling: before every chunk (default 1 MiB) the copier asks its
 :class:`Control` (and between files, :meth:`Control.hold`: a pause or a stop holds empty files too). A pause holds until resumed or until its *lease* runs out (the controller
@@ -80,11 +99,23 @@ IO_MODES = ("fadvise", "direct", "buffered")
 STATES = ("running", "paused", "throttled", "done", "failed")
 COMMANDS = ("pause", "resume", "throttle")
 ALIGN = 4096
-JOURNAL_VERSION = 2
+JOURNAL_VERSION = 3  # 3: owners, symlink mtimes, hard links in the plan (a version 2 journal is planned again)
 _SKIP_LISTS = ("unreadable", "vanished", "kept_changing")  # Progress lists kept in the progress file
 MAX_ATTEMPTS = 3  # copies of a file that keeps changing under the copy before it is kept as is
 PART_SUFFIX = ".promreflex-part"
 _PART_RE = re.compile(r"^\.[0-9a-f]{32}\.promreflex-part$")
+# Extended attributes not copied, as cp's /etc/xattr.conf: written by the kernel only, XFS internals.
+_XATTR_SKIP = ("security.evm", "trusted.SGI_", "xfsroot.")
+# Attributes removed from a DST entry when the source has none of that name (an ACL inherited from
+# a DST folder's default ACL, a stale user attribute). Others (security.selinux set by the policy) stay.
+_XATTR_MIRRORED = ("user.", "system.posix_acl_")
+# What a filesystem (or a non-root user) answers for an attribute it will not hold: warned, not fatal.
+_XATTR_REFUSED = frozenset({errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.EINVAL, errno.E2BIG,
+                            errno.ERANGE, errno.ENOSPC, errno.EDQUOT})
+# Kept only with the owner (as cp -a: a setuid file copied by a user who cannot give it its owner
+# loses the bit; a folder keeps its sticky bit).
+_OWNER_BITS_FILE = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX
+_OWNER_BITS_DIR = stat.S_ISUID | stat.S_ISGID
 
 log = logging.getLogger("promreflex.copy")
 
@@ -317,7 +348,16 @@ class FileItem:
     rel: str  # "" for a single-file copy
     size: int
     mtime_ns: int
-    mode: int
+    mode: int  # (as planned; owner and mode are given as the file has them when it is copied)
+    # A hard link: the index in ``Plan.files`` of the name before it of the same source inode (the
+    # destination links to that name's copy instead of copying the data again); -1 otherwise.
+    link: int = -1
+    apart: bool = field(default=False, compare=False)  # a hard link copied apart (not linkable): not journaled
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes this name has to write (none for a second name of a hard-linked file)."""
+        return self.size if self.link < 0 or self.apart else 0
 
 
 @dataclass
@@ -326,28 +366,30 @@ class Plan:
     dst: str
     single: bool
     files: list[FileItem]
-    dirs: list[tuple[str, int, int]]  # rel, mode, mtime_ns
-    links: list[tuple[str, str]]  # rel, target
+    dirs: list[tuple[str, int, int, int, int]]  # rel, mode, mtime_ns, uid, gid
+    links: list[tuple[str, str, int, int, int]]  # rel, target, mtime_ns, uid, gid (symlinks)
     skipped: list[str] = field(default_factory=list)  # special files (sockets, fifos, devices), part files
     unreadable: list[str] = field(default_factory=list)  # "rel: why": folders not listed, entries not read
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.data_bytes for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst, "single": self.single,
-                "files": [[f.rel, f.size, f.mtime_ns, f.mode] for f in self.files],
+                "files": [[f.rel, f.size, f.mtime_ns, f.mode, f.link] for f in self.files],
                 "dirs": [list(d) for d in self.dirs], "links": [list(x) for x in self.links],
                 "skipped": self.skipped, "unreadable": self.unreadable}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
-        return cls(data["src"], data["dst"], bool(data["single"]),
-                   [FileItem(str(r), int(s), int(m), int(md)) for r, s, m, md in data["files"]],
-                   [(str(r), int(md), int(m)) for r, md, m in data["dirs"]],
-                   [(str(r), str(t)) for r, t in data["links"]], list(data.get("skipped", [])),
-                   list(data.get("unreadable", [])))
+        files = [FileItem(str(r), int(s), int(m), int(md), int(ln)) for r, s, m, md, ln in data["files"]]
+        if any(not (-1 <= f.link < i) for i, f in enumerate(files)):
+            raise ValueError("a hard link to a later file")  # (a foreign plan: planned again)
+        return cls(data["src"], data["dst"], bool(data["single"]), files,
+                   [(str(r), int(md), int(m), int(u), int(g)) for r, md, m, u, g in data["dirs"]],
+                   [(str(r), str(t), int(m), int(u), int(g)) for r, t, m, u, g in data["links"]],
+                   list(data.get("skipped", [])), list(data.get("unreadable", [])))
 
 
 def resolve_dst(src: Path, dst: Path) -> Path:
@@ -370,7 +412,12 @@ def make_plan(src: Path, dst: Path) -> Plan:
         raise CopyError(f"source {src} is neither a file nor a directory")
     if dst.resolve().is_relative_to(src.resolve()):
         raise CopyError(f"destination {dst} is inside the source {src}")
-    files, dirs, links, skipped, unreadable = [], [("", stat.S_IMODE(st.st_mode), st.st_mtime_ns)], [], [], []
+    files: list[FileItem] = []
+    dirs = [("", stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_uid, st.st_gid)]
+    links: list[tuple[str, str, int, int, int]] = []
+    skipped: list[str] = []
+    unreadable: list[str] = []
+    inodes: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of a file with several names -> its last name
 
     def not_listed(e: OSError) -> None:  # os.walk drops folders it cannot list unless told
         where = Path(e.filename) if e.filename else src
@@ -390,15 +437,19 @@ def make_plan(src: Path, dst: Path) -> Plan:
                 continue
             if stat.S_ISLNK(s.st_mode):
                 try:
-                    links.append((rel, os.readlink(path)))
+                    links.append((rel, os.readlink(path), s.st_mtime_ns, s.st_uid, s.st_gid))
                 except OSError as e:
                     unreadable.append(f"{rel}: {e.strerror}")
             elif stat.S_ISDIR(s.st_mode):
-                dirs.append((rel, stat.S_IMODE(s.st_mode), s.st_mtime_ns))
+                dirs.append((rel, stat.S_IMODE(s.st_mode), s.st_mtime_ns, s.st_uid, s.st_gid))
             elif stat.S_ISREG(s.st_mode) and is_part_name(name):
                 skipped.append(rel)  # a part file of an interrupted copy: its name is the copier's
             elif stat.S_ISREG(s.st_mode):
-                files.append(FileItem(rel, s.st_size, s.st_mtime_ns, stat.S_IMODE(s.st_mode)))
+                link = -1
+                if s.st_nlink > 1:  # hard links: each name after the first links to the one before
+                    link = inodes.get((s.st_dev, s.st_ino), -1)
+                    inodes[(s.st_dev, s.st_ino)] = len(files)
+                files.append(FileItem(rel, s.st_size, s.st_mtime_ns, stat.S_IMODE(s.st_mode), link))
             else:
                 skipped.append(rel)
     # os.walk lists a symlink to a directory among dirnames without descending: handled above.
@@ -427,6 +478,8 @@ class Copier:
     once, and the progress (next file, offset), rewritten at each data checkpoint and, between
     files, at most every ``checkpoint_seconds`` or ``checkpoint_files`` files: a resume after a
     kill re-checks (stat) the files done since, it does not copy them again."""
+
+    _src_stat: os.stat_result  # the file being copied, as the last check saw it
 
     def __init__(self, src: str | Path, dst: str | Path, *, control: Control | None = None,
                  chunk_size: int = 1 << 20, io: str = "fadvise", checkpoint_bytes: int = 16 << 20,
@@ -457,6 +510,14 @@ class Copier:
         self._saved: tuple[int, ...] = (-1, -1)  # (next, offset, lengths of the skip lists) last written
         self._skipped_before: dict[str, list[str]] = {}
         self._saved_at = clock()
+        self._privileged = os.geteuid() == 0  # may give files any owner (else: what cp -a keeps)
+        self._warned: set[str] = set()  # what was warned about once (an attribute name, the owners)
+        # A copy journaled by the version before (2) is planned again; the file it was in the middle
+        # of goes on from its offset: (rel, size, mtime_ns, offset).
+        self._old_resume: tuple[str, int, int, int] | None = None
+        self._part_created = False
+        self._src_xattrs: list[str] | None = None  # the file's attribute names, listed once its data is copied
+        self._acl_folder: tuple[str, bool] | None = None  # a DST folder (rel), and if it has a default ACL
         self.next_index = self.offset = 0
         self.plan, self.next_index, self.offset = self._load_or_plan(fresh)
         self.progress.total_bytes = self.plan.total_bytes
@@ -466,7 +527,7 @@ class Copier:
         # pass them again: it must still report them, and exit 23 or 24).
         for k, v in self._skipped_before.items():
             getattr(self.progress, k).extend(x for x in v if x not in getattr(self.progress, k))
-        self._done_before = sum(f.size for f in self.plan.files[: self.next_index])
+        self._done_before = sum(f.data_bytes for f in self.plan.files[: self.next_index])
         self._tick()
         self.progress.resumed_from = self.progress.done_bytes
 
@@ -500,6 +561,8 @@ class Copier:
                     return plan, 0, 0
             except (KeyError, TypeError, ValueError):
                 pass  # an unreadable journal: plan again (done files are skipped by size+mtime)
+        elif isinstance(data, dict) and data.get("version") == 2:
+            self._old_resume = self._v2_resume_point(data)
         elif isinstance(data, dict) and data.get("version") == 1:
             _drop_v1_part(data)
         plan = make_plan(self.src, self.dst)
@@ -509,6 +572,23 @@ class Copier:
                                    "created": time.time()})
         self.checkpoint()
         return plan, 0, 0
+
+    def _v2_resume_point(self, data: dict[str, Any]) -> tuple[str, int, int, int] | None:
+        """Where a copy journaled by promreflex's version before (plans without owners or hard
+        links) was: the new plan copies the file it was in from its journaled offset (the part
+        file has the same name), if that file has not changed since (files done are skipped by
+        size and mtime, and given their owner, attributes and mode)."""
+        where = _read_json(self.progress_file)
+        try:
+            plan = data["plan"]
+            if (not isinstance(where, dict) or where.get("id") != data["id"] or plan["src"] != str(self.src)
+                    or plan["dst"] != str(self.dst)):
+                return None
+            rel, size, mtime_ns = plan["files"][int(where["next"])][:3]
+            offset = int(where["offset"])
+            return (str(rel), int(size), int(mtime_ns), offset) if offset > 0 else None
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
 
     def checkpoint(self) -> None:
         """Journal where the copy is: a small file, whatever the size of the plan."""
@@ -565,7 +645,7 @@ class Copier:
 
     def _run(self) -> None:
         if not self.plan.single:
-            for rel, _, _ in self.plan.dirs:  # (parents first)
+            for rel, *_ in self.plan.dirs:  # (parents first)
                 d = self.dst / rel
                 if rel not in ("", ".") and (d.is_symlink() or (d.exists() and not d.is_dir())):
                     # Where the source has a folder, the destination's symlink (yesterday's
@@ -582,7 +662,7 @@ class Copier:
                 self.control.hold()  # a pause or a stop also holds between files (empty ones too)
                 item = self.plan.files[self.next_index]
                 self._copy_file(item)
-                self._done_before += item.size
+                self._done_before += item.data_bytes
                 self.next_index += 1
                 self.offset = 0
                 self._tick()
@@ -592,16 +672,14 @@ class Copier:
             self.checkpoint()
             raise
         if not self.plan.single:
-            for rel, target in self.plan.links:
-                link = self.dst / rel
-                if link.is_symlink() and os.readlink(link) == target:
-                    continue
-                if link.is_symlink() or link.exists():
-                    link.unlink()
-                os.symlink(target, link)
-            for rel, mode, mtime_ns in reversed(self.plan.dirs):  # deepest last-listed first
+            for rel, target, mtime_ns, uid, gid in self.plan.links:
+                self._symlink(self.src / rel, self.dst / rel, target, mtime_ns, uid, gid)
+            for rel, mode, mtime_ns, uid, gid in reversed(self.plan.dirs):  # deepest last-listed first
                 d = self.dst / rel
-                os.chmod(d, mode)
+                st = d.lstat()
+                kept = (st.st_uid, st.st_gid) == (uid, gid) or self._chown(d, uid, gid, self.src / rel)
+                self._sync_xattrs(self.src / rel, d)
+                os.chmod(d, mode if kept else mode & ~_OWNER_BITS_DIR)
                 os.utime(d, ns=(mtime_ns, mtime_ns))
         for rel in self.plan.skipped:
             log.warning("not copied (not a regular file, folder or symlink): %s", rel)
@@ -617,6 +695,7 @@ class Copier:
             raise _Vanished(e.strerror) from e
         except PermissionError as e:
             raise _Unreadable(e.strerror) from e
+        self._src_stat = s  # (its owner and mode are given as they are now)
         if (s.st_size, s.st_mtime_ns) != (item.size, item.mtime_ns):
             item.size, item.mtime_ns, item.mode = s.st_size, s.st_mtime_ns, stat.S_IMODE(s.st_mode)
             self.progress.source_changes += 1
@@ -644,22 +723,43 @@ class Copier:
     def _copy_file_or_vanish(self, item: FileItem, src: Path, final: Path, part: Path) -> None:
         if self._source_changed(item, src):
             self.offset = 0
+        if item.link >= 0:
+            if self._hard_link(item, src, final, part):
+                return
+            item.apart = True  # not linkable (changed, vanished, refused): this name is copied
+            self.progress.total_bytes = self.plan.total_bytes
         try:
             f = final.lstat()  # (a symlink in DST at this name is not the copy: os.replace swaps it)
             if (stat.S_ISREG(f.st_mode) and not part.exists()
                     and (f.st_size, f.st_mtime_ns) == (item.size, item.mtime_ns)):
-                return  # done before (a kill between the rename and the journal, or a re-run)
+                # Done before (a kill between the rename and the journal, or a re-run): its
+                # owner, attributes and mode are brought in line with the source's.
+                self._align(final, f, src, xattrs=True)
+                return
         except FileNotFoundError:
             pass
+        old = self._old_resume
+        if old is not None and old[:3] == (item.rel, item.size, item.mtime_ns):
+            self._old_resume = None
+            self.offset = self.offset or old[3]  # the old version's part file, journaled this far
         if self.offset and (not part.exists() or part.stat().st_size < self.offset):
             self.offset = 0  # the part file is shorter than the journal says: start this file again
         self._tick()
         attempt = 1
         while True:
             self._copy_data(item, src, part, final)
-            os.chmod(part, item.mode)
+            st = part.stat()
+            # Owner first (chown clears setuid and setgid bits and file capabilities), then the
+            # extended attributes (ACLs, security.capability), the mode, the mtime; all on the part
+            # file, before it gets its name.
+            s = self._src_stat
+            mode = stat.S_IMODE(s.st_mode)
+            kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid) or self._chown(part, s.st_uid, s.st_gid, src)
+            self._sync_xattrs(src, part, fresh=self._part_created and not self._inherits_acl(item),
+                              names=self._src_xattrs)
+            os.chmod(part, mode if kept else mode & ~_OWNER_BITS_FILE)
             os.utime(part, ns=(item.mtime_ns, item.mtime_ns))
-            size = part.stat().st_size
+            size = st.st_size
             if attempt >= MAX_ATTEMPTS:
                 try:
                     changed = self._source_changed(item, src)
@@ -688,8 +788,209 @@ class Copier:
         os.replace(part, final)
         _fsync_dir(final.parent)
 
+    # --- metadata
+    def _chown(self, path: Path, uid: int, gid: int, src: Path) -> bool:
+        """Give ``path`` (never followed) the source's owner and group; True if both were kept.
+        As cp -a: a user who may not give the owner keeps the group if it may (a group it is in),
+        silently; a privileged copy that cannot (NFS root squash, unmapped ids) warns once."""
+        try:
+            os.chown(path, uid, gid, follow_symlinks=False)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EINVAL):
+                raise
+            if self._privileged and "owner" not in self._warned:
+                self._warned.add("owner")
+                log.warning("cannot give the copy of %s its owner and group (%d:%d): %s; owners are not kept "
+                            "where refused (setuid and setgid bits cleared there; said once)", src, uid, gid,
+                            e.strerror)
+        try:
+            os.chown(path, -1, gid, follow_symlinks=False)
+        except OSError:
+            pass
+        return False
+
+    def _xattr_refused(self, name: str, src: Path, e: OSError) -> None:
+        if e.errno not in _XATTR_REFUSED:
+            raise e
+        if name not in self._warned:
+            self._warned.add(name)
+            log.warning("extended attribute %s of %s not kept (%s); not kept wherever refused (said once)",
+                        name, src, e.strerror)
+
+    def _sync_xattrs(self, src: Path, dst: Path, fresh: bool = False, names: list[str] | None = None) -> bool:
+        """Give ``dst`` the source's extended attributes (ACLs are ``system.posix_acl_*``), and
+        take from it the user attributes and ACLs the source has not (an ACL inherited from a
+        DST folder's default ACL). Neither is followed if a symlink. Where refused: warned once
+        per name. True if ``dst`` was changed. ``fresh``: a file just created where nothing is
+        inherited (none to take away); ``names``: the source's, listed already (through the
+        descriptor the data was read from): then no call at all when the source has none."""
+        if names is None:
+            try:
+                names = os.listxattr(src, follow_symlinks=False)
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.ENOTSUP, errno.EOPNOTSUPP):  # (gone: the change check says)
+                    self._xattr_refused("(listing)", src, e)
+                names = []
+        have: list[str] = []
+        if not fresh:
+            try:
+                have = os.listxattr(dst, follow_symlinks=False)
+            except OSError as e:
+                if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+        changed = False
+        for name in have:
+            if name not in names and name.startswith(_XATTR_MIRRORED):
+                try:
+                    os.removexattr(dst, name, follow_symlinks=False)
+                    changed = True
+                except OSError as e:
+                    self._xattr_refused(name, src, e)
+        for name in names:
+            if name.startswith(_XATTR_SKIP):
+                continue
+            try:
+                value = os.getxattr(src, name, follow_symlinks=False)
+            except OSError as e:
+                if e.errno not in (errno.ENODATA, errno.ENOENT):  # (removed since listed)
+                    self._xattr_refused(name, src, e)
+                continue
+            try:
+                if name in have and os.getxattr(dst, name, follow_symlinks=False) == value:
+                    continue  # (a file done before: not written again)
+                os.setxattr(dst, name, value, follow_symlinks=False)
+                changed = True
+            except OSError as e:
+                self._xattr_refused(name, src, e)
+        return changed
+
+    def _inherits_acl(self, item: FileItem) -> bool:
+        """Whether a file made in the DST folder of ``item`` inherits an ACL (the folder has a
+        default ACL). Looked up once per folder (files come folder by folder; DST folders get the
+        source's attributes only at the end)."""
+        folder = item.rel.rpartition("/")[0]
+        if self._acl_folder is None or self._acl_folder[0] != folder:
+            try:
+                os.getxattr(self.final_path(item).parent, "system.posix_acl_default")
+                inherits = True
+            except OSError as e:
+                inherits = e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+            self._acl_folder = (folder, inherits)
+        return self._acl_folder[1]
+
+    def _align(self, path: Path, st: os.stat_result, src: Path, xattrs: bool) -> None:
+        """A file already complete in DST: give it the source's owner, attributes and mode (its
+        mtime is the source's already)."""
+        s = self._src_stat
+        kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid)
+        chowned = not kept and self._chown(path, s.st_uid, s.st_gid, src)
+        changed = xattrs and self._sync_xattrs(src, path)  # (an ACL written sets the mode's bits too)
+        mode = stat.S_IMODE(s.st_mode) if kept or chowned else stat.S_IMODE(s.st_mode) & ~_OWNER_BITS_FILE
+        if chowned or changed or stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode)
+
+    def _hard_link(self, item: FileItem, src: Path, final: Path, part: Path) -> bool:
+        """A second name of a hard-linked source file: link it to the copy of a name before it
+        (through the part file, renamed: never a half-made name), the nearest that still is the
+        same source file and whose copy is of its current version (size and mtime). False if
+        none is (changed, vanished, not copied) or the link is refused: this name is copied."""
+        s = self._src_stat
+        j = item.link
+        while j >= 0:
+            before = self.plan.files[j]
+            j = before.link
+            first = self.final_path(before)
+            try:
+                if not os.path.samestat(self._src_path(before).lstat(), s):
+                    continue  # no longer the same file in the source
+                d = first.lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(d.st_mode) and (d.st_size, d.st_mtime_ns) == (s.st_size, s.st_mtime_ns):
+                break  # (else its copy is not complete, or is of another version of the file)
+        else:
+            return False
+        try:
+            if os.path.samestat(final.lstat(), d):
+                part.unlink(missing_ok=True)
+                self._align(final, d, src, xattrs=False)
+                return True  # linked before (a kill after the link, or a re-run)
+        except FileNotFoundError:
+            pass
+        part.unlink(missing_ok=True)
+        try:
+            os.link(first, part, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in (errno.EMLINK, errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            if "hard links" not in self._warned:
+                self._warned.add("hard links")
+                log.warning("cannot link %s to %s (%s): hard-linked names are copied apart where refused",
+                            final, first, e.strerror)
+            return False
+        os.replace(part, final)
+        _fsync_dir(final.parent)
+        self._align(final, d, src, xattrs=False)
+        return True
+
+    def _symlink(self, src: Path, link: Path, target: str, mtime_ns: int, uid: int, gid: int) -> None:
+        """The symlink ``link`` -> ``target`` with the source's owner, attributes and mtime (made
+        under the part name and renamed: a name in DST is never half made, never followed)."""
+        try:
+            st: os.stat_result | None = link.lstat()
+        except FileNotFoundError:
+            st = None
+        path = link
+        if st is None or not stat.S_ISLNK(st.st_mode) or os.readlink(link) != target:
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                link.unlink()  # (refused: a folder in DST where the source has a symlink fails the copy)
+            path = part_path(link)
+            path.unlink(missing_ok=True)
+            os.symlink(target, path)
+            st = path.lstat()
+        try:
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                self._chown(path, uid, gid, src)
+            self._sync_xattrs(src, path)
+            if st.st_mtime_ns != mtime_ns:
+                os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+            if path != link:
+                os.replace(path, link)
+        except BaseException:
+            if path != link:
+                path.unlink(missing_ok=True)
+            raise
+
+    # --- data
+    def _open_part(self, part: Path, flags: int) -> int:
+        """The part file, for writing: made by this call (``_part_created``) or the one a stop, a
+        kill or an earlier attempt left, never through a symlink nor into a file with other
+        names (a symlink or a hard link made under the part name before a kill, when the name
+        was one: not this file's data, removed; the copy of the file starts again)."""
+        flags |= os.O_WRONLY | os.O_NOFOLLOW
+        try:
+            fd = os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            self._part_created = True  # (no attributes but inherited ones)
+            return fd
+        except FileExistsError:
+            pass
+        except PermissionError:
+            if not os.path.lexists(part):
+                raise  # (a folder it may not write in; else a read-only part file, below)
+        ps = part.lstat()
+        if not stat.S_ISREG(ps.st_mode) or ps.st_nlink > 1:
+            part.unlink()
+            self.offset = 0
+            self._tick()
+            return self._open_part(part, flags)
+        if stat.S_IMODE(ps.st_mode) != 0o600:
+            os.chmod(part, 0o600)  # given the source's mode already (a second attempt, a resume)
+        self._part_created = False
+        return os.open(part, flags | os.O_CREAT, 0o600)
+
     def _open(self, src: Path, part: Path) -> tuple[int, int]:
-        flags_in, flags_out = os.O_RDONLY, os.O_WRONLY | os.O_CREAT
+        flags_in = os.O_RDONLY
         if self.io_effective == "direct":
             try:
                 sfd = _open_source(src, flags_in | os.O_DIRECT)
@@ -699,7 +1000,7 @@ class Copier:
                 self.io_effective = "fadvise"
             else:
                 try:
-                    return sfd, os.open(part, flags_out | os.O_DIRECT, 0o600)
+                    return sfd, self._open_part(part, os.O_DIRECT)
                 except OSError as e:
                     os.close(sfd)
                     if e.errno != errno.EINVAL:
@@ -707,7 +1008,7 @@ class Copier:
                     self.io_effective = "fadvise"
         sfd = _open_source(src, flags_in)
         try:
-            return sfd, os.open(part, flags_out, 0o600)
+            return sfd, self._open_part(part, 0)
         except BaseException:
             os.close(sfd)
             raise
@@ -719,25 +1020,44 @@ class Copier:
 
     def _copy_data(self, item: FileItem, src: Path, part: Path, final: Path) -> None:
         part.parent.mkdir(parents=True, exist_ok=True)
-        try:  # a part file already given a read-only source's mode (a second attempt, a resume)
-            os.chmod(part, 0o600)
-        except FileNotFoundError:
-            pass
+        self._src_xattrs = None
         sfd, dfd = self._open(src, part)
         direct = self.io_effective == "direct"
         fadvise = self.io_effective in ("fadvise", "direct")
         buf = self._buffer()
         view = memoryview(buf)
         reading = False
+        # Fewer blocks than bytes: holes (or a filesystem that packs small files): the data is
+        # found with SEEK_DATA/SEEK_HOLE and only it is written; a hole in the source is a hole
+        # in the part file (its size set past it by ftruncate, so a resume finds it that long).
+        sparse = self._src_stat.st_blocks * 512 < item.size
         try:
             os.ftruncate(dfd, self.offset)
             if fadvise:
                 os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             last_checkpoint = self.offset
             while self.offset < item.size:
-                self.control.wait_turn(min(self.chunk_size, item.size - self.offset))
+                length = self.chunk_size
+                if sparse:
+                    reading = True
+                    data, hole = _next_data(sfd, self.offset, item.size)
+                    reading = False
+                    if data is None:
+                        sparse = False  # (SEEK_DATA refused: copied dense)
+                    elif data > self.offset:
+                        os.ftruncate(dfd, data)  # the hole: skipped, not written
+                        self.offset = data
+                        self._tick()
+                        continue
+                    else:  # data from here to `hole`: read that much (whole blocks, for O_DIRECT)
+                        length = min(length, -(-(hole - self.offset) // ALIGN) * ALIGN)
+                self.control.wait_turn(min(length, item.size - self.offset))
                 reading = True
-                n = os.preadv(sfd, [buf], self.offset)
+                if length == self.chunk_size:
+                    n = os.preadv(sfd, [buf], self.offset)
+                else:
+                    with view[:length] as some:
+                        n = os.preadv(sfd, [some], self.offset)
                 reading = False
                 if n == 0:
                     break  # the source shrank: caught by the size check
@@ -765,6 +1085,10 @@ class Copier:
                 if self.on_chunk is not None:
                     self.on_chunk(self)
             os.fsync(dfd)
+            try:  # (through the descriptor: no path to resolve again, the file the data came from)
+                self._src_xattrs = os.listxattr(sfd)
+            except OSError:
+                pass  # (listed by its name after)
             if fadvise:
                 os.posix_fadvise(dfd, 0, 0, os.POSIX_FADV_DONTNEED)
         except Stopped:
@@ -790,6 +1114,23 @@ def _open_source(src: Path, flags: int) -> int:
         raise _Vanished(e.strerror) from e
     except PermissionError as e:
         raise _Unreadable(e.strerror) from e
+
+
+def _next_data(fd: int, offset: int, size: int) -> tuple[int | None, int]:
+    """The data at or after ``offset`` (a multiple of ALIGN): ``(start, end)``, start rounded
+    down to ALIGN (never below ``offset``); ``(size, size)`` if only a hole is left; ``(None, size)``
+    if the filesystem cannot tell."""
+    try:
+        data = os.lseek(fd, offset, os.SEEK_DATA)
+        hole = os.lseek(fd, data, os.SEEK_HOLE)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # no data after offset (or the file shrank: the checks say)
+            return size, size
+        if e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return None, size
+        raise
+    data = min(size, max(offset, data // ALIGN * ALIGN))
+    return data, max(data + 1, min(size, hole))
 
 
 def _write_all(fd: int, view: memoryview, length: int, offset: int) -> None:
