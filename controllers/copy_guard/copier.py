@@ -25,6 +25,10 @@ How it stays correct across kills:
   start (counted). A journal of the version before (2) is planned again; the file it was in
   goes on from its offset.
 
+- One copier per destination: the lock file beside the journal (``flock``, released by the
+  kernel when a copier dies) refuses a second copier into the same DST while one runs
+  (:class:`CopyBusy`, naming the first one's pid; ``promreflex copy`` exits 1).
+
 What a live source does (as rsync, the copy goes on and says so):
 - A file that changes while it is copied is copied again from the start, at most
   ``MAX_ATTEMPTS`` (3) times, with a warning each time; after the last, the bytes it had when
@@ -74,6 +78,7 @@ uses O_DIRECT (falls back to fadvise where the filesystem refuses it, e.g. tmpfs
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -128,6 +133,10 @@ class JournalError(CopyError):
     """The journal beside the destination cannot be read or written."""
 
 
+class CopyBusy(JournalError):
+    """Another copier is copying into the same destination (it holds the lock beside it)."""
+
+
 class Stopped(Exception):
     """The copy was asked to stop; it is resumable from the journal."""
 
@@ -148,6 +157,57 @@ def journal_path(dst: Path) -> Path:
 def progress_path(journal: Path) -> Path:
     """Where the copy is (next file, bytes of it in its part file): a few dozen bytes."""
     return journal.with_name(journal.name.removesuffix(".json") + ".progress.json")
+
+
+def lock_path(journal: Path) -> Path:
+    """Held (flock) by the one copier copying into this DST: a second gets :class:`CopyBusy`."""
+    return journal.with_name(journal.name.removesuffix(".json") + ".lock")
+
+
+class _DstLock:
+    """An exclusive ``flock`` on the lock file beside the journal, so two copies into one DST
+    (a second ``promreflex copy`` of the same command, a cron job started again while the first
+    still runs) never write the same part files and journal. The file is removed when the copy is
+    done (under the lock); a copier that opened it just before checks after locking that the
+    path still names the file it locked, else opens the new one."""
+
+    def __init__(self, path: Path, dst: Path):
+        self.path, self.dst = path, dst
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        if self.fd is not None:
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise CopyBusy(f"another promreflex copy (pid {holder}) is copying into {self.dst}: wait for it "
+                               f"to end, or stop it (it resumes where it stopped when run again)") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())  # (for the message of a copier refused)
+                self.fd = fd
+                return
+            os.close(fd)  # removed by a copy that ended meanwhile: lock the new one
+
+    def release(self, remove: bool = False) -> None:
+        if self.fd is None:
+            return
+        if remove:
+            self.path.unlink(missing_ok=True)
+        fd, self.fd = self.fd, None
+        os.close(fd)
 
 
 def part_path(final: Path) -> Path:
@@ -519,7 +579,15 @@ class Copier:
         self._src_xattrs: list[str] | None = None  # the file's attribute names, listed once its data is copied
         self._acl_folder: tuple[str, bool] | None = None  # a DST folder (rel), and if it has a default ACL
         self.next_index = self.offset = 0
-        self.plan, self.next_index, self.offset = self._load_or_plan(fresh)
+        self._lock = _DstLock(lock_path(self.journal), self.dst)
+        try:
+            self._lock.acquire()
+        except OSError as e:
+            raise JournalError(f"cannot use the journal lock {self._lock.path}: {e.strerror}") from e
+        try:  # (planning writes the journal; run() takes the lock again for the whole copy)
+            self.plan, self.next_index, self.offset = self._load_or_plan(fresh)
+        finally:
+            self._lock.release()
         self.progress.total_bytes = self.plan.total_bytes
         self.progress.total_files = len(self.plan.files)
         self.progress.unreadable = list(self.plan.unreadable)
@@ -623,7 +691,13 @@ class Copier:
         """Copy until done; raises Stopped (resumable) or CopyError (state failed). Files that
         vanished, kept changing or could not be read are in ``progress`` (the copy goes on)."""
         try:
+            self._lock.acquire()
+        except OSError as e:
+            raise JournalError(f"cannot use the journal lock {self._lock.path}: {e.strerror}") from e
+        done = False
+        try:
             self._run()
+            done = True
         except Stopped:
             self.progress.state = "running"
             raise
@@ -634,6 +708,7 @@ class Copier:
             self.progress.state, self.progress.error = "failed", f"{e.filename or ''}: {e.strerror}"
             raise CopyError(self.progress.error) from e
         finally:
+            self._lock.release(remove=done)  # (done: the journal is gone, so is the lock file)
             if self._buf is not None:
                 buf, self._buf = self._buf, None
                 try:
