@@ -230,9 +230,14 @@ class Fleet:
         (d / "agent.yml").write_text(yaml.safe_dump(agent, sort_keys=False))
         self._start(state, f"{s.name}-agent", [*py, "controller", "--config.file", str(d / "agent.yml")], s.ns)
         source = d / "data.bin"
-        if not source.exists() or source.stat().st_size != copy_mib << 20:
+        st = source.stat() if source.exists() else None
+        # Data, not a hole: promreflex copy keeps holes, so a sparse source would be copied in an
+        # instant whatever --rate-limit says (a file of the right size with holes is written again).
+        if st is None or st.st_size != copy_mib << 20 or st.st_blocks * 512 < st.st_size:
+            block = b"\xa5" * (1 << 20)
             with source.open("wb") as f:
-                f.truncate(copy_mib << 20)
+                for _ in range(copy_mib):
+                    f.write(block)
         self._start(state, f"{s.name}-copy", [
             *py, "copy", str(source), str(d / "backup" / "data.bin"), "--site", s.name,
             "--registry.dir", str(d / "copies"), "--rate-limit", copy_rate, "--id", f"{s.name}-backup", "--linger", "3600"], s.ns)
