@@ -19,9 +19,16 @@ What is sent (the load profile is yours):
   no placeholder. Left out: our own traffic
   (``/stub_status``, ``/metrics`` and the paths under them, not ``/metrics-dashboard``;
   Prometheus and the nginx exporter's user agents by their product token, not ``PrometheusFanBot``;
-  a previous calibration's ``promreflex-calibrate``). POST bodies are not in an access log: add them with
-  ``--request``. A line longer than 64 KiB is skipped (counted); a gzip-compressed log is refused
-  (decompress it first).
+  a previous calibration's ``promreflex-calibrate``; found whatever fields follow the user agent).
+  POST bodies are not in an access log: add them with ``--request``. A line longer than 64 KiB is
+  skipped (counted); a gzip-compressed log is refused (decompress it first). Formats read: nginx's
+  and Apache's combined-like lines (``"METHOD /path HTTP/x" STATUS ...``, with or without the
+  referer and user agent, any fields after them: the promreflex format, nginx_combined,
+  nginx_timed, apache_combined, apache_common, apache_vhost_combined, by the access-log exporter's
+  own patterns) and JSON lines (``log_format ... escape=json``) with a ``request`` (or
+  ``request_method`` and ``request_uri``) and a ``status`` field; any other with
+  ``--replay-log-format 'LOG_FORMAT'``, the nginx ``log_format`` string it is written with
+  (compiled by the exporter's parser, exporters/accesslog/parse.py).
 - ``--profile FILE`` (YAML or JSON): ``requests: [{method, path, weight, body}]`` and
   ``vars: {post: [12, 15, 31], word: [shoe, bag]}``: ``{post}`` in a path or body is a random
   element of its list, ``{uniq}`` a unique string (a comment that is not a duplicate). Paths are
@@ -70,7 +77,16 @@ the nginx exporters' own request rate are measured first, and a floor at or belo
 refused too (the rules take each exporter's own requests off for the Prometheus that scrapes
 it; a second Prometheus scraping the same exporter adds its own, which only this check keeps
 out. The stack scrapes its nginx exporter every 200 ms: 5 req/s, so it refuses floors of 5
-req/s and less).
+req/s and less). The demand is read over what that Prometheus' rates cover: the rules' windows
+follow the scrape interval (1 s and 3 s at the stack's 200 ms, 1 m at 15 s, 2 m at 30 s), read
+from it with their evaluation interval. A shop busy already is refused BEFORE any load when its
+demand reaches a floor known then (``--demand-floor``, or the floor of the threshold published
+for the site), else after the ramp (or the first run with ``--users``) when it reaches the floor
+of what the shop served there. A previous calibration's load (ended, interrupted, or killed
+with SIGKILL: while it loads, calibrate touches its record every second) is left out: calibrate
+waits until it has left the rates (their window and an evaluation) and reads the time after
+that only (15 s at the stack, about 1.5 min at a 15 s scrape); another calibration loading the
+same shop at the same time is refused.
 
 The healthy response time is published too (``promreflex_copy_guard_response_time_seconds``): the
 median over the valid runs of each run's 95th percentile. The rules divide the requests nginx has
@@ -251,9 +267,19 @@ def floor_for(threshold: float, ratio: float = FLOOR_RATIO, min_floor: float = M
     return max(ratio * threshold, min_floor)
 
 
+#: What the shop's demand before the load is, by default (the local stack's short rates): ``span``.
+SPAN = "its busiest second in the minute before the load"
+
+
+def _busy(idle_demand: float, floor: float, span: str, what: str = "the floor") -> str:
+    return (f"the shop's demand peaked at {idle_demand:.2f} req/s ({span}), at or above "
+            f"{what} {floor:.2f} req/s: at that traffic (bots, probes, or visitors) its copies would be paused")
+
+
 def refusal(threshold: float, floor: float, min_floor: float = MIN_FLOOR_RPS, idle_demand: float | None = None,
-            own_rps: float | None = None) -> str | None:
-    """Why ``threshold`` (with ``floor``) must not be published, or None."""
+            own_rps: float | None = None, span: str = SPAN) -> str | None:
+    """Why ``threshold`` (with ``floor``) must not be published, or None. ``span``: what the
+    idle demand is (:class:`Baseline`)."""
     if not math.isfinite(threshold) or threshold <= 0:
         return f"the threshold is {threshold:g} req/s: the shop served nothing in some second of every run"
     if threshold < 2 * min_floor:
@@ -262,15 +288,63 @@ def refusal(threshold: float, floor: float, min_floor: float = MIN_FLOOR_RPS, id
                 "a quiet shop from a suffering one")
     if idle_demand is not None and floor <= idle_demand:
         # A floor above the idle demand needs a threshold of at least twice it (the check above).
-        fix = ("raise --min-floor above it" if threshold >= 2 * idle_demand else
-               "that is more than half the threshold: calibrate when the shop is quieter")
-        return (f"the shop's demand peaked at {idle_demand:.2f} req/s (its busiest second) in the minute before the "
-                f"load, at or above the floor {floor:.2f} req/s: at that traffic (bots, probes, or visitors) its "
-                f"copies would be paused; {fix}")
+        if threshold >= 2 * idle_demand:
+            fix = "raise --min-floor above it"
+        elif idle_demand >= threshold:
+            fix = (f"that is at or above the threshold {threshold:.2f} req/s itself: the shop was as busy before the "
+                   "load as the load measured it at saturation; calibrate when the shop is quieter")
+        else:
+            fix = "that is more than half the threshold: calibrate when the shop is quieter"
+        return f"{_busy(idle_demand, floor, span)}; {fix}"
     if own_rps is not None and floor <= own_rps:
         return (f"the nginx exporters' own stub_status requests make {own_rps:.2f} req/s, at or above the floor "
                 f"{floor:.2f} req/s; raise --min-floor above it")
     return None
+
+
+def refusal_before_load(idle_demand: float | None, *, span: str = SPAN,
+                        explicit_floor: float | None = None, published: tuple[float, str] | None = None,
+                        floor_ratio: float = FLOOR_RATIO, min_floor: float = MIN_FLOOR_RPS,
+                        own_rps: float | None = None) -> str | None:
+    """Why the shop must not be loaded at all (None: load it): the floors that can be known
+    before the load, ``explicit_floor`` (``--demand-floor``) and the one of the threshold
+    ``published`` for the site ((req/s, where)), are at or below the shop's ``idle_demand``
+    (a shop busy already: at that traffic its copies would be paused whatever the load measures,
+    and its visitors take part of what the load would measure), or an explicit floor at or below
+    the exporters' own requests. The floor of the threshold this load would measure is checked
+    after the ramp (:func:`estimate_refusal`) and at the end (:func:`refusal`)."""
+    if explicit_floor is not None:
+        if idle_demand is not None and explicit_floor <= idle_demand:
+            return f"{_busy(idle_demand, explicit_floor, span, 'the --demand-floor')}; calibrate when the shop is quieter"
+        if own_rps is not None and explicit_floor <= own_rps:
+            return (f"the nginx exporters' own stub_status requests make {own_rps:.2f} req/s, at or above the "
+                    f"--demand-floor {explicit_floor:.2f} req/s; give a higher one")
+        return None
+    if idle_demand is None or published is None or idle_demand < min_floor:
+        return None
+    rps, where = published
+    floor = floor_for(rps, floor_ratio, min_floor)
+    if floor > idle_demand:
+        return None
+    return (f"{_busy(idle_demand, floor, span)} (the floor of the threshold published for the site, {rps:.2f} req/s "
+            f"{where}); the shop is busy already: its visitors would take part of what the load measures. Calibrate when the "
+            "shop is quieter (if that threshold is wrong, e.g. measured while the host was busy, and the shop serves "
+            "far more: remove it first, or give --demand-floor)")
+
+
+def estimate_refusal(estimate: float, idle_demand: float | None, *, how: str, span: str = SPAN,
+                     floor_ratio: float = FLOOR_RATIO, min_floor: float = MIN_FLOOR_RPS,
+                     explicit_floor: float | None = None) -> str | None:
+    """Why to stop before the runs: even ``estimate`` (what the shop served so far, ``how``;
+    above the threshold the runs will give, their 5th percentile) gives a floor at or below the
+    shop's ``idle_demand``, so the runs would be refused at their end (:func:`refusal`)."""
+    if idle_demand is None or not math.isfinite(estimate):
+        return None
+    floor = floor_for(estimate, floor_ratio, min_floor, explicit_floor)
+    if floor > idle_demand:
+        return None
+    return (f"{_busy(idle_demand, floor, span)} (the floor of the {estimate:.2f} req/s the shop served {how}, more "
+            "than the threshold the runs would measure); the shop is busy already: calibrate when it is quieter")
 
 
 # ---------------------------------------------------------------------------- profile
@@ -333,67 +407,225 @@ def parse_request(text: str) -> Request:
 
 
 _LOG_REQUEST = re.compile(r'"(?P<method>[A-Z]+) (?P<path>/\S*|[A-Za-z][\w+.-]*://\S*) HTTP/[0-9.]+" (?P<status>\d{3}) ')
+#: A ``$request`` value: ``METHOD TARGET [HTTP/x]`` (HTTP/0.9 has no version).
+_REQUEST_LINE = re.compile(r"(?P<method>[A-Z]+) (?P<path>/\S*|[A-Za-z][\w+.-]*://\S*)(?: HTTP/[0-9.]+)?")
 _ABSOLUTE_URI = re.compile(r"[A-Za-z][\w+.-]*://[^/?#\s]*")
-_LOG_ESCAPE = re.compile(rb'\\x([0-9A-Fa-f]{2})|\\(["\\])')
+#: nginx's ``\xHH``, ``escape=json``'s ``\u00HH`` (a control character), Apache's and JSON's ``\"``, ``\\``.
+_LOG_ESCAPE = re.compile(rb'\\x([0-9A-Fa-f]{2})|\\u00([0-9A-Fa-f]{2})|\\(["\\])')
 #: Kept as they are when a replayed path is re-encoded: printable ASCII but the space, " and \.
 _URL_SAFE = "".join(chr(c) for c in range(33, 127) if chr(c) not in '"\\')
 _AGENT_TOKEN = re.compile(r"[A-Za-z][\w.-]*")
+#: In a field that is not known to be the user agent, only a token where a user agent's product
+#: starts counts (the field's start, after a space, "(" or ";"): not ``?utm=prometheus`` in a referer.
+_AGENT_START_TOKEN = re.compile(r"(?:^|(?<=[\s(;]))[A-Za-z][\w.-]*")
+_QUOTED_FIELD = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
-def log_path(target: str) -> str:
+def log_path(target: str, escaped: bool = True) -> str:
     """The path to send for a request line's target: an absolute URI (``http://host/p?q``) as
-    its path and query; nginx's ``\\xHH`` and Apache's ``\\"`` escapes undone (the bytes
-    percent-encoded when they are not printable ASCII)."""
+    its path and query; with ``escaped`` (text as a log line has it) nginx's ``\\xHH``, JSON's
+    ``\\u00HH`` and Apache's ``\\"`` escapes undone; the bytes percent-encoded when they are not
+    printable ASCII (a JSON log's values are decoded already: ``escaped=False``)."""
     m = _ABSOLUTE_URI.match(target)
     if m:
         target = target[m.end():]
         target = target if target.startswith("/") else "/" + target
-    if "\\" not in target:
+    if all(c in _URL_SAFE for c in target):
         return target
-    raw = _LOG_ESCAPE.sub(lambda e: bytes([int(e.group(1), 16)]) if e.group(1) else e.group(2),
-                          target.encode("utf-8", "surrogateescape"))
+    raw = target.encode("utf-8", "surrogateescape")
+    if escaped:
+        raw = _LOG_ESCAPE.sub(lambda e: bytes([int(e.group(1) or e.group(2), 16)]) if e.group(3) is None
+                              else e.group(3), raw)
     return urllib.parse.quote(raw, safe=_URL_SAFE)
+
+
+def own_agent(agent: str, anywhere: bool = True) -> bool:
+    """A user agent with a product token of OWN_AGENTS (``Prometheus/2.45``, ``promreflex-calibrate``;
+    not ``PrometheusFanBot``). ``anywhere=False`` for a field that may not be the user agent:
+    only tokens where a product starts count."""
+    own = [a.lower() for a in OWN_AGENTS]
+    for token in (_AGENT_TOKEN if anywhere else _AGENT_START_TOKEN).findall(agent):
+        t = token.lower()
+        if any(t == a or t.startswith(a + "-") for a in own):
+            return True
+    return False
 
 
 def own_traffic(path: str, agent: str) -> bool:
     """Our own requests (never replayed): a path of OWN_PATHS or under it (``/metrics``,
     ``/metrics/x``, ``/metrics?x``, not ``/metrics-dashboard``), or a user agent with a product
-    token of OWN_AGENTS (``Prometheus/2.45``, ``promreflex-calibrate``; not ``PrometheusFanBot``)."""
+    token of OWN_AGENTS (:func:`own_agent`)."""
     bare = path.split("?", 1)[0]
     for p in OWN_PATHS:
         p = p.rstrip("/")
         if bare == p or bare.startswith(p + "/"):
             return True
-    own = [a.lower() for a in OWN_AGENTS]
-    for token in _AGENT_TOKEN.findall(agent):
-        t = token.lower()
-        if any(t == a or t.startswith(a + "-") for a in own):
+    return own_agent(agent)
+
+
+#: What ``--replay`` reads; said when a log gives nothing.
+REPLAY_FORMATS = (
+    "--replay reads nginx's and Apache's combined-like lines (\"METHOD /path HTTP/x\" STATUS ..., with or without "
+    "the referer and user agent, and any fields after them: the promreflex format of README step 1, nginx's "
+    "combined, Apache's combined, common and vhost_combined) and JSON lines (log_format escape=json) with a "
+    "\"request\" (or \"request_method\" and \"request_uri\") and a \"status\" field; for another format give its "
+    "nginx log_format string with --replay-log-format '...' (as in nginx.conf), or replay the promreflex log of "
+    "README step 1 (stack.nginx.access_log)")
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """What ``--replay`` reads of one access-log line. ``agent`` None: the line has no field
+    known to be the user agent; ``fields`` are then its other text fields, searched for our
+    own agents (:func:`own_agent`, ``anywhere=False``)."""
+
+    method: str
+    path: str  # as it is sent (escapes undone, absolute URI as its path)
+    status: int
+    agent: str | None
+    fields: tuple[str, ...] = ()
+
+    @property
+    def own(self) -> bool:
+        if own_traffic(self.path, self.agent or ""):
             return True
-    return False
-_LOG_AGENT = re.compile(r'"(?P<agent>[^"]*)"(?:\s+\S+=\S*)*\s*$')
+        return self.agent is None and any(own_agent(f, anywhere=False) for f in self.fields)
 
 
-def replay_profile(lines: Sequence[str] | Any, top: int = 500) -> tuple[list[Request], dict[str, int]]:
+_JSON_AGENT_KEYS = ("http_user_agent", "user_agent", "useragent", "agent", "ua")
+_JSON_REQUEST_KEYS = ("request", "request_method", "method", "request_uri", "uri", "document_uri", "path")
+
+
+def _entry(values: Mapping[str, Any], escaped: bool, agent_keys: Sequence[str] = ("http_user_agent",),
+           fields: Sequence[str] = ()) -> LogEntry | None:
+    """A :class:`LogEntry` from a line's named values (the variables of a log_format, or a JSON
+    object's keys), or None when they hold no request and status."""
+    request = values.get("request")
+    if isinstance(request, str):
+        m = _REQUEST_LINE.fullmatch(request)
+        if not m:
+            return None
+        method, target = m.group("method"), m.group("path")
+    else:
+        method = values.get("request_method") or values.get("method")
+        target = next((v for k in ("request_uri", "uri", "document_uri", "path")
+                       if isinstance(v := values.get(k), str) and v), None)
+        if not isinstance(method, str) or not re.fullmatch(r"[A-Z]+", method) or target is None:
+            return None
+        if not (target.startswith("/") or _ABSOLUTE_URI.match(target)):
+            return None
+    status = str(values.get("status", ""))
+    if len(status) != 3 or not status.isdigit():
+        return None
+    agent = next((v for k in agent_keys if isinstance(v := values.get(k), str)), None)
+    return LogEntry(method, log_path(target, escaped), int(status), agent, tuple(fields) if agent is None else ())
+
+
+def _json_entry(line: str) -> LogEntry | None:
+    """A JSON line (nginx ``log_format ... escape=json``): keys matched whatever their case and
+    ``-``/``_``; the user agent under one of _JSON_AGENT_KEYS."""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    values = {str(k).lower().replace("-", "_"): v for k, v in doc.items()}
+    others = [v for k, v in values.items() if isinstance(v, str) and k not in _JSON_REQUEST_KEYS]
+    return _entry(values, False, _JSON_AGENT_KEYS, others)
+
+
+def _log_format_text(text: str) -> str:
+    """A log_format as given: its string, or pasted from nginx.conf (``escape=json '{...' '...}'``,
+    the quoted pieces joined as nginx joins them)."""
+    text = re.sub(r"^\s*escape=\w+\s+", "", text.strip())
+    pieces = re.findall(r"'([^']*)'", text)
+    return "".join(pieces) if pieces and text.startswith("'") else text
+
+
+def replay_parser(log_format: str | None = None) -> Callable[[str], LogEntry | None]:
+    """The line reader of ``--replay``: with ``log_format`` (nginx's ``log_format`` string) that
+    format, compiled by the access-log exporter's own parser (exporters/accesslog/parse.py);
+    without, every format of :data:`REPLAY_FORMATS`: the exporter's Apache-combined pattern (a
+    combined line whose referer and user agent may be absent, any fields after them: nginx's
+    combined and the promreflex format too) and its vhost_combined, JSON lines, and at last any
+    line holding a quoted ``"METHOD /path HTTP/x" STATUS`` (its user agent then unknown: every
+    quoted field after it is searched for ours). CalibrationError for a log_format that cannot
+    be compiled or has no request and status."""
+    from exporters.accesslog.parse import (
+        LogFormatError,
+        apache_combined_pattern,
+        apache_vhost_pattern,
+        compile_log_format,
+    )
+
+    if log_format is not None:
+        fmt = _log_format_text(log_format)
+        try:
+            regex, names = compile_log_format(fmt)
+        except LogFormatError as e:
+            raise CalibrationError(f"--replay-log-format {fmt!r}: {e}") from None
+        has_target = "request" in names or ("request_method" in names
+                                            and bool({"request_uri", "uri", "document_uri"} & set(names)))
+        if "status" not in names or not has_target:
+            raise CalibrationError(f"--replay-log-format {fmt!r} needs $status and $request (or $request_method and "
+                                   "$request_uri): what was asked, and how it was answered")
+        agent_keys = ("http_user_agent",) if "http_user_agent" in names else ()
+
+        def custom(line: str) -> LogEntry | None:
+            m = regex.match(line.rstrip("\r\n"))
+            if m is None:
+                return None
+            values = m.groupdict()
+            others = [] if agent_keys else [v for k, v in values.items() if v and k not in _JSON_REQUEST_KEYS]
+            return _entry(values, True, agent_keys, others)
+
+        return custom
+
+    patterns = (apache_combined_pattern(), apache_vhost_pattern())
+
+    def auto(line: str) -> LogEntry | None:
+        text = line.rstrip("\r\n")
+        if text.lstrip().startswith("{"):
+            entry = _json_entry(text)
+            if entry is not None:
+                return entry
+        for pattern in patterns:
+            m = pattern.match(text)
+            if m is not None:
+                entry = _entry(m.groupdict(), True)
+                if entry is not None:
+                    return entry
+        m = _LOG_REQUEST.search(text)
+        if m is None:
+            return None
+        rest = text[m.end():]
+        return LogEntry(m.group("method"), log_path(m.group("path")), int(m.group("status")), None,
+                        tuple(_QUOTED_FIELD.findall(rest)))
+
+    return auto
+
+
+def replay_profile(lines: Sequence[str] | Any, top: int = 500,
+                   log_format: str | None = None) -> tuple[list[Request], dict[str, int]]:
     """The GET/HEAD requests an access log's visitors made (2xx/3xx), weighted by count, the
-    ``top`` most frequent; and what was left out, by reason."""
+    ``top`` most frequent; and what was left out, by reason (:func:`replay_parser` reads the
+    lines)."""
+    parse = replay_parser(log_format)
     counts: Counter[tuple[str, str]] = Counter()
     skipped: Counter[str] = Counter()
     for line in lines:
-        m = _LOG_REQUEST.search(line)
-        if not m:
+        entry = parse(line)
+        if entry is None:
             skipped["not a request line"] += 1
-            continue
-        method, path, status = m.group("method"), log_path(m.group("path")), int(m.group("status"))
-        agent_m = _LOG_AGENT.search(line[m.end():])
-        agent = agent_m.group("agent") if agent_m else ""
-        if own_traffic(path, agent):
+        elif entry.own:
             skipped["our own traffic"] += 1
-        elif method not in ("GET", "HEAD"):
-            skipped[f"{method} (no body in the log)"] += 1
-        elif not 200 <= status < 400:
-            skipped[f"status {status // 100}xx"] += 1
+        elif entry.method not in ("GET", "HEAD"):
+            skipped[f"{entry.method} (no body in the log)"] += 1
+        elif not 200 <= entry.status < 400:
+            skipped[f"status {entry.status // 100}xx"] += 1
         else:
-            counts[(method, path)] += 1
+            counts[(entry.method, entry.path)] += 1
     return [Request(m, p, float(n)) for (m, p), n in counts.most_common(top)], dict(skipped)
 
 
@@ -697,18 +929,169 @@ OWN_RPS_QUERY = ("sum(quantile_over_time(0.5, (irate(nginx_http_requests_total[1
                  " / clamp_min(idelta(nginx_http_requests_total[1m]), 1))[1m:1s]))")
 IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
               'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
-#: When this user's last calibration load ended (Unix s): the next baseline must not count it.
-#: In the user's own cache directory (a predictable name in /tmp could be a planted symlink).
+#: When this user's last calibration load ended (Unix s), or ``running PID STARTED TARGET`` while
+#: one runs (its mtime the last moment a load ran: a heartbeat every HEARTBEAT_S): the next
+#: baseline must not count that load. In the user's own cache directory (a predictable name in
+#: /tmp could be a planted symlink).
 LAST_LOAD = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "promreflex" / "calibrate-last-load"
-#: The baseline window is the minute before the load, or the time since calibrate's own last load
-#: ended if that is shorter, but at least this long (calibrate waits for it).
+#: The baseline looks at the minute before the load (BASELINE_S) or, after a calibration load,
+#: at the time since that load left Prometheus' rates, but at least MIN_BASELINE_S -
+#: BASELINE_AFTER_LOAD_S (11.5 s) long (calibrate waits for it). At the local stack (200 ms
+#: scrapes, rates over 1 s and 3 s, evaluated every 200 ms) a load leaves them 3.5 s after it
+#: ended; at other scrape intervals see :class:`RateWindows`.
+BASELINE_S = 60.0
 MIN_BASELINE_S = 15.0
 BASELINE_AFTER_LOAD_S = 3.5
+#: While a load runs, calibrate touches LAST_LOAD this often: a calibration killed with SIGKILL
+#: (no end written) loaded the shop for the last time at most this long after the file's mtime.
+HEARTBEAT_S = 1.0
+#: The window of the served rate the rules use for the site (their ladder: 1 s at 200 ms
+#: scrapes, 5 s at 1 s, 1 m at 15 s, 2 m at 30 s) and that of the nginx arrivals (3 s up to a
+#: 1 s scrape, 1 m at 15 s, 2 m beyond): rules/copy-guard.rules.yml.
+SERVED_WINDOW_QUERY = 'max(site:promreflex_copy_guard_rate_window:seconds{{site="{site}"}})'
+ARRIVALS_WINDOW_QUERY = ('max((count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[3s]) >= 3) * 0 + 3'
+                         ' or (count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[1m]) >= 4) * 0 + 60'
+                         ' or count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[2m]) * 0 + 120)')
+PUBLISHED_QUERY = 'max(site:promreflex_copy_guard_threshold:rps{{site="{site}"}})'
+
+
+def _secs(s: float) -> str:
+    """``3s``, ``1m``, ``1m30s``, ``200ms``."""
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60 or s % 1:
+        return f"{s:g}s"
+    m, rest = divmod(int(s), 60)
+    return f"{m}m" + (f"{rest}s" if rest else "")
+
+
+@dataclass(frozen=True)
+class RateWindows:
+    """How far back the demand figures of the target Prometheus reach: the longest rate window
+    the rules use for the site (``window_s``) and how often they are evaluated (``evaluation_s``).
+    The defaults are the local stack's (3 s arrivals, 200 ms evaluation)."""
+
+    window_s: float = 3.0
+    evaluation_s: float = 0.2
+    known: bool = False  # read from the Prometheus (else the local stack's, assumed)
+
+    @property
+    def trail_s(self) -> float:
+        """How long a load stays in the figures after it ended: the rate window, plus one
+        evaluation (a subquery step reads the last evaluation before it), at least 0.5 s (a
+        late scrape, a log line written late). 3.5 s at the stack, 75 s at a 15 s scrape."""
+        return self.window_s + max(self.evaluation_s, 0.5)
+
+    @property
+    def min_window_s(self) -> float:
+        """The shortest baseline: 11.5 s, and at least one evaluation of the recorded rates."""
+        return max(MIN_BASELINE_S - BASELINE_AFTER_LOAD_S, self.evaluation_s + 1.0)
+
+    @property
+    def lookback_s(self) -> float:
+        """How far back the recorded rates are read without an earlier load: the minute before
+        the load, the rate window included (60 s at the stack; 16 s at a 15 s scrape: its
+        1 m rates at the last evaluation then cover 76 s)."""
+        return max(self.min_window_s, min(BASELINE_S, BASELINE_S + 5.0 - self.window_s))
+
+    def describe(self) -> str:
+        return (f"Prometheus' rates there span {_secs(self.window_s)}, evaluated every {_secs(self.evaluation_s)}"
+                + ("" if self.known else " (assumed: the local stack's)"))
+
+
+def read_rate_windows(prometheus_url: str, site: str, timeout: float = 5.0) -> RateWindows:
+    """The :class:`RateWindows` of ``prometheus_url`` for ``site``: the rules' recorded window of
+    the served rate (``site:promreflex_copy_guard_rate_window:seconds``) and the arrivals' window
+    (the rules' ladder, on the nginx exporter's samples), and the copy-guard rules' evaluation
+    interval (/api/v1/rules); the local stack's when it cannot tell."""
+    windows: list[float] = []
+    for query in (SERVED_WINDOW_QUERY, ARRIVALS_WINDOW_QUERY):
+        try:
+            windows += [v for _, v in prometheus_instant(prometheus_url, query.format(site=site), timeout)
+                        if math.isfinite(v) and v > 0]
+        except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError, TypeError):
+            continue
+    evaluation = None
+    try:
+        groups = _prometheus_get(prometheus_url, "rules", {"type": "record"}, timeout)["groups"]
+        evaluation = next((float(g["interval"]) for g in groups if g.get("name") == "copy-guard.rules"
+                           and g.get("interval")), None)
+    except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError, TypeError):
+        pass
+    if not windows:
+        return RateWindows(evaluation_s=evaluation or RateWindows.evaluation_s, known=False)
+    window = max(windows)
+    # without the rules' group: Prometheus evaluates about as often as it scrapes, and the
+    # window holds 4 scrapes
+    return RateWindows(window, evaluation if evaluation else max(0.2, window / 4), known=True)
+
+
+@dataclass(frozen=True)
+class LastLoad:
+    """The last calibration load recorded in LAST_LOAD: ``ended`` (Unix s, at the latest), and
+    ``how``: ``ended`` (the calibration said so), ``killed`` (it died during a load without
+    saying so: its last heartbeat), or ``running`` (a calibration loading a shop now: ``ended``
+    None)."""
+
+    ended: float | None
+    how: str
+    pid: int | None = None
+    target: str | None = None
+
+
+def _calibrating(pid: int) -> bool:
+    """Whether ``pid`` is a running calibration (its command line names calibrate)."""
+    try:
+        return b"calibrate" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def read_last_load(path: Path = LAST_LOAD) -> LastLoad | None:
+    """The last load recorded in ``path`` (None: none, or unreadable)."""
+    try:
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+    except (OSError, UnicodeDecodeError):
+        return None
+    parts = text.split()
+    if parts[:1] == ["running"]:
+        try:
+            pid = int(parts[1])
+        except (IndexError, ValueError):
+            return None
+        target = parts[3] if len(parts) > 3 else None
+        if pid != os.getpid() and _calibrating(pid):
+            return LastLoad(None, "running", pid, target)
+        return LastLoad(mtime + HEARTBEAT_S, "killed", pid, target)
+    try:
+        ended = float(text.strip())
+    except ValueError:
+        return None
+    return LastLoad(ended, "ended") if math.isfinite(ended) else None
+
+
+def _origin(url: str | None) -> str | None:
+    try:
+        return split_target(url)[0].lower() if url else None
+    except ValueError:
+        return None
+
+
+def running_calibration(target: str, path: Path = LAST_LOAD) -> str | None:
+    """Why not to start now: another calibration is loading the same shop (its origin) at this
+    moment (its load would be measured as this one's, and this one's as its); None otherwise."""
+    last = read_last_load(path)
+    if last is None or last.how != "running" or _origin(last.target) != _origin(target):
+        return None
+    return (f"another calibration (pid {last.pid}) is loading {last.target} now: two loads at once measure neither; "
+            "wait for it to end")
 
 
 def note_load_ended(path: Path = LAST_LOAD) -> None:
     """Remember that a calibration load just ended (or was interrupted): its requests stay in the
-    demand series for a minute, and a retry's baseline counted them as the shop's own demand."""
+    demand series for a rate window (a minute at a 15 s scrape), and a retry's baseline counted
+    them as the shop's own demand."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -718,20 +1101,75 @@ def note_load_ended(path: Path = LAST_LOAD) -> None:
         pass
 
 
-def baseline_window(now: float, path: Path = LAST_LOAD) -> tuple[float, float]:
-    """(seconds to wait, window in seconds) for the baseline: the last minute, or only the time
-    since calibrate's own last load ended (after waiting until that is MIN_BASELINE_S long)."""
-    try:
-        ended = float(path.read_text().strip())
-    except (OSError, ValueError):
-        return 0.0, 60.0
-    since = now - ended
-    if not 0 <= since < 60.0 + BASELINE_AFTER_LOAD_S:
-        return 0.0, 60.0
-    wait = max(0.0, MIN_BASELINE_S - since)
-    # The window starts 3.5 s after the load ended: the arrivals' 3 s rate at its first evaluation
-    # then holds none of the load's requests (and a scrape may come late). Up to a minute.
-    return wait, min(60.0, max(MIN_BASELINE_S, since) - BASELINE_AFTER_LOAD_S)
+class LoadHeartbeat:
+    """While this calibration's loads run, LAST_LOAD says ``running PID STARTED TARGET`` and its
+    mtime follows (every HEARTBEAT_S): a calibration killed with SIGKILL, which writes no end,
+    leaves the last moment its load ran (its Locust dies with it), and the next one leaves that
+    load out of the shop's demand too. A context manager (a daemon thread)."""
+
+    def __init__(self, target: str, path: Path = LAST_LOAD, period: float = HEARTBEAT_S) -> None:
+        self.path, self.period = path, period
+        self.text = f"running {os.getpid()} {time.time():.3f} {target}\n"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="calibrate-heartbeat", daemon=True)
+        self._beat = 0.0
+
+    def __enter__(self) -> LoadHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                live = any(load.running() for load in list(_LIVE))
+            except RuntimeError:  # the set changed while it was copied (a load starting): next time
+                continue
+            if live and time.monotonic() - self._beat >= self.period:
+                self.beat()
+
+    def beat(self) -> None:
+        self._beat = time.monotonic()
+        try:
+            if self.path.read_text() == self.text:
+                os.utime(self.path)
+                return
+        except (OSError, UnicodeDecodeError):
+            pass
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.text)
+        except OSError:
+            pass
+
+
+def _since_last_load(now: float, path: Path) -> tuple[float, LastLoad] | None:
+    last = read_last_load(path)
+    if last is None or last.ended is None:
+        return None  # none, or one running now (another shop's: running_calibration refuses the same)
+    return now - last.ended, last
+
+
+def baseline_window(now: float, path: Path = LAST_LOAD, windows: RateWindows | None = None) -> tuple[float, float]:
+    """(seconds to wait, window in seconds) for the baseline: the lookback of ``windows`` (the
+    last minute at the stack), or only the time since calibrate's own last load left the rates
+    (its end + the windows' trail), after waiting until that is at least their min_window_s."""
+    w = windows or RateWindows()
+    got = _since_last_load(now, path)
+    if got is None:
+        return 0.0, w.lookback_s
+    since, _ = got
+    if not 0 <= since < w.lookback_s + w.trail_s:
+        return 0.0, w.lookback_s
+    wait = max(0.0, w.trail_s + w.min_window_s - since)
+    # The window starts a trail after the load ended: the rates at its first evaluation then hold
+    # none of the load's requests. Up to the lookback.
+    return wait, min(w.lookback_s, max(since, w.trail_s + w.min_window_s) - w.trail_s)
 
 
 @dataclass(frozen=True)
@@ -739,31 +1177,66 @@ class Baseline:
     idle_demand: float | None
     own_rps: float | None
     note: str
+    span: str = SPAN  # what idle_demand is: "its busiest second over ..." (its highest 1m rate at 15 s)
+    published: float | None = None  # the threshold Prometheus has for the site now
+
+
+def _sleep_progress(seconds: float, sleep: Callable[[float], None], progress: Callable[[str], None],
+                    step: float = 15.0) -> None:
+    left = seconds
+    while left > 0:
+        sleep(min(step, left))
+        left -= step
+        if left > 0:
+            progress(f"  ... {left:.0f}s left")
 
 
 def measure_baseline(prometheus_url: str | None, site: str, last_load: Path = LAST_LOAD,
-                     sleep: Callable[[float], None] = time.sleep) -> Baseline:
-    """The shop's demand over the last minute (or since calibrate's own last load ended) and
-    the exporters' own request rate, or why not."""
+                     sleep: Callable[[float], None] = time.sleep, windows: RateWindows | None = None,
+                     progress: Callable[[str], None] | None = None) -> Baseline:
+    """The shop's demand over the last minute (or since calibrate's own last load left
+    Prometheus' rates: ``windows``, the local stack's by default) and the exporters' own request
+    rate, or why not."""
     if not prometheus_url:
         return Baseline(None, None, "no Prometheus given (--prometheus.url): idle demand and own traffic not checked")
-    wait, window = baseline_window(time.time(), last_load)
-    if wait > 0:
-        print(f"waiting {wait:.0f}s: a calibration load ended {MIN_BASELINE_S - wait:.0f}s ago; the shop's demand "
-              f"before this one is read over the {window:.1f}s after it, not counting it", flush=True)
-        sleep(wait)
-    span = "the last minute" if window >= 60 else f"the {window:.1f}s since the last calibration load"
+    say = progress or (lambda text: print(text, flush=True))
+    w = windows or RateWindows()
+    now = time.time()
+    wait, window = baseline_window(now, last_load, w)
+    got = _since_last_load(now, last_load)
+    if wait > 0 and got is not None:
+        since, last = got
+        what = ("ended" if last.how == "ended" else
+                f"was killed (pid {last.pid}, no end written: its last heartbeat)")
+        say(f"waiting {wait:.0f}s: a calibration load {what} {since:.0f}s ago, and stays in Prometheus' demand "
+            f"figures for {w.trail_s:.1f}s after it ended ({w.describe()}); the shop's demand before this one is "
+            f"read over the {window:.1f}s after that, not counting it")
+        _sleep_progress(wait, sleep, say)
+    # at the stack's short rates a second; at 15 s the recorded rates are 1 m averages
+    peak = "its busiest second" if w.window_s <= 5 else f"its highest {_secs(w.window_s)} rate"
+    if got is not None and 0 <= got[0] < w.lookback_s + w.trail_s:  # the window starts after that load
+        span = f"{peak} over the {window:.1f}s since the last calibration load" + (
+            f" left the {_secs(w.window_s)} rates" if w.window_s > 5 else "")
+    elif w.window_s <= 5:
+        span = f"{peak} over the last minute"
+    else:
+        span = f"{peak} over the last {_secs(w.lookback_s + w.window_s)} ({w.describe()})"
     try:
         idle = prometheus_instant(prometheus_url, IDLE_QUERY.format(site=site, window=f"{int(window * 1000)}ms"))
         own = prometheus_instant(prometheus_url, OWN_RPS_QUERY)
     except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError) as e:
         return Baseline(None, None, f"Prometheus at {prometheus_url} not usable ({e}): idle demand and own traffic not checked")
+    try:
+        published = max((v for _, v in prometheus_instant(prometheus_url, PUBLISHED_QUERY.format(site=site))
+                         if math.isfinite(v) and v > 0), default=None)
+    except (OSError, urllib.error.URLError, CalibrationError, ValueError, KeyError):
+        published = None
     idle_v = max((v for _, v in idle if math.isfinite(v)), default=None)
     own_v = max((v for _, v in own if math.isfinite(v)), default=None)
     return Baseline(idle_v, own_v, f"before the load (Prometheus {prometheus_url}): shop demand "
-                    f"{'unknown' if idle_v is None else f'{idle_v:.2f} req/s'} at its busiest second over {span}, "
+                    f"{'unknown' if idle_v is None else f'{idle_v:.2f} req/s'} at {span}, "
                     "nginx exporters' "
-                    f"own requests {'unknown' if own_v is None else f'{own_v:.2f} req/s'}")
+                    f"own requests {'unknown' if own_v is None else f'{own_v:.2f} req/s'}", span, published)
 
 
 # ---------------------------------------------------------------------------- calibration
@@ -893,9 +1366,13 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
               profile: Sequence[Request] | None = None, max_users: int = 32, step_s: float = 10.0,
               request_timeout: float = 10.0, max_failed: float = 0.01, min_runs: int | None = None,
               product_count: int = 10000, variables: Mapping[str, Sequence[Any]] | None = None,
-              progress: Callable[[str], None] = print) -> Calibration:
+              progress: Callable[[str], None] = print,
+              check_estimate: Callable[[float, str], str | None] | None = None) -> Calibration:
     """Ramp (unless ``users``), run the load ``runs`` times, discard the runs that cannot be
-    trusted and derive the threshold with its spread (not published: see :func:`publish`)."""
+    trusted and derive the threshold with its spread (not published: see :func:`publish`).
+    ``check_estimate(served, how)``: asked after the ramp (what the knee served, its median
+    second) or, without a ramp, after the first valid run (its median second); a reason it
+    returns stops the calibration there (CalibrationError) instead of after every run."""
     if runs < 1:
         raise ValueError("runs must be >= 1")
     if duration_s <= warmup_s + 1:
@@ -911,6 +1388,11 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
         progress(f"ramp: 1, 2, 4, ... up to {max_users} users, {step_s:g}s each, until the site saturates")
         users, ramp = ramp_users(target, profile, max_users=max_users, step_s=step_s, rate=rate, progress=progress,
                                  **load_kw)
+        knee = next((st["served_median"] for st in ramp if st["users"] == users), None)
+        why = check_estimate(float(knee), f"at the knee of the ramp ({users} users, median second)") \
+            if check_estimate and knee is not None else None
+        if why:
+            raise CalibrationError(f"refused after the ramp, before the runs, nothing published: {why}")
     cal = Calibration(site, method, q, source, rate, users, duration_s, warmup_s, ramp=ramp)
     offered = f"{rate:g} req/s offered by {users} users" if rate else f"{users} users, closed loop"
     for i in range(1, runs + 1):
@@ -940,6 +1422,10 @@ def calibrate(target: str, *, site: str = "shop", rate: float = 0.0, users: int 
         d = Distribution.of(values)
         progress(f"  run {i}/{runs}: served {load.ok} ({load.failed} failed); per second min {d.min:.1f} "
                  f"p5 {d.p5:.1f} median {d.median:.1f} max {d.max:.1f}; p95 {load.latency_ms.get('p95', 0):.0f} ms")
+        if check_estimate and not ramp and len(cal.runs) == 1 and i < runs:
+            why = check_estimate(d.median, f"in run {i} (its median second)")
+            if why:
+                raise CalibrationError(f"refused after run {i} of {runs}, nothing published: {why}")
     if len(cal.runs) < min_runs:
         raise CalibrationError(f"only {len(cal.runs)} of {runs} runs can be trusted (need {min_runs}); nothing published. "
                                + " ".join(cal.discarded))
@@ -984,6 +1470,22 @@ def drift_warning(textfile_dir: Path, site: str, threshold: float) -> str | None
             f"says {threshold:.2f} ({threshold / before.rps - 1:+.0%}): the shop or its host changed since (other work "
             "on its cores, a release, its data or caches); a published threshold replaces the old one, so calibrate "
             "while the host is as busy as when its backups run")
+
+
+def published_threshold(textfile_dir: Path, site: str, baseline: Baseline | None = None) -> tuple[float, str] | None:
+    """The threshold published for ``site`` now, (req/s, where): in ``textfile_dir`` (where this
+    calibration publishes), else the one the target Prometheus has (``baseline.published``)."""
+    from controllers.copy_guard.threshold import FILENAME, read_thresholds
+
+    try:
+        mine = read_thresholds(textfile_dir).get(site)
+    except (OSError, UnicodeDecodeError):
+        mine = None
+    if mine is not None and mine.rps > 0 and math.isfinite(mine.rps):
+        return mine.rps, f"in {Path(textfile_dir) / FILENAME}"
+    if baseline is not None and baseline.published is not None:
+        return baseline.published, "in Prometheus"
+    return None
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -1031,9 +1533,11 @@ def log_lines(f: BinaryIO, skipped: Counter[str]) -> Iterator[str]:
         yield line.decode("utf-8", errors="replace")
 
 
-def read_replay(path: Path, top: int = 500) -> tuple[list[Request], dict[str, int]]:
+def read_replay(path: Path, top: int = 500, log_format: str | None = None) -> tuple[list[Request], dict[str, int]]:
     """:func:`replay_profile` of an access log file, its paths ``site_absolute``; CalibrationError
-    for a file that cannot be one (unreadable, gzip-compressed, a device)."""
+    for a file that cannot be one (unreadable, gzip-compressed, a device) or a ``log_format``
+    that cannot be read."""
+    replay_parser(log_format)  # a log_format that cannot be compiled: said before the file is read
     try:
         with open(path, "rb") as f:
             if stat.S_ISCHR(os.fstat(f.fileno()).st_mode):
@@ -1042,7 +1546,7 @@ def read_replay(path: Path, top: int = 500) -> tuple[list[Request], dict[str, in
                 raise CalibrationError(f"--replay {path} is gzip-compressed: decompress it first "
                                        f"(zcat {path} > access.log)")
             long: Counter[str] = Counter()
-            replayed, skipped = replay_profile(log_lines(f, long), top)
+            replayed, skipped = replay_profile(log_lines(f, long), top, log_format)
     except OSError as e:
         raise CalibrationError(f"cannot read --replay {path}: {e.strerror}") from e
     replayed = [replace(r, site_absolute=True) for r in replayed]
@@ -1064,10 +1568,16 @@ def build_profile(args: argparse.Namespace, target: str | None = None) -> tuple[
     if args.replay:
         if args.replay_top < 1:
             raise CalibrationError(f"--replay-top {args.replay_top}: keep at least 1 path")
-        replayed, skipped = read_replay(args.replay, args.replay_top)
+        log_format = getattr(args, "replay_log_format", None)
+        replayed, skipped = read_replay(args.replay, args.replay_top, log_format)
         if not replayed:
+            unread = skipped.get("not a request line", 0)
+            hint = ""
+            if unread and unread >= sum(skipped.values()) / 2:  # mostly lines it cannot read: say what it reads
+                hint = (f"; {unread} line(s) not in the --replay-log-format given, which must be the log_format "
+                        "nginx writes this file with" if log_format else f"; {REPLAY_FORMATS}")
             raise CalibrationError(f"--replay {args.replay}: no GET/HEAD request answered 2xx/3xx by a visitor "
-                                   f"(left out: {skipped or 'nothing, no line parsed'})")
+                                   f"(left out: {skipped or 'nothing, no line parsed'}){hint}")
         requests += replayed
         what.append(f"{len(replayed)} path(s) replayed from {args.replay} (left out: "
                     + (", ".join(f"{k} {v}" for k, v in skipped.items()) or "none") + ")")
@@ -1101,23 +1611,47 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     print(f"calibrating site {args.site!r} at {target}: {what}; {args.runs} run(s) of {args.duration:g}s "
           f"(warm-up {args.warmup:g}s dropped), method {args.method}, source {args.source}")
-    baseline = measure_baseline(prometheus_url, args.site)
+    last_load = LAST_LOAD
+    other = running_calibration(target, last_load)
+    if other:
+        print(f"calibrate: refused before any load, nothing loaded or published: {other}", file=sys.stderr)
+        return 1
+    try:  # an explicit floor below the lowest sane one: said before the load, not after it
+        explicit = None if args.demand_floor is None else floor_for(0.0, args.floor_ratio, args.min_floor,
+                                                                   args.demand_floor)
+    except ValueError as e:
+        print(f"calibrate: {e}", file=sys.stderr)
+        return 1
+    windows = read_rate_windows(prometheus_url, args.site) if prometheus_url else None
+    baseline = measure_baseline(prometheus_url, args.site, last_load, windows=windows)
     print(baseline.note)
+    why = refusal_before_load(baseline.idle_demand, span=baseline.span, explicit_floor=explicit,
+                              published=published_threshold(textfile_dir, args.site, baseline),
+                              floor_ratio=args.floor_ratio, min_floor=args.min_floor, own_rps=baseline.own_rps)
+    if why:
+        print(f"calibrate: refused before any load, nothing loaded or published: {why}", file=sys.stderr)
+        return 1
+
+    def check_estimate(served: float, how: str) -> str | None:
+        return estimate_refusal(served, baseline.idle_demand, how=how, span=baseline.span,
+                                floor_ratio=args.floor_ratio, min_floor=args.min_floor, explicit_floor=explicit)
+
     loads_before = LOADS_STARTED
     try:
-        cal = calibrate(target, site=args.site, rate=args.rate, users=args.users, duration_s=args.duration,
-                        runs=args.runs, warmup_s=args.warmup, method=args.method, q=args.quantile,
-                        source=args.source, prometheus_url=prometheus_url, query=args.query, profile=profile,
-                        max_users=args.max_users, step_s=args.step_duration, request_timeout=args.request_timeout,
-                        max_failed=args.max_failed, min_runs=args.min_runs, product_count=args.product_count,
-                        variables=variables)
+        with LoadHeartbeat(target, last_load):
+            cal = calibrate(target, site=args.site, rate=args.rate, users=args.users, duration_s=args.duration,
+                            runs=args.runs, warmup_s=args.warmup, method=args.method, q=args.quantile,
+                            source=args.source, prometheus_url=prometheus_url, query=args.query, profile=profile,
+                            max_users=args.max_users, step_s=args.step_duration, request_timeout=args.request_timeout,
+                            max_failed=args.max_failed, min_runs=args.min_runs, product_count=args.product_count,
+                            variables=variables, check_estimate=check_estimate)
         cal.floor = floor_for(cal.threshold or 0.0, args.floor_ratio, args.min_floor, args.demand_floor)
     except (CalibrationError, ValueError, OSError) as e:
         print(f"calibrate: {e}", file=sys.stderr)
         return 1
     finally:  # also on a signal (cleanup_on_signals raises SystemExit) and for a dry run
         if loads_before < LOADS_STARTED:  # (not when the shop did not answer: nothing was loaded)
-            note_load_ended()
+            note_load_ended(last_load)
     print()
     print(cal.table())
     for line in cal.discarded:
@@ -1138,7 +1672,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(cal.to_json(), indent=2))
         print(f"wrote {args.out}")
-    why = refusal(cal.threshold, cal.floor, args.min_floor, baseline.idle_demand, baseline.own_rps)
+    why = refusal(cal.threshold, cal.floor, args.min_floor, baseline.idle_demand, baseline.own_rps, baseline.span)
     if why:
         print(f"calibrate: refused, nothing published: {why}", file=sys.stderr)
         return 1
@@ -1173,7 +1707,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "under the path of --target; a mapping body is sent as JSON, !!binary as bytes")
     p.add_argument("--replay", type=Path, default=None, metavar="ACCESS_LOG",
                    help="replay the GET/HEAD paths your visitors requested (weighted by count), as the log has them: "
-                        "site-absolute, not under the path of --target; not gzip-compressed")
+                        "site-absolute, not under the path of --target; not gzip-compressed; combined-like lines "
+                        "(nginx, Apache, the promreflex format) or JSON lines with request and status fields, any "
+                        "other format with --replay-log-format")
+    p.add_argument("--replay-log-format", dest="replay_log_format", default=None, metavar="LOG_FORMAT",
+                   help="the nginx log_format string the --replay log is written with, as in nginx.conf (e.g. "
+                        "'{\"request\":\"$request\",\"status\":$status,\"ua\":\"$http_user_agent\"}'); "
+                        "default: combined-like lines (nginx, Apache, the promreflex format) and JSON lines with a "
+                        "\"request\" and a \"status\" field")
     p.add_argument("--replay-top", type=int, default=500, help="the most frequent paths kept by --replay (>= 1, default 500)")
     p.add_argument("--product-count", type=int, default=10000, help="{id} is drawn from 0..N-1 (default 10000)")
     p.add_argument("--users", type=int, default=None, help="concurrent users; default: ramp 1, 2, 4, ... to the knee")

@@ -4,7 +4,9 @@ and say what is missing, one line per link; exit 1 when a link is broken.
 The chain, in the order a signal travels::
 
     nginx (site, stub_status) -> access log (growing, promreflex format) -> exporters up and
-    scraped by Prometheus -> copy-guard rules loaded -> threshold published and sane -> demand
+    scraped by Prometheus now (their jobs among its active targets: a target removed from
+    scrape_configs leaves its last samples, `up` 1 included, in every query for 5 minutes)
+    -> copy-guard rules loaded -> threshold published and sane -> demand
     (quiet now?) -> Alertmanager routes the copy-guard alerts to the controller's receiver with
     its token -> controller reachable (token accepted, copy-guard route) -> registry usable ->
     copies registered
@@ -14,7 +16,10 @@ cannot pause a copy), then the link and what was found or what to do. Links that
 broken one are still checked where they can be (a dead Prometheus does not stop the nginx
 checks). The defaults come from the configuration (``--config.file``: the local stack's, or
 ``stack.nginx`` for an nginx that already runs); every address can be given by a flag, so it
-checks a hand-built installation too (README "Guard a shop you already run").
+checks a hand-built installation too (README "Guard a shop you already run"): with every address
+given by flag it looks for no stack, and the ``calibrate`` command it suggests carries the shop,
+the Prometheus and the site it checked, and ``--textfile.dir`` (the directory your node_exporter
+serves: give it to the doctor, else the command says to fill it in).
 
 The doctor sends one request to the site (to see the access log grow) and one to stub_status;
 both are our own traffic, not demand (the rules subtract the exporter's scrapes; one request is
@@ -330,8 +335,56 @@ def _service_fix(t: Target, comp: str, flag: str, example: str) -> str:
     dead = _stack_fix(t, comp) if comp in t.stack_dead else None
     if dead:
         return dead
+    defaulted = t.extra.get("defaulted")
+    if defaulted is not None and comp not in defaulted:  # the user's own, given by flag
+        return f"is it running, and is {flag} its address?"
     return (f"is it running? Give the address of yours with {flag} (e.g. `{flag} {example}`), or start the "
             f"local stack's with `promreflex stack up{t.extra.get('flags', '')}`")
+
+
+#: A series whose newest sample is older than this is not scraped any more (every supported
+#: scrape interval is 1 min or less); Prometheus still answers it for its 5 min lookback.
+SERIES_STALE_S = 120.0
+
+
+def active_jobs(prom: str) -> set[str] | None:
+    """The jobs of Prometheus' active targets (/api/v1/targets), or None when it does not say."""
+    try:
+        status, body, _ = http_get(f"{prom.rstrip('/')}/api/v1/targets?state=active")
+        if status != 200:
+            return None
+        targets = json.loads(body)["data"]["activeTargets"]
+        return {str(tg.get("labels", {}).get("job", "")) for tg in targets}
+    except Exception:  # noqa: BLE001 - an older Prometheus, a proxy in front: the age check below
+        return None
+
+
+def not_scraped(t: Target, metric: str, present: list[dict[str, str]], jobs: set[str] | None) -> str | None:
+    """Why the series ``present`` (job, instance) of ``metric`` are not scraped NOW, or None. The
+    last samples of a target dropped from scrape_configs stay in every instant query for 5
+    minutes (and its `up` with them: Prometheus writes no staleness marker for a target removed
+    by a reload), so a series that exists proves nothing: its job must be among the active
+    targets, else (no targets API) its newest sample must be recent."""
+    seen = sorted({lb.get("job", "") for lb in present})
+    try:
+        ages = {(lb.get("job", ""), lb.get("instance", "")): v for lb, v in
+                prom_query(t.prometheus_url, f"time() - max by (job, instance) (timestamp({metric}))")}
+    except Exception:  # noqa: BLE001
+        ages = {}
+    oldest = max((v for v in ages.values() if math.isfinite(v)), default=None)
+    old = f", its last sample {_ago(oldest)} old" if oldest is not None else ""
+    where = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb in present)
+    if jobs is not None:
+        gone = [j for j in seen if j not in jobs]
+        if gone and len(gone) == len(seen):
+            return (f"Prometheus does not scrape job {', '.join(gone)} now ({where}: not among its active targets, "
+                    f"{t.prometheus_url}/targets{old}; Prometheus shows a removed target's last samples for 5 "
+                    "minutes)")
+        return None
+    if ages and all(v > SERIES_STALE_S for v in ages.values()):
+        return (f"Prometheus has not scraped {where} for {_ago(min(ages.values()))} (its last samples stay visible for "
+                "5 minutes)")
+    return None
 
 
 def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
@@ -348,6 +401,7 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
            "accesslog_exporter": f"run `promreflex exporter-accesslog --log {site}={t.access_log}:nginx_timed` and add "
                                  "it to scrape_configs as job accesslog (README)"}
     fresh = t.stack_started is not None and time.time() - t.stack_started < FRESH_STACK_S
+    jobs = active_jobs(prom)
     for link, comp, job, series in EXPORTERS:
         metric = series.format(site=site)
         try:
@@ -377,6 +431,10 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
             continue
         if not present:
             out.append(Check(FAIL, link, f"Prometheus has no {metric}: {_stack_fix(t, comp) or how[comp]}"))
+            continue
+        gone = not_scraped(t, metric, [lb for lb, _ in present], jobs)
+        if gone:
+            out.append(Check(FAIL, link, f"{gone}: {_stack_fix(t, comp) or how[comp] + ', then reload Prometheus'}"))
             continue
         targets = ", ".join(f"{lb.get('job')}/{lb.get('instance')}" for lb, _ in present)
         if comp == "accesslog_exporter":
@@ -473,6 +531,26 @@ def check_rules(t: Target) -> Check:
     return Check(OK, "rules", f"copy-guard rules loaded (evaluated every {interval:g}s)" if interval else "copy-guard rules loaded")
 
 
+def calibrate_command(t: Target) -> str:
+    """The ``promreflex calibrate`` that publishes the threshold where this doctor looked: the
+    shop, the Prometheus and the site it checked, the configuration it read, and the textfile
+    directory (``--textfile.dir``; the stack's when the addresses are the stack's, else a
+    placeholder to fill in)."""
+    import shlex
+
+    textfile = t.extra.get("textfile_dir")
+    parts = [f"promreflex calibrate --site {shlex.quote(t.site)}{t.extra.get('flags', '')}",
+             f"--target {shlex.quote(t.site_url)}", f"--prometheus.url {shlex.quote(t.prometheus_url)}"]
+    if textfile is not None:
+        parts.append(f"--textfile.dir {shlex.quote(str(textfile))}")
+    elif not t.extra.get("stack_textfile"):
+        parts.append("--textfile.dir DIR")
+    cmd = f"`{' '.join(parts)}`"
+    if textfile is None and not t.extra.get("stack_textfile"):
+        cmd += " (DIR: the directory your node_exporter's --collector.textfile.directory serves)"
+    return cmd
+
+
 def _one(prom: str, expr: str) -> float | None:
     values = [v for _, v in prom_query(prom, expr) if math.isfinite(v)]
     return max(values) if values else None
@@ -498,8 +576,7 @@ def check_threshold(t: Target) -> list[Check]:
     except Exception as e:  # noqa: BLE001
         return [Check(FAIL, "threshold", f"query failed: {_why(e)}")]
     if thr is None:
-        return [Check(FAIL, "threshold", f"no threshold for site {site}: run `promreflex calibrate --site {site}"
-                      f"{t.extra.get('flags', '')}` "
+        return [Check(FAIL, "threshold", f"no threshold for site {site}: run {calibrate_command(t)} "
                       "(node_exporter must serve its textfile directory and be scraped)")]
     out = []
     problems = []
@@ -517,8 +594,8 @@ def check_threshold(t: Target) -> list[Check]:
     stale = time.time() - sampled if sampled is not None else None
     if stale is not None and stale > THRESHOLD_STALE_S:
         return [Check(FAIL, "threshold", f"{detail}: its last sample is {_ago(stale)} old, node_exporter no longer "
-                      f"serves it (its textfile removed, or node_exporter not scraped): `promreflex calibrate --site "
-                      f"{site}{t.extra.get('flags', '')}` publishes it again")]
+                      f"serves it (its textfile removed, or node_exporter not scraped): {calibrate_command(t)} "
+                      "publishes it again")]
     if problems:
         out.append(Check(FAIL, "threshold", f"{detail}: " + "; ".join(problems) + " (calibrate again)"))
     elif response is None:
@@ -713,9 +790,21 @@ def target_from(args: argparse.Namespace) -> Target:
     # A file written for the stack: its addresses are the stack's, whether it runs or not (the
     # controller's defaults, 9090 and friends, could be another stack's or anyone's).
     stack_addresses = running or "stack" in cfg.model_fields_set or bool(args.state_dir)
-    if not running and stack_addresses:
-        extra["stack_note"] = (f"no stack runs from {stack.dir}: its links below cannot answer; start it with "
-                               f"`promreflex stack up{flags}`")
+    # the links whose address no flag gave: they come from the configuration (the stack's)
+    defaulted = [link for link, flag in (("nginx", args.nginx_url), ("stub_status", args.stub_status_url),
+                                         ("access log", args.access_log), ("prometheus", args.prometheus_url),
+                                         ("alertmanager", args.alertmanager_url),
+                                         ("controller", args.controller_url)) if not flag]
+    extra["defaulted"] = defaulted
+    if not running and stack_addresses and defaulted:
+        extra["stack_note"] = (f"no stack runs from {stack.dir}: the address of {', '.join(defaulted)} below is the "
+                               f"stack's and cannot answer; start it with `promreflex stack up{flags}`, or give "
+                               "yours by flag (--help)")
+    textfile_dir = getattr(args, "textfile_dir", None)
+    extra["textfile_dir"] = textfile_dir
+    # calibrate's default textfile directory (from the same flags) is the stack's: right when the
+    # Prometheus checked is the stack's too (its node_exporter serves that directory)
+    extra["stack_textfile"] = stack_addresses and not args.prometheus_url
     return Target(
         site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
         access_log=args.access_log or stack.nginx_access_log,
@@ -746,7 +835,9 @@ def header(t: Target) -> str:
            f"{t.access_log}, Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller "
            f"{t.controller_url}")
     stack_dir = t.extra.get("stack_dir")
-    if stack_dir is not None:
+    if stack_dir is not None and t.extra.get("defaulted") == [] and not t.extra.get("stack_running"):
+        out += "\nno stack used: every address was given by flag"
+    elif stack_dir is not None:
         out += (f"\nstack directory {stack_dir}: " + ("a stack runs there" if t.extra.get("stack_running")
                                                       else "no stack runs there")
                 + (" (stack.state_dir is relative: under the current directory; --state.dir or --config.file "
@@ -787,5 +878,8 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--token-file", dest="token_file", type=Path, default=None, help="the controller's bearer token file")
     p.add_argument("--registry.dir", dest="registry_dir", type=Path, default=None, help="the copy-guard route's registry_dir")
     p.add_argument("--min-floor", type=float, default=MIN_FLOOR_RPS, help="the lowest sane demand floor (as calibrate)")
+    p.add_argument("--textfile.dir", dest="textfile_dir", type=Path, default=None,
+                   help="the directory your node_exporter's --collector.textfile.directory serves: the calibrate "
+                        "command the doctor suggests publishes there (default: the stack's)")
     p.set_defaults(func=cmd_doctor)
     return p

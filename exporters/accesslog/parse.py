@@ -241,16 +241,16 @@ def _timed_pattern() -> re.Pattern[str]:
     return re.compile(combined.pattern.removesuffix(r"\Z") + _TIMED_SUFFIX + r"(?: .*)?\Z")
 
 
-def _apache_combined_pattern() -> re.Pattern[str]:
+def apache_combined_pattern() -> re.Pattern[str]:
     """Apache ``combined`` whose referer/user-agent part may be absent (``common`` lines)."""
     common, _ = compile_log_format(COMMON)
     return re.compile(common.pattern.removesuffix(r"\Z") + r'(?: "(?P<http_referer>[^"]*)" "(?P<http_user_agent>[^"]*)")?(?: .*)?\Z')
 
 
-def _apache_vhost_pattern() -> re.Pattern[str]:
+def apache_vhost_pattern() -> re.Pattern[str]:
     """``%v:%p `` (a server name and port: no spaces) + Apache ``combined`` (Debian's
     ``vhost_combined``)."""
-    return re.compile(r"[^\s:]*:\S* " + _apache_combined_pattern().pattern)
+    return re.compile(r"[^\s:]*:\S* " + apache_combined_pattern().pattern)
 
 
 _USED = frozenset(_STATUS + _BYTES + _REQUEST_TIME + _UPSTREAM_TIME + _REQUEST + _URI)
@@ -502,11 +502,11 @@ def build_parser(fmt: str, log_format: str | None = None) -> LineParser:
     if fmt == "nginx_timed":
         return LineParser(fmt, _timed_pattern())
     if fmt == "apache_combined":
-        return LineParser(fmt, _apache_combined_pattern())
+        return LineParser(fmt, apache_combined_pattern())
     if fmt == "apache_common":
         return LineParser(fmt, compile_log_format(COMMON, trailing=True)[0])
     if fmt == "apache_vhost_combined":
-        return LineParser(fmt, _apache_vhost_pattern())
+        return LineParser(fmt, apache_vhost_pattern())
     if fmt == "custom":
         if not log_format:
             raise LogFormatError("format 'custom' needs log_format")

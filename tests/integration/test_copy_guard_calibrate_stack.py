@@ -53,6 +53,9 @@ def test_calibrate_tiny_run_publishes_a_threshold_the_rules_read(capsys):
         got = wait_until(lambda: _query(prom, 'site:promreflex_copy_guard_threshold:rps{site="shop"}'),
                          timeout=30, what="the threshold recorded by the copy-guard rules")
         assert float(got[0]["value"][1]) == pytest.approx(result["threshold"])
+        # the rate windows the baseline reads this Prometheus with: the stack's (200 ms scrapes and
+        # evaluation: arrivals over 3 s), so a previous load is left out after 3.5 s, as before
+        assert calibrate.read_rate_windows(prom, "shop") == calibrate.RateWindows(3.0, 0.2, known=True)
         # the same from the rules' own recorded series (--source prometheus), not published
         out2 = data_dir.parent / "calibration-prometheus.json"
         args = parser.parse_args([

@@ -19,11 +19,13 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from controllers.audit import read_audit
+from controllers.copy_guard import calibrate
 from controllers.copy_guard.doctor import FAIL, OK, add_doctor_parser
 from controllers.copy_guard.threshold import write_threshold
 from promreflex.config import load_config, ports_model
@@ -212,24 +214,118 @@ def test_calibrate_child_dies_with_its_parent_on_sigterm_and_sigkill(tmp_path):
         tf.mkdir()
         scratch = tmp_path / f"tmp-{sig}"  # calibrate's temporary files (TMPDIR)
         scratch.mkdir()
+        cache = tmp_path / f"cache-{sig}"  # calibrate's record of its last load (XDG_CACHE_HOME)
+        marker = cache / "promreflex" / "calibrate-last-load"
         proc = subprocess.Popen([sys.executable, "-m", "promreflex", "calibrate", "--target", dead, "--users", "1",  # noqa: S603
                                  "--duration", "60s", "--runs", "1", "--textfile.dir", str(tf)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "TMPDIR": str(scratch)})
+                                env={**os.environ, "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(cache)})
         parent = psutil.Process(proc.pid)
 
         def locust_children() -> list[psutil.Process]:
             return [c for c in parent.children(recursive=True) if "locust" in " ".join(c.cmdline())]
 
         children = wait_until(locust_children, timeout=60, what="calibrate's locust child")
+        # while it loads: marked (a heartbeat), and a second calibration of that shop is refused
+        try:
+            wait_until(lambda: marker.exists() and marker.read_text().startswith(f"running {proc.pid} "), timeout=30,
+                       what="the load marked as running")
+            assert f"another calibration (pid {proc.pid}) is loading {dead} now" in (
+                calibrate.running_calibration(dead, marker) or "")
+        except BaseException:
+            proc.kill()  # (its Locust dies with it)
+            proc.wait(timeout=30)
+            raise
         proc.send_signal(sig)
         proc.wait(timeout=30)
         wait_until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
                    timeout=30, what=f"locust gone after {signal.Signals(sig).name} to calibrate")
+        last = calibrate.read_last_load(marker)
+        assert last is not None and last.ended is not None, (sig, marker.read_text())
         if sig != signal.SIGKILL:
             assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr.read() if proc.stderr else "")
             assert not list(scratch.iterdir()), list(scratch.iterdir())  # its load's files removed too
+            assert last.how == "ended"
+        else:  # no end written: its last heartbeat tells the next calibration when its load stopped (L3)
+            assert last.how == "killed" and last.pid == proc.pid, last
+        assert calibrate.running_calibration(dead, marker) is None
         assert not (tf / "promreflex_copy_guard_threshold.prom").exists()
     hole.close()
     for conn in held:
         conn.close()
+
+
+def _serve_metrics(body: str) -> tuple[str, Any]:
+    """A loopback /metrics that always answers ``body``; (HOST:PORT, its server)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"127.0.0.1:{server.server_address[1]}", server
+
+
+def test_doctor_fails_exporters_your_prometheus_no_longer_scrapes(tmp_path):
+    """Your own Prometheus (README "With your own Prometheus and Alertmanager too"), the nginx and
+    accesslog jobs removed from its scrape_configs and reloaded (/tmp/review-guard M1): their last
+    samples stay in its instant queries (Prometheus 2.42 writes no staleness marker for a target
+    a reload removed: for 5 minutes), and the doctor said "scraped". It must name the jobs."""
+    from controllers.copy_guard import doctor
+
+    nginx_addr, nginx_srv = _serve_metrics("nginx_up 1\nnginx_http_requests_total 42\n")
+    log_addr, log_srv = _serve_metrics('promreflex_http_requests_total{site="shop",status_class="2xx"} 7\n')
+    port = free_port()
+    prom_dir = tmp_path / "prometheus"
+    prom_dir.mkdir()
+    config = prom_dir / "prometheus.yml"
+
+    def write(jobs: dict[str, str]) -> None:
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "10s", "evaluation_interval": "10s"},
+            "scrape_configs": [{"job_name": j, "static_configs": [{"targets": [a]}]} for j, a in jobs.items()]}))
+
+    write({"nginx": nginx_addr, "accesslog": log_addr, "prometheus": f"127.0.0.1:{port}"})
+    prom = Child("their-prometheus", ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={prom_dir / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
+                 tmp_path / "prometheus.out").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: http_ok(f"{url}/-/ready"), timeout=60, what="their Prometheus")
+        wait_until(lambda: _query(url, "nginx_http_requests_total") and _query(url, "promreflex_http_requests_total"),
+                   timeout=90, what="both exporters scraped")
+        t = doctor.Target(site="shop", site_url="http://127.0.0.1:9/", stub_status_url="http://127.0.0.1:9/nginx_status",
+                          access_log=tmp_path / "a.log", prometheus_url=url, alertmanager_url="", controller_url="",
+                          token_file=None, registry_dir=None, min_floor=2.0)
+        checks = {c.link: c for c in doctor.check_prometheus(t, settle_s=0)}
+        assert checks["nginx exporter"].status == OK and checks["accesslog exporter"].status == OK, checks
+
+        write({"prometheus": f"127.0.0.1:{port}"})  # the two exporters' jobs removed
+        urllib.request.urlopen(urllib.request.Request(f"{url}/-/reload", method="POST"), timeout=30).read()  # noqa: S310
+
+        def jobs() -> set[str]:
+            with urllib.request.urlopen(f"{url}/api/v1/targets?state=active", timeout=5) as r:  # noqa: S310
+                return {tg["labels"]["job"] for tg in json.load(r)["data"]["activeTargets"]}
+
+        wait_until(lambda: jobs() == {"prometheus"}, timeout=60, what="the reload applied")
+        stale = bool(_query(url, "nginx_http_requests_total"))  # its last sample, still answered
+        checks = {c.link: c for c in doctor.check_prometheus(t, settle_s=0)}
+        for link, job in (("nginx exporter", "nginx"), ("accesslog exporter", "accesslog")):
+            assert checks[link].status == FAIL, (stale, checks[link])
+            assert f"job {job}" in checks[link].detail, checks[link]
+            if stale:  # (within the 5 min the last samples stay: the case the doctor missed)
+                assert "not among its active targets" in checks[link].detail, checks[link]
+    finally:
+        prom.stop()
+        nginx_srv.shutdown()
+        log_srv.shutdown()
