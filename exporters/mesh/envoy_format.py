@@ -46,9 +46,12 @@ classes instead, with these rules (the same splits as before, except where state
   first, as before, but only before one of its last 63 (a format with several such values shares
   64 ways to match a line among them: 7 each for two, 3 for three).
 * A ``START_TIME`` value is bounded: at most 64 fractional digits for the default format; 20
-  digits for ``%s``/``%f``, 32 letters for a name, 64 characters for an unknown directive. It is
-  matched once, the first way its directives fit (``%s%f`` or an unknown directive could fit a
-  timestamp several ways; trying each against the rest of the line multiplied the work).
+  digits for ``%s``, 9 for ``%f`` (Envoy's nanoseconds), 32 letters for a name; absl's
+  directives (``%c``, ``%x``, ``%X``, ``%k``, ``%u``, ``%Ez``, ``%E*S``, ...) have their exact
+  patterns. Such a timestamp is matched once, the first way its directives fit (trying each
+  way against the rest of the line multiplied the work). A directive the parser does not know
+  is 1-64 characters, shortest first, and may grow: a timestamp holding one is not atomic (at
+  most 64 ways per unknown directive).
 
 The exporter also rejects a line longer than its ``max_line_bytes`` (64 KiB unless configured;
 ``too_long``) before any parsing: a generous backstop (Envoy accepts request headers up to 60 KiB
@@ -278,32 +281,50 @@ def format_start_time(value: datetime) -> str:
 
 # Envoy's START_TIME(...) takes strftime directives plus %[1-9]f / %E[1-9]S for sub-seconds.
 # Every piece is bounded (a timestamp's field is never 20 digits or 32 letters long), so a
-# timestamp has a bounded length; it is matched once (an atomic group, see value_pattern).
+# timestamp has a bounded length; it is matched once (an atomic group, see value_pattern). The
+# directives are absl::FormatTime's (what Envoy formats START_TIME with): strftime's, in the C
+# locale, plus %E#S/%E*S (seconds with # or any fractional digits), %E#f/%E*f, %Ez/%E*z and %E4Y.
 _STRFTIME = {
-    "Y": r"\d{4}", "y": r"\d{2}", "m": r"\d{2}", "d": r"\d{2}", "H": r"\d{2}", "I": r"\d{2}",
-    "M": r"\d{2}", "S": r"\d{2}", "j": r"\d{3}", "e": r" ?\d{1,2}", "s": r"\d{1,20}", "f": r"\d{1,20}",
-    "z": r"[+-]\d{4}", "Z": r"[A-Za-z]{1,32}", "a": r"[A-Za-z]{1,32}", "A": r"[A-Za-z]{1,32}",
-    "b": r"[A-Za-z]{1,32}", "B": r"[A-Za-z]{1,32}", "p": r"[AP]M", "T": r"\d{2}:\d{2}:\d{2}",
-    "F": r"\d{4}-\d{2}-\d{2}", "D": r"\d{2}/\d{2}/\d{2}", "R": r"\d{2}:\d{2}", "%": "%",
+    "Y": r"\d{4}", "y": r"\d{2}", "C": r"\d{2}", "G": r"\d{4}", "g": r"\d{2}",
+    "m": r"\d{2}", "d": r"\d{2}", "e": r" ?\d{1,2}", "j": r"\d{3}",
+    "H": r"\d{2}", "I": r"\d{2}", "k": r" ?\d{1,2}", "l": r" ?\d{1,2}", "M": r"\d{2}", "S": r"\d{2}",
+    "s": r"\d{1,20}", "f": r"\d{9}", "u": r"\d", "w": r"\d", "U": r"\d{2}", "V": r"\d{2}", "W": r"\d{2}",
+    "z": r"[+-]\d{4}", "Z": r"[A-Za-z0-9+-]{1,32}", "a": r"[A-Za-z]{1,32}", "A": r"[A-Za-z]{1,32}",
+    "b": r"[A-Za-z]{1,32}", "h": r"[A-Za-z]{1,32}", "B": r"[A-Za-z]{1,32}", "p": r"[AaPp][Mm]",
+    "T": r"\d{2}:\d{2}:\d{2}", "R": r"\d{2}:\d{2}", "r": r"\d{2}:\d{2}:\d{2} [AP]M",
+    "F": r"\d{4}-\d{2}-\d{2}", "D": r"\d{2}/\d{2}/\d{2}", "x": r"\d{2}/\d{2}/\d{2}",
+    "X": r"\d{2}:\d{2}:\d{2}", "c": r"[A-Za-z]{3} [A-Za-z]{3} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}",
+    "n": r"\n", "t": r"\t", "%": "%",
 }
-_DIRECTIVE = re.compile(r"%(E?)(\d*)([A-Za-z%])")
+_DIRECTIVE = re.compile(r"%(E?)(\d*|\*)([A-Za-z%])")
 
 
-def strftime_pattern(fmt: str) -> str:
-    """Regex for the timestamps a ``START_TIME(fmt)`` writes (unknown directives: 1-64 characters)."""
-    out, pos = [], 0
+def strftime_pattern(fmt: str) -> tuple[str, bool]:
+    """Regex for the timestamps a ``START_TIME(fmt)`` writes, and whether every directive is
+    known (then one way to fit: matched once, atomically). An unknown directive is 1-64 of any
+    characters, tried shortest first: such a timestamp is not atomic (value_pattern)."""
+    out, pos, exact = [], 0, True
     for m in _DIRECTIVE.finditer(fmt):
         out.append(re.escape(fmt[pos : m.start()]))
         ext, digits, d = m.groups()
-        if d == "S" and ext:
-            out.append(r"\d{2}(?:\.\d{1,20})?")
-        elif d == "f" and digits:
+        if ext and d == "S":
+            out.append(r"\d{2}(?:\.\d{%d})?" % int(digits) if digits not in ("", "*") else r"\d{2}(?:\.\d{1,20})?")
+        elif d == "f" and digits not in ("", "*"):  # (Envoy's %f alone: 9 digits, nanoseconds)
             out.append(r"\d{%d}" % int(digits))
+        elif d == "f" and digits == "*":
+            out.append(r"\d{1,20}")
+        elif ext and d == "z":
+            out.append(r"[+-]\d{2}:\d{2}(?::\d{2})?")
+        elif ext and d == "Y" and digits == "4":
+            out.append(r"\d{4}")
+        elif d in _STRFTIME:
+            out.append(_STRFTIME[d])
         else:
-            out.append(_STRFTIME.get(d, r".{1,64}?"))
+            out.append(r".{1,64}?")
+            exact = False
         pos = m.end()
     out.append(re.escape(fmt[pos:]))
-    return "".join(out)
+    return "".join(out), exact
 
 
 # --- Line patterns -------------------------------------------------------------------------
@@ -445,7 +466,9 @@ def value_pattern(op: Operator, stop: str, bound: int = GIVE_BACK) -> str:
     if kind == "time":
         return f"(?>-|{_ISO_LINE})"
     if kind == "strftime":  # matched once, the first way its directives fit: splits would multiply
-        return f"(?>-|{strftime_pattern(op.arg or '')})"
+        pattern, exact = strftime_pattern(op.arg or "")
+        # (an unknown directive: its 1-64 characters must be free to grow, at most 64 ways each)
+        return f"(?>-|{pattern})" if exact else f"(?:-|{pattern})"
     return _text_class(stop, op.max_length)
 
 
