@@ -774,40 +774,48 @@ class AdmissionProxy:
         session: SessionState | None = None
         cookie: str | None = None
         admitted_first = False
-        if request.body_exists:
-            if not _chunked_only(request.headers):
-                self._count_bad("transfer_coding")
-                return _plain(501, "a transfer coding other than chunked is not supported", close=True)
-            if _expects_continue(request):
-                if page is not None:  # a page request: let in first, then ask for the body
-                    got = await self._session(request, page)
-                    if isinstance(got, web.StreamResponse):
-                        got.force_close()  # (the body was never asked for)
-                        return got
-                    session, cookie = got
-                    admitted_first = True
-                try:
-                    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                except ConnectionError:
-                    return self._with_cookie(_plain(400, "the client left", close=True), cookie)
-                request.writer.output_size = 0  # (as aiohttp's own: the answer has not begun)
-            timeout = request.app.get(LIMITS, Limits()).body_timeout
-            try:  # the first MiB of any body before it queues: a slow uploader holds no page slot
-                head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
-            except BodyError as e:
-                self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
-                return self._with_cookie(_plain(e.status, str(e), close=True), cookie)
-            body = head if whole else BodyPump(request, head, timeout)
-        if page is None:
-            return await self._exempt(request, body)
-        if not admitted_first:
-            got = await self._session(request, page)
-            if isinstance(got, web.StreamResponse):
-                return got
-            session, cookie = got
-        assert session is not None
-        session.last_page = page.name
-        answer = await self.through_page(request, page, session, cookie, body, watch)
+        reserved = False  # an Expect request's place in its session's max_in_flight, taken before its body
+        try:
+            if request.body_exists:
+                if not _chunked_only(request.headers):
+                    self._count_bad("transfer_coding")
+                    return _plain(501, "a transfer coding other than chunked is not supported", close=True)
+                if _expects_continue(request):
+                    if page is not None:  # a page request: let in first, then ask for the body
+                        got = await self._session(request, page)
+                        if isinstance(got, web.StreamResponse):
+                            got.force_close()  # (the body was never asked for)
+                            return got
+                        session, cookie = got
+                        admitted_first = reserved = True
+                        session.in_flight += 1  # (counted from the check: the body is asked for after it)
+                    try:
+                        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    except ConnectionError:
+                        return self._with_cookie(_plain(400, "the client left", close=True), cookie)
+                    request.writer.output_size = 0  # (as aiohttp's own: the answer has not begun)
+                timeout = request.app.get(LIMITS, Limits()).body_timeout
+                try:  # the first MiB of any body before it queues: a slow uploader holds no page slot
+                    head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
+                except BodyError as e:
+                    self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
+                    return self._with_cookie(_plain(e.status, str(e), close=True), cookie)
+                body = head if whole else BodyPump(request, head, timeout)
+            if page is None:
+                return await self._exempt(request, body)
+            if not admitted_first:
+                got = await self._session(request, page)
+                if isinstance(got, web.StreamResponse):
+                    return got
+                session, cookie = got
+            assert session is not None
+            session.last_page = page.name
+            reserved = False  # (handed on: through_page releases it)
+            answer = await self.through_page(request, page, session, cookie, body, watch, reserved=admitted_first)
+        finally:
+            if reserved and session is not None:
+                session.in_flight -= 1
+                self.sessions.touch(session)
         if cookie is not None and not answer.prepared and not self._sets_own_cookie(answer):
             # The proxy's own answer (a page queue full or too slow, the app down or silent) to a
             # session's first request: the session was admitted, so it keeps its place. Without
@@ -971,13 +979,15 @@ class AdmissionProxy:
                             headers={"Retry-After": str(retry), **headers})
 
     async def through_page(self, request: web.Request, page: PageClass, session: SessionState, cookie: str | None,
-                           body: bytes | Any, watch: ClientWatch) -> web.StreamResponse:
+                           body: bytes | Any, watch: ClientWatch, reserved: bool = False) -> web.StreamResponse:
         """Wait for a slot of ``page``, then forward. The session counts the request in flight
         (``max_in_flight``) for as long as it holds or waits for a slot: a request whose client
         left while the app works on it keeps both until the app answers (``watch.handed_on``),
-        so disconnecting does not let one session take every slot of a page."""
+        so disconnecting does not let one session take every slot of a page. ``reserved``: the
+        request was counted already (an ``Expect: 100-continue`` request, from its admission)."""
         m = self.metrics
-        session.in_flight += 1
+        if not reserved:
+            session.in_flight += 1
         try:
             try:
                 fut = page.acquire()

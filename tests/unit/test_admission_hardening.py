@@ -392,6 +392,25 @@ async def test_expect_100_continue_is_answered_once_the_visitor_is_let_in() -> N
             assert rest.split(b"\r\n", 2)[1].startswith(b"HTTP/1.1 200"), rest[:200]
 
 
+async def test_expect_100_continue_counts_against_the_sessions_max_in_flight_from_its_admission() -> None:
+    """A review of the fix above: the max_in_flight check came before the body and the count after
+    it, so with Expect one session got every request in (4 of 4 with max_in_flight 1)."""
+    async with rig(session__max_in_flight=1) as r:
+        cookie = await new_session_cookie(r)
+        u = URL(r.url)
+        conns = [await asyncio.open_connection(u.host, u.port) for _ in range(4)]
+        try:
+            for _, writer in conns:  # every head before any body: all four pass the check at once
+                writer.write(f"POST /slow?s=1 HTTP/1.1\r\nHost: s\r\nConnection: close\r\nCookie: {cookie}\r\n"
+                             "Content-Length: 3\r\nExpect: 100-continue\r\n\r\n".encode())
+                await writer.drain()
+            firsts = [await asyncio.wait_for(reader.readline(), 10) for reader, _ in conns]
+        finally:
+            for _, writer in conns:
+                writer.close()
+        assert sorted(line.split(b" ", 2)[1] for line in firsts) == [b"100", b"429", b"429", b"429"], firsts
+
+
 # ---------------------------------------------------------------- L8: the command line
 def test_keygen_creates_the_key_files_folder_0700(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from controllers.admission.cli import cmd_keygen
