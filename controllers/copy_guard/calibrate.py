@@ -117,6 +117,8 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
+import fcntl
+import hashlib
 import json
 import math
 import os
@@ -1101,6 +1103,77 @@ def note_load_ended(path: Path = LAST_LOAD) -> None:
         pass
 
 
+DEFAULT_SITE = "shop"
+
+
+def _site_key(what: str) -> str:
+    """A file-name part for a site or an origin: its safe characters and a short hash (two
+    spellings that differ only in unsafe characters do not share it)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", what)[:64]
+    return f"{safe}-{hashlib.blake2b(what.encode('utf-8', 'surrogatepass'), digest_size=4).hexdigest()}"
+
+
+def last_load_path(site: str, base: Path | None = None) -> Path:
+    """The record of ``site``'s last calibration load: one per site, so a load of another shop
+    ending never erases this one's "running" and a calibration never waits for another shop's
+    load to leave the rates. The default site keeps the name of the single record before."""
+    base = base or LAST_LOAD  # (looked up now: a test sets another)
+    return base if site == DEFAULT_SITE else base.with_name(f"{base.name}.{_site_key(site)}")
+
+
+class CalibrationBusy(CalibrationError):
+    """Another calibration of the same site (or loading the same shop) runs now."""
+
+
+class CalibrationLock:
+    """One calibration per site and per shop (the target's origin) at a time: exclusive ``flock``
+    locks on files beside the last-load records, taken when a calibration starts (before its
+    baseline wait) and held until it ends; the kernel releases them when it dies (kill -9 too).
+    A second one is refused at once (:class:`CalibrationBusy`, naming the first one's pid);
+    calibrations of other sites and shops go on side by side."""
+
+    def __init__(self, site: str, target: str, base: Path | None = None) -> None:
+        base = base or LAST_LOAD
+        origin = _origin(target) or target
+        self.locks = [(f"site {site!r}", base.with_name(f".{base.name}.site.{_site_key(site)}.lock")),
+                      (f"the shop at {origin}", base.with_name(f".{base.name}.origin.{_site_key(origin)}.lock"))]
+        self.fds: list[int] = []
+
+    def acquire(self) -> None:
+        try:
+            for what, path in self.locks:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                    os.close(fd)
+                    raise CalibrationBusy(f"another calibration (pid {holder}) of {what} is running now: two at "
+                                          "once measure neither; wait for it to end") from None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self.fds.append(fd)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # (for the message of one refused)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def __enter__(self) -> CalibrationLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
 class LoadHeartbeat:
     """While this calibration's loads run, LAST_LOAD says ``running PID STARTED TARGET`` and its
     mtime follows (every HEARTBEAT_S): a calibration killed with SIGKILL, which writes no end,
@@ -1611,8 +1684,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     print(f"calibrating site {args.site!r} at {target}: {what}; {args.runs} run(s) of {args.duration:g}s "
           f"(warm-up {args.warmup:g}s dropped), method {args.method}, source {args.source}")
-    last_load = LAST_LOAD
-    other = running_calibration(target, last_load)
+    last_load = last_load_path(args.site)
+    lock = CalibrationLock(args.site, target)
+    try:  # held from here (before the baseline wait) to the end: a second one is refused at once
+        lock.acquire()
+    except CalibrationBusy as e:
+        print(f"calibrate: refused before any load, nothing loaded or published: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"calibrate: cannot take the calibration lock {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    try:
+        return _cmd_calibrate_locked(args, target, textfile_dir, prometheus_url, profile, variables, last_load)
+    finally:
+        lock.release()
+
+
+def _cmd_calibrate_locked(args: argparse.Namespace, target: str, textfile_dir: Path, prometheus_url: str | None,
+                          profile: list[Request], variables: dict[str, list[str]], last_load: Path) -> int:
+    other = running_calibration(target, last_load)  # (one of a promreflex before the lock)
     if other:
         print(f"calibrate: refused before any load, nothing loaded or published: {other}", file=sys.stderr)
         return 1
@@ -1697,7 +1787,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--state.dir", dest="state_dir", type=Path, default=None, help="the local stack's state directory")
     p.add_argument("--target", default=None,
                    help="the shop's URL, its path included (default: the stack's site: its nginx, or stack.nginx.url)")
-    p.add_argument("--site", default="shop", help="site label the threshold is published for (default shop)")
+    p.add_argument("--site", default=DEFAULT_SITE, help="site label the threshold is published for (default shop)")
     p.add_argument("--request", action="append", type=_request, metavar='"METHOD /PATH [WEIGHT [BODY]]"',
                    help="a request of your shop's mix (repeat); PATH is under the path of --target; {id} is a random "
                         "integer; BODY is the rest of the line as given, sent as application/json when it is a JSON "

@@ -59,6 +59,11 @@ What a live source does (as rsync, the copy goes on and says so):
   links to files outside SRC (copied), ``chattr`` flags (immutable, append-only; cp -a neither),
   ``security.evm`` and XFS internals (as cp's xattr.conf), special files (sockets, FIFOs,
   devices: skipped, above).
+- A DST that others may write in: owner, mode, times and attributes are set through a descriptor
+  opened without following (a name swapped for a symlink never has them set on its target), but
+  the folders above a file are still reached by name, so a user who can replace ``DST/sub`` with a
+  symlink during a root copy can have files created where it points (as with cp and rsync without
+  ``--safe-links``-style care): give DST to the copy's user alone.
 
 Pausing and throttling: before every chunk (default 1 MiB) the copier asks its
 :class:`Control` (and between files, :meth:`Control.hold`: a pause or a stop holds empty files too). A pause holds until resumed or until its *lease* runs out (the controller
@@ -147,6 +152,96 @@ class _Vanished(Exception):
 
 class _Unreadable(Exception):
     """The source file cannot be opened (permissions): skip it, report it."""
+
+
+class _Changed(Exception):
+    """A DST name is no longer what was checked (a symlink, a FIFO or another file swapped in by
+    someone who can write in that DST folder): its metadata is not set through it."""
+
+
+# A DST file or folder whose owner, mode, times and attributes are set: opened without following
+# a symlink (ELOOP), without blocking on a FIFO swapped in, never as a controlling terminal.
+_META_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class _Meta:
+    """Where the copy sets owner, mode, times and extended attributes: a descriptor of the DST
+    file or folder (opened without following, checked with fstat), so a name swapped for a symlink
+    after the check never has them set on the symlink's target; or, for a symlink itself, its
+    name with ``follow_symlinks=False``. A file or folder its owner may not read (mode 0o200, 0o300)
+    is opened with O_PATH and changed through ``/proc/self/fd/N``, which names that very inode."""
+
+    __slots__ = ("ref", "st", "fd", "_nofollow")
+
+    def __init__(self, ref: int | str | Path, st: os.stat_result, fd: int = -1, nofollow: bool = False):
+        self.ref, self.st, self.fd, self._nofollow = ref, st, fd, nofollow
+
+    @classmethod
+    def open(cls, path: Path, folder: bool) -> _Meta:
+        """``path`` (a regular file, or a folder if ``folder``), never followed; raises
+        :class:`_Changed` if it is something else now. The caller closes it."""
+        flags = _META_FLAGS | (os.O_DIRECTORY if folder else 0)
+        ref: int | str
+        try:
+            fd = ref = os.open(path, flags)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.ENODEV, errno.EISDIR):
+                raise _Changed(f"{path} is no longer a {'folder' if folder else 'regular file'}") from None
+            if e.errno not in (errno.EACCES, errno.EPERM):
+                raise
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)  # (its owner may not read it)
+            ref = f"/proc/self/fd/{fd}"
+        try:
+            st = os.fstat(fd)
+            if not (stat.S_ISDIR(st.st_mode) if folder else stat.S_ISREG(st.st_mode)):
+                raise _Changed(f"{path} is no longer a {'folder' if folder else 'regular file'}")
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(ref, st, fd)
+
+    @classmethod
+    def link(cls, path: Path, st: os.stat_result) -> _Meta:
+        """A symlink: its own name, never followed."""
+        return cls(path, st, nofollow=True)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def chown(self, uid: int, gid: int) -> None:
+        if self._nofollow:
+            os.chown(self.ref, uid, gid, follow_symlinks=False)
+        else:
+            os.chown(self.ref, uid, gid)
+
+    def chmod(self, mode: int) -> None:
+        os.chmod(self.ref, mode)  # (never a symlink's: the copy does not set those)
+
+    def utime(self, ns: int) -> None:
+        if self._nofollow:
+            os.utime(self.ref, ns=(ns, ns), follow_symlinks=False)
+        else:
+            os.utime(self.ref, ns=(ns, ns))
+
+    def listxattr(self) -> list[str]:
+        return os.listxattr(self.ref, follow_symlinks=False) if self._nofollow else os.listxattr(self.ref)
+
+    def getxattr(self, name: str) -> bytes:
+        return os.getxattr(self.ref, name, follow_symlinks=False) if self._nofollow else os.getxattr(self.ref, name)
+
+    def setxattr(self, name: str, value: bytes) -> None:
+        if self._nofollow:
+            os.setxattr(self.ref, name, value, follow_symlinks=False)
+        else:
+            os.setxattr(self.ref, name, value)
+
+    def removexattr(self, name: str) -> None:
+        if self._nofollow:
+            os.removexattr(self.ref, name, follow_symlinks=False)
+        else:
+            os.removexattr(self.ref, name)
 
 
 def journal_path(dst: Path) -> Path:
@@ -751,11 +846,20 @@ class Copier:
                 self._symlink(self.src / rel, self.dst / rel, target, mtime_ns, uid, gid)
             for rel, mode, mtime_ns, uid, gid in reversed(self.plan.dirs):  # deepest last-listed first
                 d = self.dst / rel
-                st = d.lstat()
-                kept = (st.st_uid, st.st_gid) == (uid, gid) or self._chown(d, uid, gid, self.src / rel)
-                self._sync_xattrs(self.src / rel, d)
-                os.chmod(d, mode if kept else mode & ~_OWNER_BITS_DIR)
-                os.utime(d, ns=(mtime_ns, mtime_ns))
+                try:  # (through a descriptor: a symlink swapped in for the folder is never followed)
+                    m = _Meta.open(d, folder=True)
+                except _Changed:
+                    log.warning("%s is no longer a folder (replaced during the copy): its owner, mode, "
+                                "times and attributes not set", d)
+                    continue
+                try:
+                    st = m.st
+                    kept = (st.st_uid, st.st_gid) == (uid, gid) or self._chown(m, uid, gid, self.src / rel)
+                    self._sync_xattrs(self.src / rel, m)
+                    m.chmod(mode if kept else mode & ~_OWNER_BITS_DIR)
+                    m.utime(mtime_ns)
+                finally:
+                    m.close()
         for rel in self.plan.skipped:
             log.warning("not copied (not a regular file, folder or symlink): %s", rel)
         for what in self.plan.unreadable:
@@ -805,11 +909,12 @@ class Copier:
             self.progress.total_bytes = self.plan.total_bytes
         try:
             f = final.lstat()  # (a symlink in DST at this name is not the copy: os.replace swaps it)
+            # Done before (a kill between the rename and the journal, or a re-run): its owner,
+            # attributes and mode are brought in line with the source's (if it is still the file
+            # checked: else it is copied again).
             if (stat.S_ISREG(f.st_mode) and not part.exists()
-                    and (f.st_size, f.st_mtime_ns) == (item.size, item.mtime_ns)):
-                # Done before (a kill between the rename and the journal, or a re-run): its
-                # owner, attributes and mode are brought in line with the source's.
-                self._align(final, f, src, xattrs=True)
+                    and (f.st_size, f.st_mtime_ns) == (item.size, item.mtime_ns)
+                    and self._align(final, f, src, xattrs=True)):
                 return
         except FileNotFoundError:
             pass
@@ -822,18 +927,23 @@ class Copier:
         self._tick()
         attempt = 1
         while True:
-            self._copy_data(item, src, part, final)
-            st = part.stat()
-            # Owner first (chown clears setuid and setgid bits and file capabilities), then the
-            # extended attributes (ACLs, security.capability), the mode, the mtime; all on the part
-            # file, before it gets its name.
-            s = self._src_stat
-            mode = stat.S_IMODE(s.st_mode)
-            kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid) or self._chown(part, s.st_uid, s.st_gid, src)
-            self._sync_xattrs(src, part, fresh=self._part_created and not self._inherits_acl(item),
-                              names=self._src_xattrs)
-            os.chmod(part, mode if kept else mode & ~_OWNER_BITS_FILE)
-            os.utime(part, ns=(item.mtime_ns, item.mtime_ns))
+            dfd = self._copy_data(item, src, part, final)
+            try:
+                # Owner first (chown clears setuid and setgid bits and file capabilities), then the
+                # extended attributes (ACLs, security.capability), the mode, the mtime; all on the
+                # part file, before it gets its name, and through the descriptor its data was
+                # written to (its name, swapped for a symlink, is never followed).
+                m = _Meta(dfd, os.fstat(dfd))
+                st = m.st
+                s = self._src_stat
+                mode = stat.S_IMODE(s.st_mode)
+                kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid) or self._chown(m, s.st_uid, s.st_gid, src)
+                self._sync_xattrs(src, m, fresh=self._part_created and not self._inherits_acl(item),
+                                  names=self._src_xattrs)
+                m.chmod(mode if kept else mode & ~_OWNER_BITS_FILE)
+                m.utime(item.mtime_ns)
+            finally:
+                os.close(dfd)
             size = st.st_size
             if attempt >= MAX_ATTEMPTS:
                 try:
@@ -864,12 +974,13 @@ class Copier:
         _fsync_dir(final.parent)
 
     # --- metadata
-    def _chown(self, path: Path, uid: int, gid: int, src: Path) -> bool:
-        """Give ``path`` (never followed) the source's owner and group; True if both were kept.
-        As cp -a: a user who may not give the owner keeps the group if it may (a group it is in),
-        silently; a privileged copy that cannot (NFS root squash, unmapped ids) warns once."""
+    def _chown(self, target: _Meta, uid: int, gid: int, src: Path) -> bool:
+        """Give ``target`` (a descriptor, or a symlink never followed) the source's owner and
+        group; True if both were kept. As cp -a: a user who may not give the owner keeps the group
+        if it may (a group it is in), silently; a privileged copy that cannot (NFS root squash,
+        unmapped ids) warns once."""
         try:
-            os.chown(path, uid, gid, follow_symlinks=False)
+            target.chown(uid, gid)
             return True
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EINVAL):
@@ -880,7 +991,7 @@ class Copier:
                             "where refused (setuid and setgid bits cleared there; said once)", src, uid, gid,
                             e.strerror)
         try:
-            os.chown(path, -1, gid, follow_symlinks=False)
+            target.chown(-1, gid)
         except OSError:
             pass
         return False
@@ -893,10 +1004,10 @@ class Copier:
             log.warning("extended attribute %s of %s not kept (%s); not kept wherever refused (said once)",
                         name, src, e.strerror)
 
-    def _sync_xattrs(self, src: Path, dst: Path, fresh: bool = False, names: list[str] | None = None) -> bool:
+    def _sync_xattrs(self, src: Path, dst: _Meta, fresh: bool = False, names: list[str] | None = None) -> bool:
         """Give ``dst`` the source's extended attributes (ACLs are ``system.posix_acl_*``), and
         take from it the user attributes and ACLs the source has not (an ACL inherited from a
-        DST folder's default ACL). Neither is followed if a symlink. Where refused: warned once
+        DST folder's default ACL). ``dst`` is a descriptor, or a symlink not followed. Where refused: warned once
         per name. True if ``dst`` was changed. ``fresh``: a file just created where nothing is
         inherited (none to take away); ``names``: the source's, listed already (through the
         descriptor the data was read from): then no call at all when the source has none."""
@@ -910,7 +1021,7 @@ class Copier:
         have: list[str] = []
         if not fresh:
             try:
-                have = os.listxattr(dst, follow_symlinks=False)
+                have = dst.listxattr()
             except OSError as e:
                 if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
                     raise
@@ -918,7 +1029,7 @@ class Copier:
         for name in have:
             if name not in names and name.startswith(_XATTR_MIRRORED):
                 try:
-                    os.removexattr(dst, name, follow_symlinks=False)
+                    dst.removexattr(name)
                     changed = True
                 except OSError as e:
                     self._xattr_refused(name, src, e)
@@ -932,9 +1043,9 @@ class Copier:
                     self._xattr_refused(name, src, e)
                 continue
             try:
-                if name in have and os.getxattr(dst, name, follow_symlinks=False) == value:
+                if name in have and dst.getxattr(name) == value:
                     continue  # (a file done before: not written again)
-                os.setxattr(dst, name, value, follow_symlinks=False)
+                dst.setxattr(name, value)
                 changed = True
             except OSError as e:
                 self._xattr_refused(name, src, e)
@@ -954,16 +1065,32 @@ class Copier:
             self._acl_folder = (folder, inherits)
         return self._acl_folder[1]
 
-    def _align(self, path: Path, st: os.stat_result, src: Path, xattrs: bool) -> None:
-        """A file already complete in DST: give it the source's owner, attributes and mode (its
-        mtime is the source's already)."""
-        s = self._src_stat
-        kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid)
-        chowned = not kept and self._chown(path, s.st_uid, s.st_gid, src)
-        changed = xattrs and self._sync_xattrs(src, path)  # (an ACL written sets the mode's bits too)
-        mode = stat.S_IMODE(s.st_mode) if kept or chowned else stat.S_IMODE(s.st_mode) & ~_OWNER_BITS_FILE
-        if chowned or changed or stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode)
+    def _align(self, path: Path, st: os.stat_result, src: Path, xattrs: bool) -> bool:
+        """A file already complete in DST (``st``, as checked): give it the source's owner,
+        attributes and mode (its mtime is the source's already), through a descriptor of that very
+        file. False (warned) if the name is no longer that file (a symlink or another file swapped
+        in since the check): nothing is set, the caller copies or links it again."""
+        try:
+            m = _Meta.open(path, folder=False)
+        except _Changed:
+            log.warning("%s changed in the destination while it was checked: made again", path)
+            return False
+        if (m.st.st_dev, m.st.st_ino) != (st.st_dev, st.st_ino):
+            m.close()
+            log.warning("%s changed in the destination while it was checked: made again", path)
+            return False
+        try:
+            st = m.st
+            s = self._src_stat
+            kept = (st.st_uid, st.st_gid) == (s.st_uid, s.st_gid)
+            chowned = not kept and self._chown(m, s.st_uid, s.st_gid, src)
+            changed = xattrs and self._sync_xattrs(src, m)  # (an ACL written sets the mode's bits too)
+            mode = stat.S_IMODE(s.st_mode) if kept or chowned else stat.S_IMODE(s.st_mode) & ~_OWNER_BITS_FILE
+            if chowned or changed or stat.S_IMODE(st.st_mode) != mode:
+                m.chmod(mode)
+        finally:
+            m.close()
+        return True
 
     def _hard_link(self, item: FileItem, src: Path, final: Path, part: Path) -> bool:
         """A second name of a hard-linked source file: link it to the copy of a name before it
@@ -989,8 +1116,8 @@ class Copier:
         try:
             if os.path.samestat(final.lstat(), d):
                 part.unlink(missing_ok=True)
-                self._align(final, d, src, xattrs=False)
-                return True  # linked before (a kill after the link, or a re-run)
+                if self._align(final, d, src, xattrs=False):
+                    return True  # linked before (a kill after the link, or a re-run)
         except FileNotFoundError:
             pass
         part.unlink(missing_ok=True)
@@ -1006,8 +1133,7 @@ class Copier:
             return False
         os.replace(part, final)
         _fsync_dir(final.parent)
-        self._align(final, d, src, xattrs=False)
-        return True
+        return self._align(final, d, src, xattrs=False)  # (False: replaced since: copied apart)
 
     def _symlink(self, src: Path, link: Path, target: str, mtime_ns: int, uid: int, gid: int) -> None:
         """The symlink ``link`` -> ``target`` with the source's owner, attributes and mtime (made
@@ -1025,11 +1151,12 @@ class Copier:
             os.symlink(target, path)
             st = path.lstat()
         try:
+            m = _Meta.link(path, st)  # (the symlink itself: never followed)
             if (st.st_uid, st.st_gid) != (uid, gid):
-                self._chown(path, uid, gid, src)
-            self._sync_xattrs(src, path)
+                self._chown(m, uid, gid, src)
+            self._sync_xattrs(src, m)
             if st.st_mtime_ns != mtime_ns:
-                os.utime(path, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+                m.utime(mtime_ns)
             if path != link:
                 os.replace(path, link)
         except BaseException:
@@ -1043,7 +1170,7 @@ class Copier:
         kill or an earlier attempt left, never through a symlink nor into a file with other
         names (a symlink or a hard link made under the part name before a kill, when the name
         was one: not this file's data, removed; the copy of the file starts again)."""
-        flags |= os.O_WRONLY | os.O_NOFOLLOW
+        flags |= os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o600)
             self._part_created = True  # (no attributes but inherited ones)
@@ -1053,16 +1180,45 @@ class Copier:
         except PermissionError:
             if not os.path.lexists(part):
                 raise  # (a folder it may not write in; else a read-only part file, below)
-        ps = part.lstat()
-        if not stat.S_ISREG(ps.st_mode) or ps.st_nlink > 1:
+        # One there already: opened without following it nor blocking (a FIFO), checked and made
+        # 0o600 through the descriptor (a name swapped after a check is never followed).
+        fd = -1
+        try:
+            try:
+                fd = os.open(part, flags | os.O_CREAT | os.O_NONBLOCK, 0o600)
+            except PermissionError:
+                # Read-only (given the source's mode already: a second attempt, a resume, as a user).
+                m = _Meta.open(part, folder=False)
+                try:
+                    if m.st.st_nlink > 1:
+                        raise _Changed(f"{part} has other names")
+                    m.chmod(0o600)
+                finally:
+                    m.close()
+                fd = os.open(part, flags | os.O_NONBLOCK)
+            ps = os.fstat(fd)
+        except (_Changed, OSError) as e:
+            if fd >= 0:
+                os.close(fd)
+            if isinstance(e, OSError) and e.errno not in (errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.ETXTBSY):
+                raise
+            ps = None
+        if ps is None or not stat.S_ISREG(ps.st_mode) or ps.st_nlink > 1:
+            if ps is not None:
+                os.close(fd)
             part.unlink()
             self.offset = 0
             self._tick()
             return self._open_part(part, flags)
-        if stat.S_IMODE(ps.st_mode) != 0o600:
-            os.chmod(part, 0o600)  # given the source's mode already (a second attempt, a resume)
+        try:
+            if stat.S_IMODE(ps.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)  # given the source's mode already (a second attempt, a resume)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        except BaseException:
+            os.close(fd)
+            raise
         self._part_created = False
-        return os.open(part, flags | os.O_CREAT, 0o600)
+        return fd
 
     def _open(self, src: Path, part: Path) -> tuple[int, int]:
         flags_in = os.O_RDONLY
@@ -1093,7 +1249,9 @@ class Copier:
             self._buf = mmap.mmap(-1, self.chunk_size)  # page-aligned, as O_DIRECT needs
         return self._buf
 
-    def _copy_data(self, item: FileItem, src: Path, part: Path, final: Path) -> None:
+    def _copy_data(self, item: FileItem, src: Path, part: Path, final: Path) -> int:
+        """Copy the data to the part file; returns its descriptor, open (the caller sets its
+        metadata through it and closes it)."""
         part.parent.mkdir(parents=True, exist_ok=True)
         self._src_xattrs = None
         sfd, dfd = self._open(src, part)
@@ -1102,6 +1260,7 @@ class Copier:
         buf = self._buffer()
         view = memoryview(buf)
         reading = False
+        ok = False
         # Fewer blocks than bytes: holes (or a filesystem that packs small files): the data is
         # found with SEEK_DATA/SEEK_HOLE and only it is written; a hole in the source is a hole
         # in the part file (its size set past it by ftruncate, so a resume finds it that long).
@@ -1166,6 +1325,8 @@ class Copier:
                 pass  # (listed by its name after)
             if fadvise:
                 os.posix_fadvise(dfd, 0, 0, os.POSIX_FADV_DONTNEED)
+            ok = True
+            return dfd
         except Stopped:
             os.fsync(dfd)
             self.checkpoint()
@@ -1179,7 +1340,8 @@ class Copier:
         finally:
             view.release()
             os.close(sfd)
-            os.close(dfd)
+            if not ok:
+                os.close(dfd)
 
 
 def _open_source(src: Path, flags: int) -> int:
@@ -1244,7 +1406,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

@@ -372,7 +372,8 @@ def test_a_read_only_file_that_changes_during_the_copy_is_copied_again(tmp_path,
 
     def chmod(path, mode, *a, **k):  # touch the source after attempt 1's chmod of the part file
         real_chmod(path, mode, *a, **k)
-        if str(path).endswith(".promreflex-part") and mode == 0o444 and not calls:
+        name = os.readlink(f"/proc/self/fd/{path}") if isinstance(path, int) else str(path)  # (by descriptor)
+        if name.endswith(".promreflex-part") and mode == 0o444 and not calls:
             calls.append(1)
             st = f.stat()
             os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
