@@ -6,7 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REJECTION_REASONS = ("unauthorized", "too_large", "not_json", "invalid_payload", "unsupported_media_type",
                      "timeout", "bad_body")
-NOTIFICATION_RESULTS = ("accepted", "duplicate", "stale", "conflict")
+# future: startsAt beyond the clock-skew margin (engine.FUTURE_MARGIN), skipped unremembered.
+NOTIFICATION_RESULTS = ("accepted", "duplicate", "stale", "conflict", "future")
 ACTION_RESULTS = ("ok", "error", "skipped", "cooldown", "deferred")
 
 
@@ -56,6 +57,11 @@ class ControllerMetrics:
             "promreflex_controller_interrupted_transitions_total",
             "Transitions found in flight at start (the previous process died while running them): run again.",
             registry=registry,
+        )
+        self.fingerprints_replaced = Counter(
+            "promreflex_controller_fingerprints_replaced_total",
+            "Alerts whose fingerprint was not one (16 lowercase hex digits): replaced by the one computed "
+            "from their labels.", registry=registry,
         )
         self.last_notification = Gauge(
             "promreflex_controller_last_notification_timestamp_seconds",

@@ -8,16 +8,19 @@ that a controller relies on is a rejection that names the field.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, UTC
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 Status = Literal["firing", "resolved"]
 
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _SEPARATOR = 0xFF
+#: Alertmanager's fingerprint (and Grafana's, in its webhook): 16 lowercase hex digits.
+FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -71,6 +74,9 @@ class Alert(BaseModel):
     # Alertmanager's listing, so neither re-checked nor resolved for its absence there). Set
     # from the payload's version, never from the sender's alert (WebhookPayload).
     source: Literal["alertmanager", "grafana"] = "alertmanager"
+    # The sender's fingerprint when it was not one (not 16 lowercase hex digits: "../../x?y#z"):
+    # replaced by the one computed from the labels (see model_post_init), kept for the audit.
+    _given_fingerprint: str | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -105,8 +111,19 @@ class Alert(BaseModel):
         return to_utc(value)
 
     def model_post_init(self, __context: object) -> None:
-        if not self.fingerprint:
+        """An empty fingerprint is computed from the labels, as Alertmanager does; so is one that
+        is not a fingerprint at all (16 lowercase hex digits, what Alertmanager and Grafana
+        send): sender data that reaches state keys, audit lines and actions (one built a URL path
+        from it) must have the one shape."""
+        if not FINGERPRINT.fullmatch(self.fingerprint):
+            if self.fingerprint:
+                self._given_fingerprint = self.fingerprint
             object.__setattr__(self, "fingerprint", fingerprint(self.labels))
+
+    @property
+    def given_fingerprint(self) -> str | None:
+        """The sender's fingerprint when it was replaced (not a fingerprint), else None."""
+        return self._given_fingerprint
 
     @property
     def name(self) -> str:

@@ -58,12 +58,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from controllers.audit import AuditLog
-from controllers.engine import FIRING, RESOLVED, Engine, bind_routes
+from controllers.engine import Engine, bind_routes
 from controllers.metrics import ControllerMetrics
 from controllers.models import WebhookPayload
 from promreflex.clients import AlertmanagerClient, PrometheusClient
 from promreflex.config import ConfigError, ControllerConfig, split_host_port
-from promreflex.matchers import matches_all, parse_matcher
 from promreflex.errors import UserError
 from promreflex.httpd import (
     BodyError, add_standard_routes, discard_small_body, read_body, read_token_file, serving, stop_on_signals,
@@ -84,11 +83,10 @@ JSON_TYPES = ("application/json", "application/octet-stream", "text/plain", "app
 # ignored) as version "1". A body without a version is not either (docs/decisions.md).
 WEBHOOK_VERSIONS = get_args(WebhookPayload.model_fields["version"].annotation)  # the model's Literal, one list
 
-#: A route a reload removed keeps resolving what it applied, but matches no new alert.
-_NEVER = parse_matcher('__promreflex_route_removed__="1"')
 #: Keys of the controller section a reload cannot change (they need a restart).
 _RESTART_KEYS = ("listen_address", "token_file", "state_file", "audit_log", "max_body_bytes", "alertmanager_url",
-                 "prometheus_url", "reconcile_interval", "dedupe_window")
+                 "prometheus_url", "reconcile_interval", "dedupe_window", "alertmanager_receiver",
+                 "alertmanager_restart_grace", "reconcile_fire_after")
 
 
 def preflight(cfg: ControllerConfig) -> None:
@@ -245,7 +243,11 @@ async def apply_routes(engine: Engine, cfg: ControllerConfig) -> dict[str, Any]:
     (their held targets, leases and metrics), a new action is started. An applied alert whose
     route was removed, or no longer matches its route's new matchers, is resolved (the action's
     ``resolve`` runs, as when the alert ends); a removed route lingers, matching nothing, until
-    then. Returns what changed."""
+    then. A route whose ``action`` changed, or whose params changed the target its action names
+    for an applied alert (``Action.target``: a URL, a file; not a message), is *retired* for
+    those alerts: they are resolved with the old binding (as ``<route>~<old action>``), and the
+    new binding starts fresh, its fire after that resolve (``retired`` in the answer).
+    ``transitions_failing`` is recomputed from the entries. Returns what changed."""
     bound = bind_routes(cfg)
     running = engine.actions
     for b in bound:
@@ -255,40 +257,9 @@ async def apply_routes(engine: Engine, cfg: ControllerConfig) -> dict[str, Any]:
         check = getattr(b.action, "preflight", None)
         if callable(check):
             check(b.params)
-    old = engine.routes
-    new = {b.route.name: b for b in bound}
-    changed = sorted(n for n in new if n in old and new[n].route != old[n].route)
-    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
-    for name in removed:
-        if any(e.route == name and (e.applied == FIRING or e.desired == FIRING) for e in engine.entries.values()):
-            o = old[name]
-            new[name] = type(o)(o.route, [_NEVER], o.action, o.params)
-    fresh = [b.action for b in bound if b.action.name not in running]
-    engine.routes = new
-    engine.cfg = engine.cfg.model_copy(update={"routes": cfg.routes})
-    for action in {id(b.action): b.action for b in new.values()}.values():
-        action.route_params = [b.params for b in new.values() if b.action is action and b.route.name not in removed]
-    started = set()
-    for action in fresh:
-        if action.name not in started:
-            started.add(action.name)
-            engine._applied.setdefault(action.name, 0)  # noqa: SLF001 - the engine's per-action gauge
-            await action.start(engine.services)
-    for b in bound:
-        engine.metrics.transitions_failing.labels(b.route.name, b.action.name).set(0)
-    resolving = 0
-    for key, entry in list(engine.entries.items()):
-        bound_now = new.get(entry.route)
-        if bound_now is None or entry.desired != FIRING:
-            continue
-        if entry.route in removed or not matches_all(bound_now.matchers, entry.alert.labels):
-            entry.desired = RESOLVED
-            engine._save(entry)  # noqa: SLF001 - the engine persists the desired state it converges to
-            engine.kick(key)
-            resolving += 1
     restart = [k for k in _RESTART_KEYS if getattr(cfg, k) != getattr(engine.cfg, k)]
-    return {"routes": sorted(n for n in new if n not in removed), "added": added, "changed": changed,
-            "removed": removed, "resolving": resolving, "needs_restart": restart}
+    summary = await engine.apply_routes(bound, cfg)
+    return {**summary, "needs_restart": restart}
 
 
 class Reloader:

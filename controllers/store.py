@@ -2,8 +2,12 @@
 
 What it holds (``controller.state_file``):
 
-- ``entries``: per (route, alert fingerprint) the alert, its desired and applied state, and
-  the transition in flight (the *intent*, written and committed before an action runs);
+- ``entries``: per (route, alert fingerprint) the alert, its desired and applied state
+  (``firing``, ``resolved``, or ``unknown`` after a run that may have done part of its work),
+  and the transition in flight (the *intent*, written and committed before an action runs);
+- ``bindings``: per route name the route as configured when its entries were applied (action,
+  params, timeout, ...), so that a start with a configuration that removed the route, or
+  changed its action, still resolves them with what applied them;
 - ``latest``: per fingerprint the newest (startsAt, status) seen, the ordering memory;
 - ``seen``: the dedupe keys (fingerprint, status, startsAt) delivered within ``dedupe_window``;
 - ``last_fire``: per (route, target) when a fire last ran, for cooldowns.
@@ -42,7 +46,7 @@ from promreflex.errors import UserError
 
 log = logging.getLogger("promreflex.controller")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHECKPOINT_BYTES = 4 * 1024 * 1024
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,7 +62,11 @@ CREATE TABLE IF NOT EXISTS seen (
 CREATE INDEX IF NOT EXISTS seen_at ON seen (at);
 CREATE TABLE IF NOT EXISTS last_fire (
     route TEXT NOT NULL, target TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (route, target));
+CREATE TABLE IF NOT EXISTS bindings (name TEXT PRIMARY KEY, binding TEXT NOT NULL);
 """
+#: What turns a database of schema version N into N + 1 (each run in one transaction with the
+#: version's update). 1 -> 2: the bindings table (created by SCHEMA already, as for a new file).
+MIGRATIONS = {1: "CREATE TABLE IF NOT EXISTS bindings (name TEXT PRIMARY KEY, binding TEXT NOT NULL);"}
 
 
 @dataclass
@@ -69,6 +77,7 @@ class Loaded:
     latest: list[tuple[str, str, str, float]] = field(default_factory=list)
     seen: list[tuple[str, str, str, float]] = field(default_factory=list)
     last_fire: list[tuple[str, str, float]] = field(default_factory=list)
+    bindings: dict[str, str] = field(default_factory=dict)  # route name -> its binding (JSON)
 
 
 def _unusable(path: Path, why: str) -> UserError:
@@ -144,8 +153,13 @@ class StateStore:
             # One transaction: a process killed here leaves either no schema or all of it.
             conn.executescript(f"BEGIN; {SCHEMA} INSERT OR IGNORE INTO meta VALUES ('schema', '{SCHEMA_VERSION}'); COMMIT;")
             row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None or row[0] != str(SCHEMA_VERSION):
-                raise sqlite3.DatabaseError(f"schema version {row and row[0]}, this controller reads {SCHEMA_VERSION}")
+            version = int(row[0]) if row is not None and str(row[0]).isdigit() else None
+            if version is None or version > SCHEMA_VERSION or version < min(MIGRATIONS):
+                raise sqlite3.DatabaseError(f"schema version {row and row[0]}, this controller reads "
+                                            f"{min(MIGRATIONS)} to {SCHEMA_VERSION}")
+            for v in range(version, SCHEMA_VERSION):
+                conn.executescript(f"BEGIN; {MIGRATIONS[v]} UPDATE meta SET value = '{v + 1}' WHERE key = 'schema'; COMMIT;")
+                log.info("controller state %s: schema version %d -> %d", self.path, v, v + 1)
         except sqlite3.Error as e:
             conn.close()
             raise _unusable(self.path, str(e)) from e
@@ -178,6 +192,7 @@ class StateStore:
         out.seen = list(c.execute(
             "SELECT fingerprint, status, starts_at, at FROM seen WHERE at >= ? ORDER BY at", (seen_since,)))
         out.last_fire = list(c.execute("SELECT route, target, at FROM last_fire"))
+        out.bindings = dict(c.execute("SELECT name, binding FROM bindings"))
         return out
 
     # ------------------------------------------------------------------ writing
@@ -211,6 +226,12 @@ class StateStore:
 
     def put_last_fire(self, route: str, target: str, at: float) -> None:
         self._pending.append(("INSERT OR REPLACE INTO last_fire VALUES (?, ?, ?)", (route, target, at)))
+
+    def put_binding(self, name: str, binding_json: str) -> None:
+        self._pending.append(("INSERT OR REPLACE INTO bindings VALUES (?, ?)", (name, binding_json)))
+
+    def delete_binding(self, name: str) -> None:
+        self._pending.append(("DELETE FROM bindings WHERE name = ?", (name,)))
 
     async def commit(self) -> None:
         """Return once every statement queued so far, by anyone, is committed and on disk."""

@@ -7,7 +7,9 @@ finding). Both take an ``aiohttp.ClientSession`` so a process shares one connect
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, UTC
 from typing import Any, TypeVar
 
@@ -57,13 +59,28 @@ class PrometheusClient:
         return float(result[0]["value"][1])
 
 
+@dataclass
+class PeerAlerts:
+    """One Alertmanager peer's answer to :meth:`AlertmanagerClient.alerts_by_peer`."""
+
+    url: str
+    alerts: list[dict[str, Any]] | None  # None: the peer did not answer (``error`` says why)
+    # When that Alertmanager process started (``GET /api/v2/status``: ``uptime``), read after
+    # its alerts; None when it could not be read.
+    started: datetime | None = None
+    error: str = ""
+
+
 class AlertmanagerClient:
     """One Alertmanager, or the peers of a cluster (``base_url`` a list).
 
     A cluster's peers hold the same alerts (every Prometheus sends to every peer) but do not
     gossip them to each other, only silences and the notification log. So reads go to one peer,
     the last one that answered, and fail over to the next when it is down; ``post_alerts`` goes
-    to every peer, as Prometheus does, and succeeds when one took it.
+    to every peer, as Prometheus does, and succeeds when one took it. A peer that restarted
+    lists no alert until Prometheus re-sends them (its resend delay, 1 m by default, plus an
+    evaluation): a caller that must tell "ended" from "not re-sent yet" reads every peer with
+    :meth:`alerts_by_peer`, which says when each one started.
     """
 
     def __init__(self, base_url: str | Sequence[str], session: aiohttp.ClientSession,
@@ -105,17 +122,70 @@ class AlertmanagerClient:
         ``endsAt`` in the past) until it garbage-collects them, so those are filtered out here,
         as are entries whose ``endsAt`` cannot be read: a controller must not treat a resolved
         alert as firing."""
+        return await self._each_peer(lambda url: self._alerts(url, inhibited))
+
+    async def _alerts(self, url: str, inhibited: bool) -> list[dict[str, Any]]:
         params = {"active": "true", "silenced": "false", "inhibited": str(inhibited).lower(), "unprocessed": "true"}
-
-        async def get(url: str) -> Any:
-            async with self.session.get(f"{url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
-                if resp.status != 200:
-                    raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
-                return await resp.json(content_type=None)
-
-        items = await self._each_peer(get)
+        async with self.session.get(f"{url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
+            if resp.status != 200:
+                raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
+            try:
+                items = await resp.json(content_type=None)
+            except ValueError as e:
+                raise APIError(f"GET /api/v2/alerts: not JSON ({e})") from None
+        if not isinstance(items, list):
+            raise APIError(f"GET /api/v2/alerts: not a list but {type(items).__name__}")
         now = datetime.now(UTC)
         return [i for i in items if isinstance(i, dict) and not _ended_or_unreadable(i.get("endsAt"), now)]
+
+    async def _started(self, url: str) -> datetime | None:
+        """When the Alertmanager at ``url`` started (``GET /api/v2/status``: ``uptime``, a
+        timestamp despite its name), or None when it cannot be read."""
+        try:
+            async with self.session.get(f"{url}/api/v2/status", timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    return None
+                body = await resp.json(content_type=None)
+            uptime = body.get("uptime") if isinstance(body, dict) else None
+            if not isinstance(uptime, str):
+                return None
+            started = datetime.fromisoformat(uptime.replace("Z", "+00:00"))
+            return started.astimezone(UTC) if started.tzinfo else None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
+
+    async def alerts_by_peer(self, *, inhibited: bool = False) -> list[PeerAlerts]:
+        """Every peer's active alerts (as :meth:`active_alerts` filters them), all peers read at
+        once, each with the time that peer started (read after its alerts: a peer that restarts
+        between the two reads looks young, never old and empty). Raises :class:`APIError` only
+        when no peer answered. Peers do not gossip alerts: an alert is absent from the cluster
+        only when no peer lists it, and a peer that started moments ago lists nothing yet."""
+
+        async def one(url: str) -> PeerAlerts:
+            try:
+                alerts = await self._alerts(url, inhibited)
+            except (TimeoutError, aiohttp.ClientError, APIError) as e:
+                return PeerAlerts(url, None, error=why(e))
+            return PeerAlerts(url, alerts, await self._started(url))
+
+        views = list(await asyncio.gather(*(one(url) for url in self.base_urls)))
+        if all(v.alerts is None for v in views):
+            errors = [f"{v.url}: {v.error}" for v in views]
+            raise APIError(errors[0] if len(errors) == 1 else "no Alertmanager peer answered: " + "; ".join(errors))
+        return views
+
+    async def receivers(self) -> list[str]:
+        """The receivers Alertmanager's configuration names (``GET /api/v2/receivers``)."""
+
+        async def get(url: str) -> list[str]:
+            async with self.session.get(f"{url}/api/v2/receivers", timeout=self.timeout) as resp:
+                if resp.status != 200:
+                    raise APIError(f"GET /api/v2/receivers: {resp.status} {await resp.text()}")
+                body = await resp.json(content_type=None)
+            return [r["name"] for r in body if isinstance(r, dict) and isinstance(r.get("name"), str)] \
+                if isinstance(body, list) else []
+
+        return await self._each_peer(get)
 
     async def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Post alerts (``labels``, ``annotations``, ``startsAt``/``endsAt`` ISO strings) to every

@@ -8,7 +8,12 @@ It models what a controller's view depends on, as Alertmanager 0.25 does it:
   collection (:meth:`gc`): the client filters it out, not the server;
 - timestamps are written with millisecond precision (notifications carry nanoseconds);
 - the query parameters ``active``, ``silenced``, ``inhibited``, ``unprocessed`` filter the way
-  Alertmanager's API handler does.
+  Alertmanager's API handler does;
+- each alert lists the receivers its routing sends it to (``receivers``; ``fire(...,
+  receivers=[...])``), and ``GET /api/v2/receivers`` the configured ones;
+- ``GET /api/v2/status`` says when the process started (``uptime``, a timestamp); a
+  :meth:`restart` forgets every alert (Alertmanager keeps silences and the notification log on
+  disk, alerts in memory only) and starts again: it lists nothing until Prometheus re-sends.
 """
 
 from __future__ import annotations
@@ -22,24 +27,31 @@ from promreflex.clients import iso
 
 
 class FakeAlertmanagerAPI:
-    def __init__(self) -> None:
+    def __init__(self, started: datetime | float | None = None) -> None:
         self.alerts: dict[str, dict[str, Any]] = {}
         self.fail = False
         self.requests = 0
         self.client: Any = None  # the AlertmanagerClient a test points at this fake
+        self.receivers = ["null", "promreflex"]
+        # Default: running for ages (as far as any test's clock can tell).
+        self.started = _when(started) if started is not None else datetime(1970, 1, 1, tzinfo=UTC)
         self.app = web.Application()
         self.app.router.add_get("/api/v2/alerts", self._get)
+        self.app.router.add_get("/api/v2/status", self._status)
+        self.app.router.add_get("/api/v2/receivers", self._receivers)
 
     # ------------------------------------------------------------------ what happens in Alertmanager
-    def fire(self, alert: dict[str, Any]) -> None:
-        """Receive (or refresh) an alert in webhook shape (``tests.payloads.alert``)."""
+    def fire(self, alert: dict[str, Any], receivers: list[str] | None = None) -> None:
+        """Receive (or refresh) an alert in webhook shape (``tests.payloads.alert``), routed to
+        ``receivers`` (default: the controller's, ``promreflex``)."""
         fp = alert["fingerprint"]
         old = self.alerts.get(fp, {})
         starts = datetime.fromisoformat(alert["startsAt"].replace("Z", "+00:00"))
         self.alerts[fp] = {
             "labels": alert["labels"], "annotations": alert["annotations"], "startsAt": _millis(starts),
             "endsAt": iso(datetime.now(UTC) + timedelta(minutes=5)), "generatorURL": alert["generatorURL"],
-            "fingerprint": fp, "updatedAt": iso(), "receivers": [{"name": "promreflex"}],
+            "fingerprint": fp, "updatedAt": iso(),
+            "receivers": [{"name": r} for r in (receivers or old and [r["name"] for r in old["receivers"]] or ["promreflex"])],
             "status": old.get("status") or {"state": "active", "silencedBy": [], "inhibitedBy": []},
         }
         self._restate(fp)
@@ -69,15 +81,27 @@ class FakeAlertmanagerAPI:
         self.alerts = {fp: a for fp, a in self.alerts.items()
                        if datetime.fromisoformat(a["endsAt"].replace("Z", "+00:00")) > now}
 
-    def restart(self) -> None:
-        """Alertmanager keeps silences across a restart, not alerts: until Prometheus re-sends."""
+    def restart(self, started: datetime | float | None = None) -> None:
+        """Alertmanager keeps silences across a restart, not alerts: it lists none until
+        Prometheus re-sends them. ``started``: when (a datetime or Unix time; default now)."""
         self.alerts.clear()
+        self.started = _when(started) if started is not None else datetime.now(UTC)
 
     def _restate(self, fp: str) -> None:
         st = self.alerts[fp]["status"]
         st["state"] = "suppressed" if st["silencedBy"] or st["inhibitedBy"] else "active"
 
     # ------------------------------------------------------------------ the API
+    async def _status(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        if self.fail:
+            return web.json_response({"error": "injected"}, status=500)
+        return web.json_response({"uptime": _millis(self.started), "cluster": {"status": "disabled", "peers": []},
+                                  "versionInfo": {"version": "0.25.0"}})
+
+    async def _receivers(self, request: web.Request) -> web.Response:
+        return web.json_response([{"name": r} for r in self.receivers])
+
     async def _get(self, request: web.Request) -> web.Response:
         self.requests += 1
         if self.fail:
@@ -99,6 +123,10 @@ class FakeAlertmanagerAPI:
                 continue
             out.append(a)
         return web.json_response(out)
+
+
+def _when(value: datetime | float) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromtimestamp(value, UTC)
 
 
 def _millis(ts: datetime) -> str:

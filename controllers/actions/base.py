@@ -6,8 +6,13 @@ The engine guarantees, for every action:
 - ``fire`` and ``resolve`` alternate per (route, alert): a duplicate or a reconcile never runs
   the same transition twice once it completed;
 - at least once per transition: a run the controller did not see complete (the process was
-  killed during it, or it timed out) is run again, so ``fire`` and ``resolve`` must be
-  idempotent (pausing a paused copy, writing the same report again);
+  killed during it, it timed out or raised) may have done all, part or none of its work. What
+  is applied is then *unknown*, and whichever transition is desired next runs: the same one
+  again while the alert still fires, ``resolve`` when it has ended meanwhile (also after a
+  ``fire`` that failed before doing anything), ``fire`` when a new episode started during an
+  interrupted ``resolve``. So ``fire`` and ``resolve`` must be idempotent (pausing a paused
+  copy, writing the same report again) and ``resolve`` must succeed when there is nothing to
+  undo;
 - each run is cancelled after ``timeout`` (the route's ``timeout``, else the class attribute)
   and counted as failed: an action must not hold its target forever. Work pushed to a thread
   is not stopped by the cancellation; keep such calls short or give them their own timeout;
@@ -16,7 +21,11 @@ The engine guarantees, for every action:
 - the cooldown (from the route) delays a new ``fire`` on the same target, never a ``resolve``:
   undoing an action (resuming a paused copy) is always allowed at once. It starts after every
   ``fire`` run, failed or not, so a failing action does not hammer its target;
-- ``shutdown`` runs when the controller stops, so an action can undo what must not outlive it.
+- ``shutdown`` runs when the controller stops, so an action can undo what must not outlive it;
+- what a route applied is resolved with the binding (action, params) that applied it: after a
+  reload or restart that removes the route, changes its ``action``, or changes params that
+  change ``target()`` (the route's old binding runs ``resolve`` first, then the new one
+  ``fire``). ``ctx.route`` is the route's configured name in both.
 
 Alert label values reach an action as data (``ctx.labels``). An action must never execute them,
 interpolate them into a shell command, or use them as a path.
