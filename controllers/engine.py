@@ -20,8 +20,9 @@ by the reconciliation ("silencing means stop acting on it"). Alertmanager's peer
 alerts, and a peer that (re)started lists none until Prometheus re-sends them (its resend delay,
 1 m by default, plus an evaluation): so the reconciliation reads every configured peer, an alert
 is present when any peer lists it, and absent only when no peer that answered lists it *and*
-one of them is a witness: a peer running for ``alertmanager_restart_grace`` or more, or one that
-listed this alert since it started. A rolling restart of the cluster (or of a single
+one of them is a witness: a peer running for ``alertmanager_restart_grace`` or more, one that
+listed this alert since it started, or one that started before the alert's episode (Prometheus
+sends a new alert to every Alertmanager at once). A rolling restart of the cluster (or of a single
 Alertmanager) therefore defers absence decisions instead of undoing every action; an alert that
 truly ended meanwhile is resolved by its notification, or once the grace has passed. That
 resolution starts a new *generation* of the alert: the engine forgets the dedupe keys of that
