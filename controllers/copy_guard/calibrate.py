@@ -117,7 +117,6 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
-import fcntl
 import hashlib
 import json
 import math
@@ -141,6 +140,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO
 
+from promreflex import fsutil
 from promreflex.config import parse_duration
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -1143,20 +1143,11 @@ class CalibrationLock:
         try:
             for what, path in self.locks:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-                    os.close(fd)
-                    raise CalibrationBusy(f"another calibration (pid {holder}) of {what} is running now: two at "
+                    self.fds.append(fsutil.lock_exclusive(path))
+                except fsutil.LockHeld as e:
+                    raise CalibrationBusy(f"another calibration (pid {e.holder}) of {what} is running now: two at "
                                           "once measure neither; wait for it to end") from None
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self.fds.append(fd)
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # (for the message of one refused)
         except BaseException:
             self.release()
             raise

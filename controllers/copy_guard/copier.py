@@ -274,24 +274,16 @@ class _DstLock:
         if self.fd is not None:
             return
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-                os.close(fd)
-                raise CopyBusy(f"another promreflex copy (pid {holder}) is copying into {self.dst}: wait for it "
+                fd = fsutil.lock_exclusive(self.path)
+            except fsutil.LockHeld as e:
+                raise CopyBusy(f"another promreflex copy (pid {e.holder}) is copying into {self.dst}: wait for it "
                                f"to end, or stop it (it resumes where it stopped when run again)") from None
-            except BaseException:
-                os.close(fd)
-                raise
             try:
                 same = os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())  # (for the message of a copier refused)
                 self.fd = fd
                 return
             os.close(fd)  # removed by a copy that ended meanwhile: lock the new one
