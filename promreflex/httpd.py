@@ -31,6 +31,10 @@ What :func:`serving` guarantees for every server (the figures are :class:`Limits
   itself closed when every connection is busy. ``accept()`` therefore never fails with EMFILE,
   and a real client that sends its request at once always gets in, however many idle
   connections an attacker holds.
+- **Counted**: every connection closed by these defences is counted in
+  ``promreflex_server_connections_closed_total{listener, reason}`` (``header_timeout``,
+  ``evicted``, ``refused``; all created at 0) in the registry of the app's standard routes
+  (:func:`add_standard_routes`) or the one given to :func:`serving`, beside the log line.
 - **No log flood**: repeated lines of the ``asyncio`` and ``aiohttp`` loggers (e.g.
   "socket.accept() out of system resource") and of this module are let through once per
   10 s per message, with a count of what was suppressed.
@@ -52,7 +56,9 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from promreflex.config import split_host_port
 from promreflex.errors import UserError
@@ -82,6 +88,10 @@ LIMITS = web.AppKey("httpd_limits", Limits)
 # The addresses the app is bound to (``getsockname()`` tuples), filled once :func:`serving`
 # listens: how a server on port 0 learns its port.
 ADDRESSES = web.AppKey("httpd_addresses", list)
+
+#: The registry of the app's ``/metrics`` (set by :func:`add_standard_routes`): where
+#: :func:`serving` counts the connections it closes, unless it is given another.
+REGISTRY = web.AppKey("httpd_registry", CollectorRegistry)
 
 #: The pool's connection a request came on (set by the pool's middleware; see on_disconnect).
 CONNECTION: web.RequestKey[Any] = web.RequestKey("httpd_connection", object)
@@ -407,6 +417,52 @@ def read_token_file(path: str | os.PathLike[str] | None, what: str = "token file
     return token
 
 
+# --------------------------------------------------------------------------- counters
+CLOSED_REASONS = ("header_timeout", "evicted", "refused")
+
+
+class _ClosedConnections(Collector):
+    """``promreflex_server_connections_closed_total`` of every server that counts into one
+    registry (a process may serve several listeners into one ``/metrics``)."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, _ConnectionPool] = {}
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily(
+            "promreflex_server_connections_closed",
+            "Connections this server closed to defend itself, by listener and reason: header_timeout (a "
+            "request's headers not complete within the header timeout: a slow or stalled client), evicted (the "
+            "longest idle connection, closed at the connection cap to admit a new one), refused (a new "
+            "connection at the cap while every connection had a request in progress).",
+            labels=["listener", "reason"])
+        for listener, pool in sorted(self.pools.items()):
+            for reason, value in zip(CLOSED_REASONS, (pool.timed_out, pool.evicted, pool.refused), strict=True):
+                family.add_metric([listener, reason], value)
+        yield family
+
+
+_CLOSED: dict[int, tuple[CollectorRegistry, _ClosedConnections]] = {}
+
+
+def _count_closed(registry: CollectorRegistry, listener: str, pool: _ConnectionPool) -> Callable[[], None]:
+    """Count ``pool``'s closes in ``registry`` under ``listener``; returns what stops it."""
+    entry = _CLOSED.get(id(registry))
+    if entry is None or entry[0] is not registry:
+        entry = _CLOSED[id(registry)] = (registry, _ClosedConnections())
+        registry.register(entry[1])
+    collector = entry[1]
+    collector.pools[listener] = pool
+
+    def stop() -> None:
+        if collector.pools.get(listener) is pool:
+            del collector.pools[listener]
+        if not collector.pools and _CLOSED.get(id(registry)) is entry:
+            del _CLOSED[id(registry)]
+            registry.unregister(collector)
+    return stop
+
+
 # --------------------------------------------------------------------------- routes
 def metrics_handler(registry: CollectorRegistry) -> Handler:
     """``GET /metrics``; the exposition is rendered in a thread so a large registry never
@@ -440,6 +496,8 @@ def add_standard_routes(app: web.Application, registry: CollectorRegistry, title
     async def index(_: web.Request) -> web.Response:
         return web.Response(text=f"{title}: see /metrics\n")
 
+    if not app.frozen:
+        app[REGISTRY] = registry
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/-/healthy", ready)
@@ -448,10 +506,12 @@ def add_standard_routes(app: web.Application, registry: CollectorRegistry, title
 
 
 @asynccontextmanager
-async def serving(listen_address: str, app: web.Application, limits: Limits | None = None,
-                  **runner_kwargs: Any) -> AsyncIterator[web.Application]:
+async def serving(listen_address: str, app: web.Application, limits: Limits | None = None, *,
+                  registry: CollectorRegistry | None = None, **runner_kwargs: Any) -> AsyncIterator[web.Application]:
     """Serve ``app`` on ``listen_address`` while the block runs, with the defences of this
-    module (``limits``). Raises OSError when the address cannot be bound."""
+    module (``limits``). The connections they close are counted in ``registry`` (by default
+    the registry of the app's standard routes; none without either). Raises OSError when the
+    address cannot be bound."""
     limits = limits or Limits()
     rate_limit_logs()
     addresses: list[Any] = []
@@ -473,11 +533,15 @@ async def serving(listen_address: str, app: web.Application, limits: Limits | No
         server = site._server  # noqa: SLF001 - aiohttp keeps the asyncio server there
         addresses.extend(sock.getsockname() for sock in getattr(server, "sockets", None) or ())
         sweeper = asyncio.get_running_loop().create_task(pool.sweep_forever()) if pool else None
+        counts = registry if registry is not None else app.get(REGISTRY)
+        uncount = _count_closed(counts, listen_address, pool) if pool is not None and counts is not None else None
         try:
             yield app
         finally:
             if sweeper is not None:
                 sweeper.cancel()
+            if uncount is not None:
+                uncount()
     finally:
         await runner.cleanup()
 

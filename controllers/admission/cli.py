@@ -82,7 +82,7 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
     try:
-        async with serving(cfg.listen_address, proxy.app(), limits, **proxy.server_kwargs()), \
+        async with serving(cfg.listen_address, proxy.app(), limits, registry=proxy.registry, **proxy.server_kwargs()), \
                 serving(cfg.control.listen_address, proxy.control_app()):
             log.info("admission proxy on http://%s -> %s; control and /metrics on http://%s; event loop %s",
                      cfg.listen_address, cfg.upstream, cfg.control.listen_address, type(loop).__module__.split(".")[0])

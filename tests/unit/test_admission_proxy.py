@@ -464,6 +464,35 @@ async def test_stopping_the_proxy_does_not_wait_for_answers_to_clients_that_left
         assert await asyncio.wait_for(task, 15) == 0
 
 
+async def test_the_proxy_counts_the_connections_its_listener_closes_in_its_metrics():
+    """A slowloris client's close at the proxy's own listener (header timeout) is counted where
+    the proxy's metrics are read (its control port), beside the control listener's own."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controllers.admission.cli import serve
+    from promreflex.proc import free_port
+
+    async with serving("127.0.0.1:0", upstream_app()) as up:
+        listen, control = free_port(), free_port()
+        cfg = section(f"http://127.0.0.1:{up[ADDRESSES][0][1]}", listen_address=f"127.0.0.1:{listen}",
+                      control__listen_address=f"127.0.0.1:{control}")
+        ready, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(serve(cfg, ready, stop))
+        try:
+            await asyncio.wait_for(ready.wait(), 30)
+            async with client() as plain, plain.get(f"http://127.0.0.1:{control}/metrics") as resp:
+                text = await resp.text()
+            closed = {(s.labels["listener"], s.labels["reason"]): s.value
+                      for f in text_string_to_metric_families(text) for s in f.samples
+                      if s.name == "promreflex_server_connections_closed_total"}
+            for listener in (f"127.0.0.1:{listen}", f"127.0.0.1:{control}"):
+                for reason in ("header_timeout", "evicted", "refused"):
+                    assert closed.get((listener, reason)) == 0, (listener, reason, closed)
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 15) == 0
+
+
 async def test_a_logout_whose_client_left_does_not_complete_the_session():
     async with rig() as r, client() as c:
         async with c.get(f"{r.url}/login"):

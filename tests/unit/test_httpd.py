@@ -11,11 +11,12 @@ from unittest import mock
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
+from prometheus_client import CollectorRegistry, generate_latest
 
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    BodyError, Limits, RateLimitFilter, _ConnectionPool, default_max_connections, on_disconnect, read_body,
-    read_token_file, serving,
+    BodyError, Limits, RateLimitFilter, _ConnectionPool, add_standard_routes, default_max_connections, on_disconnect,
+    read_body, read_token_file, serving,
 )
 from promreflex.proc import free_port
 
@@ -174,7 +175,9 @@ def test_a_private_token_file_is_read(tmp_path):
     assert read_token_file(None) == ""
 
 
-async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
+def _slow_app(app: web.Application) -> tuple[web.Application, asyncio.Event, list[int]]:
+    """``app`` with ``GET /slow``, which holds every request until the event is set (the
+    list counts the requests that entered)."""
     release = asyncio.Event()
     entered = []
 
@@ -183,8 +186,12 @@ async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
         await release.wait()
         return web.Response(text="done")
 
-    app = _app()
     app.router.add_get("/slow", slow)
+    return app, release, entered
+
+
+async def test_when_every_connection_is_busy_a_new_one_is_refused_not_queued():
+    app, release, entered = _slow_app(_app())
     port = free_port()
     async with serving(f"127.0.0.1:{port}", app, Limits(max_connections=3)):
         busy = await _connections(port, 3, b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -267,3 +274,74 @@ async def test_on_disconnect_tells_once_when_the_client_leaves_and_not_after_it_
             assert time.monotonic() < deadline, calls
             await asyncio.sleep(0.01)
         assert sorted(calls) == ["late", "late, after", "wait"]  # once each; "kept" was taken back
+
+
+def _closed(registry: CollectorRegistry, listener: str, reason: str) -> float | None:
+    return registry.get_sample_value("promreflex_server_connections_closed_total",
+                                     {"listener": listener, "reason": reason})
+
+
+async def _until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_the_connections_a_server_closes_are_counted_in_its_metrics():
+    """A slow client's close (header timeout), an idle connection closed at the cap and a new
+    one refused at the cap are counted by listener and reason, created at 0, in the registry of
+    the app's /metrics."""
+    registry = CollectorRegistry()
+    app, release, entered = _slow_app(add_standard_routes(_app(), registry))
+    port = free_port()
+    listener = f"127.0.0.1:{port}"
+    async with serving(listener, app, Limits(max_connections=3, header_timeout=0.5)):
+        assert [_closed(registry, listener, r) for r in ("header_timeout", "evicted", "refused")] == [0, 0, 0]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        await writer.drain()
+        assert await _closed_within(reader, 10)
+        writer.close()
+        assert await _until(lambda: _closed(registry, listener, "header_timeout") == 1)
+        idle = await _connections(port, 3, b"")  # three idle connections fill the cap
+        busy = await _connections(port, 3, b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert await _until(lambda: len(entered) == 3)
+        assert _closed(registry, listener, "evicted") == 3  # each busy one closed an idle one
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await _closed_within(reader, 5)
+        writer.close()
+        assert await _until(lambda: _closed(registry, listener, "refused") == 1)
+        release.set()
+        for r, w in busy + idle:
+            await asyncio.wait_for(r.read(), 10)
+            w.close()
+        # the whole exposition, as Prometheus reads it
+        text = generate_latest(registry).decode()
+        assert f'promreflex_server_connections_closed_total{{listener="{listener}",reason="refused"}} 1.0' in text
+    assert _closed(registry, listener, "refused") is None  # gone with its server
+
+
+async def test_two_listeners_count_into_one_registry_and_a_server_can_start_again():
+    """A process serving two listeners into one /metrics (the admission proxy: its app, and
+    its control port with the metrics) gets one family with a listener label each; a server
+    stopped and started again in the same process registers again without a duplicate."""
+    registry = CollectorRegistry()
+    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    for _ in range(2):
+        async with serving(a, _app(), Limits(header_timeout=0.3), registry=registry), \
+                serving(b, add_standard_routes(web.Application(), registry)):
+            assert _closed(registry, a, "header_timeout") == 0
+            assert _closed(registry, b, "header_timeout") == 0
+            host, port = a.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /ok HTTP/1.1\r\n")
+            await writer.drain()
+            assert await _closed_within(reader, 10)
+            writer.close()
+            assert await _until(lambda: _closed(registry, a, "header_timeout") == 1)
+            assert _closed(registry, b, "header_timeout") == 0
+        assert _closed(registry, a, "header_timeout") is None
+
