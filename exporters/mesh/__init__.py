@@ -1,9 +1,9 @@
 """Mesh exporter: per-edge request metrics from Istio/Envoy sidecar access logs.
 
 Reads what Istio sidecars write (the default text format, the JSON encoding, or any Envoy
-format string, compiled; Envoy's own default; Istio ambient's ztunnel and waypoint logs),
-behind CRI, Docker, ``kubectl logs --timestamps`` or Filebeat wrappers, and counts requests per edge
-``source -> destination`` with status class, response flags, duration and upstream service
+format string, compiled; Envoy's own default; Istio ambient's ztunnel logs, text or JSON, and
+waypoint logs), behind CRI, Docker, ``kubectl logs --timestamps`` or Filebeat wrappers, and counts
+requests per edge ``source -> destination`` with status class, response flags, duration and upstream service
 time. The dependency graph is ``promreflex_mesh_edge_info``.
 
 Modules: ``envoy_format`` (format-string compiler: parser and writer), ``json_format``,

@@ -57,8 +57,8 @@ PARSE_ERROR_REASONS = (
     "other_stream",  # stderr of the container (Envoy's own log), not an access log line
     "truncated",  # a proper prefix of a valid line / JSON object, or a split line never finished
     "format_mismatch",  # text that does not fit the format string
-    "invalid_json",  # istio_json line that is not a JSON object
-    "missing_field",  # JSON object without response_code
+    "invalid_json",  # a JSON line (istio_json, ztunnel's JSON) that is not a JSON object
+    "missing_field",  # JSON object without response_code; ztunnel line without src.addr / dst.addr
     "bad_value",  # JSON value of the wrong type (a non-numeric response_code, ...), or a record not countable
 )
 # Lines of the format that are not records to count (not rejections of the log's format):

@@ -16,7 +16,7 @@ from exporters.mesh.envoy_format import (
     CompiledFormat,
     ParseError,
 )
-from exporters.mesh.json_format import ISTIO_JSON, ISTIO_JSON_EXTRA_FIELDS, JsonFormat
+from exporters.mesh.json_format import ISTIO_JSON, ISTIO_JSON_EXTRA_FIELDS, JsonFormat, load_object
 from exporters.mesh.ztunnel_format import ZTUNNEL
 
 FORMAT_NAMES = ("istio_text", "istio_text_legacy", "istio_json", "envoy", "ztunnel", "auto")
@@ -32,14 +32,19 @@ class LineFormat(Protocol):
 
 class AutoFormat:
     """Each line in the first known format that takes it: Istio's text (1.9+ and legacy),
-    Envoy's own default, Istio's JSON, ztunnel. For a log whose format nobody wrote down (a
-    plain Envoy, a waypoint, a node's ztunnel); a rejected line gets the reason of the format
-    that came closest (``truncated`` before ``format_mismatch``)."""
+    Envoy's own default, Istio's JSON, ztunnel (text or JSON). For a log whose format nobody
+    wrote down (a plain Envoy, a waypoint, a node's ztunnel); a rejected line gets the reason of
+    the format that came closest (``truncated`` before ``format_mismatch``). A JSON line is
+    ztunnel's when :meth:`ZtunnelFormat.claims` its object (then its reason is final), else
+    Istio's JSON."""
 
     formats: tuple[LineFormat, ...] = (ISTIO_TEXT, ENVOY_DEFAULT, ISTIO_LEGACY_TEXT, ISTIO_JSON, ZTUNNEL)
 
     def parse(self, line: str) -> dict[str, Any]:
-        candidates = [ISTIO_JSON] if line.lstrip().startswith("{") else [f for f in self.formats if f is not ISTIO_JSON]
+        if line.lstrip().startswith("{"):
+            obj = load_object(line)
+            return ZTUNNEL.parse_object(obj) if ZTUNNEL.claims(obj) else ISTIO_JSON.parse_object(obj)
+        candidates = [f for f in self.formats if f is not ISTIO_JSON]
         reason, detail = "format_mismatch", "no known format takes the line"
         for fmt in candidates:
             try:

@@ -68,6 +68,24 @@ _TYPED_KEYS = frozenset(
 )
 
 
+def load_object(line: str) -> dict[str, Any]:
+    """The JSON object one log line holds; :class:`ParseError` ``truncated`` for a proper prefix
+    of an object, ``invalid_json`` for anything else that is not one (nested too deeply too)."""
+    try:
+        obj = json.loads(line)
+    except RecursionError:
+        raise ParseError("invalid_json", "nested too deeply") from None
+    except ValueError as e:
+        pos, msg = getattr(e, "pos", 0), getattr(e, "msg", "")
+        ended_early = pos >= len(line.rstrip()) or msg.startswith("Unterminated string")
+        if line.lstrip().startswith("{") and ended_early:
+            raise ParseError("truncated", "JSON object ends early") from None
+        raise ParseError("invalid_json", str(e)[:80]) from None
+    if not isinstance(obj, dict):
+        raise ParseError("invalid_json", f"a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
 class JsonFormat:
     """Parser and writer for one JSON format dictionary (key -> operator string).
 
@@ -91,18 +109,10 @@ class JsonFormat:
 
     def parse(self, line: str) -> dict[str, Any]:
         """Typed record for one JSON line; raises :class:`ParseError` (never anything else)."""
-        try:
-            obj = json.loads(line)
-        except RecursionError:
-            raise ParseError("invalid_json", "nested too deeply") from None
-        except ValueError as e:
-            pos, msg = getattr(e, "pos", 0), getattr(e, "msg", "")
-            ended_early = pos >= len(line.rstrip()) or msg.startswith("Unterminated string")
-            if line.lstrip().startswith("{") and ended_early:
-                raise ParseError("truncated", "JSON object ends early") from None
-            raise ParseError("invalid_json", str(e)[:80]) from None
-        if not isinstance(obj, dict):
-            raise ParseError("invalid_json", f"a JSON {type(obj).__name__}, not an object")
+        return self.parse_object(load_object(line))
+
+    def parse_object(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Typed record for one line's JSON object (as :func:`load_object` returns it)."""
         record: dict[str, Any] = {}
         extras: dict[str, Any] = {}
         for key, value in obj.items():
@@ -151,4 +161,4 @@ def _json_value(op: Operator | None, value: Any) -> Any:
 
 ISTIO_JSON = JsonFormat(ISTIO_JSON_FORMAT, ISTIO_JSON_EXTRA_FIELDS)
 
-__all__ = ["ISTIO_JSON", "ISTIO_JSON_EXTRA_FIELDS", "ISTIO_JSON_FORMAT", "JsonFormat"]
+__all__ = ["ISTIO_JSON", "ISTIO_JSON_EXTRA_FIELDS", "ISTIO_JSON_FORMAT", "JsonFormat", "load_object"]
