@@ -111,6 +111,15 @@ def _volumes(state: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+NAMESPACE = "promreflex"
+AM_CONFIG = "promreflex"
+RECEIVER = "promreflex-controller"
+# How the Prometheus Operator names an AlertmanagerConfig's receiver in Alertmanager's own
+# configuration (<namespace>/<AlertmanagerConfig>/<receiver>, since its 0.56): the name the
+# controller's reconciliation looks for in the receivers Alertmanager lists per alert.
+OPERATOR_RECEIVER = f"{NAMESPACE}/{AM_CONFIG}/{RECEIVER}"
+
+
 def controller_config(routes: list[dict[str, Any]], owner: bool) -> dict[str, Any]:
     c: dict[str, Any] = {
         "listen_address": f"0.0.0.0:{CONTROLLER_PORT}",
@@ -119,6 +128,10 @@ def controller_config(routes: list[dict[str, Any]], owner: bool) -> dict[str, An
         "prometheus_url": "http://prometheus-operated.monitoring.svc:9090",
         "state_file": "/var/lib/promreflex/controller-state.db",
         "audit_log": "/var/lib/promreflex/audit.jsonl",
+        # The central controller acts on the alerts Alertmanager routes to its receiver (an
+        # older operator, or a renamed one: it says so once in its log and acts on every alert
+        # its routes match). The agents get no webhook: they pull every alert of their node.
+        "alertmanager_receiver": None if owner else OPERATOR_RECEIVER,
         "routes": routes,
     }
     if owner:
@@ -172,11 +185,11 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
             }},
         },
     }]
-    receiver = "promreflex-controller"
+    receiver = RECEIVER
     matchers = sorted({m for r in central for m in r["matchers"]})
     am_config = [{
         "apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "AlertmanagerConfig",
-        "metadata": _meta("promreflex", "alertmanagerconfig"),
+        "metadata": _meta(AM_CONFIG, "alertmanagerconfig"),
         "spec": {
             "route": {"receiver": receiver, "groupBy": ["..."], "groupWait": "0s", "groupInterval": "5s",
                       "repeatInterval": "1h",
@@ -219,7 +232,7 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
     files: dict[str, list[dict[str, Any]]] = {"controller.yaml": controller, "agent.yaml": agent, "alertmanagerconfig.yaml": am_config,
              "prometheusrules.yaml": rules, "dashboards.yaml": dashboards, "monitors.yaml": monitors}
     files["kustomization.yaml"] = [{
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "promreflex",
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": NAMESPACE,
         "labels": [{"pairs": {"app.kubernetes.io/instance": "promreflex"}}],
         "resources": sorted(n for n in files if n != "kustomization.yaml"),
     }]

@@ -91,6 +91,15 @@ def test_the_central_controller_is_one_replica_and_agents_own_their_node():
     assert agent["owner"] == {"label": "node", "value_from_env": "NODE_NAME"}
     assert {r["action"] for r in agent["routes"]} == {"copy-guard"}  # the default routes' host actions
     assert "copy-guard" not in {r["action"] for r in central["routes"]} and "rca" in {r["action"] for r in central["routes"]}
+    # The central controller's receiver as the operator names the AlertmanagerConfig's receiver
+    # in Alertmanager (<namespace>/<AlertmanagerConfig>/<receiver>); the agents, which no route
+    # sends to, act on every alert of their node (the default, "promreflex", matches nothing there).
+    kustomization = yaml.safe_load(kube.render()["kustomization.yaml"])
+    am_config = next(d for d in docs if d["kind"] == "AlertmanagerConfig")
+    receiver = am_config["spec"]["receivers"][0]["name"]
+    assert am_config["spec"]["route"]["receiver"] == receiver
+    assert central["alertmanager_receiver"] == f"{kustomization['namespace']}/{am_config['metadata']['name']}/{receiver}"
+    assert agent["alertmanager_receiver"] is None
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
     env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
