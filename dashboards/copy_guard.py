@@ -165,7 +165,9 @@ def copy_guard() -> dashboard.Dashboard:
             timeseries_panel(
                 "Throttle decisions",
                 "short",
-                Query("sum by (site, verdict) (increase(promreflex_copy_guard_throttle_decisions_total[1m]))",
+                # Per minute, averaged over $__rate_interval: a fixed [1m] holds one sample at a
+                # 60 s scrape and the series stayed empty.
+                Query("60 * sum by (site, verdict) (rate(promreflex_copy_guard_throttle_decisions_total[$__rate_interval]))",
                       "{{site}} {{verdict}}"),
                 Query("sum by (site, reason) (increase(promreflex_copy_guard_emergency_pauses_total[10m]))",
                       "emergency {{site}} ({{reason}})"),

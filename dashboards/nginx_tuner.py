@@ -52,7 +52,7 @@ def nginx_tuner() -> dashboard.Dashboard:
                 "short",
                 Query("sum(nginx_connections_waiting)", "idle (waiting)"),
                 Query("sum(nginx_connections_active)", "active"),
-                Query("sum(rate(nginx_connections_accepted[1m]))", "accepted/s (handshakes)"),
+                Query("sum(rate(nginx_connections_accepted[$__rate_interval]))", "accepted/s (handshakes)"),
                 description="A longer keepalive_timeout holds more idle connections and accepts fewer new ones.",
             )
         )
