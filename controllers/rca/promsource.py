@@ -39,16 +39,35 @@ from controllers.rca.models import (
 from promreflex.clients import APIError, PrometheusClient
 from promreflex.config import Duration, Strict, format_duration
 
+def rate_ladder(selector: str) -> str:
+    """``rate(selector[W])`` over the shortest window W of 1m, 2m, 5m that holds at least 4
+    samples, per series (rules/*.rules.yml do the same; README, "Scrape and evaluation
+    intervals"): a fixed 1m window holds one sample at a 60 s scrape, and its rate is empty."""
+    return (f"(rate({selector}[1m]) and count_over_time({selector}[1m]) >= 4"
+            f" or rate({selector}[2m]) and count_over_time({selector}[2m]) >= 4"
+            f" or rate({selector}[5m]))")
+
+
+def sum_of_rates(*selectors: str) -> str:
+    """The sum of the selectors' laddered rates, each taken alone (a rate drops the metric's
+    name, so two metrics in one ladder would be one label set twice: an error), and what there
+    is when some of them have no series."""
+    parts = [f"sum{rate_ladder(s)}" for s in selectors]
+    return " or ".join([" + ".join(parts), *parts]) if len(parts) > 1 else parts[0]
+
+
 CADVISOR_RESOURCES: dict[Resource, str] = {
-    "cpu": 'sum(rate(container_cpu_usage_seconds_total{container="$service"}[1m]))',
+    "cpu": sum_of_rates('container_cpu_usage_seconds_total{container="$service"}'),
     "memory": 'sum(container_memory_working_set_bytes{container="$service"})',
-    "disk_io": 'sum(rate({__name__=~"container_fs_(reads|writes)_bytes_total",container="$service"}[1m]))',
+    "disk_io": sum_of_rates('container_fs_reads_bytes_total{container="$service"}',
+                            'container_fs_writes_bytes_total{container="$service"}'),
 }
 # prometheus-process-exporter (ncabatoff), one process group per service.
 PROCESS_RESOURCES: dict[Resource, str] = {
-    "cpu": 'sum(rate(namedprocess_namegroup_cpu_seconds_total{groupname="$service"}[1m]))',
+    "cpu": sum_of_rates('namedprocess_namegroup_cpu_seconds_total{groupname="$service"}'),
     "memory": 'sum(namedprocess_namegroup_memory_bytes{groupname="$service",memtype="resident"})',
-    "disk_io": 'sum(rate({__name__=~"namedprocess_namegroup_(read|write)_bytes_total",groupname="$service"}[1m]))',
+    "disk_io": sum_of_rates('namedprocess_namegroup_read_bytes_total{groupname="$service"}',
+                            'namedprocess_namegroup_write_bytes_total{groupname="$service"}'),
 }
 RESOURCE_PRESETS = {"cadvisor": CADVISOR_RESOURCES, "process": PROCESS_RESOURCES}
 
@@ -111,7 +130,7 @@ class PromQueries(Strict):
     # Range query, one series per service: the p99 the mesh exporter's histogram gives.
     latency: str = (
         "histogram_quantile(0.99, sum by (destination, le) "
-        "(rate(promreflex_mesh_request_duration_seconds_bucket[1m])))"
+        + rate_ladder("promreflex_mesh_request_duration_seconds_bucket") + ")"
     )
     latency_service_label: str = "destination"
     # Optional instant query for the per-service maximum over the recent window, e.g.
