@@ -396,6 +396,40 @@ tests:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("scrape", [15, 30, 60])
+def test_own_request_rate_query_holds_at_slow_scrapes(tmp_path: Path, scrape: int) -> None:
+    """OWN_RPS_QUERY on promtool with the nginx exporter scraped every 15-60 s (its own request
+    rate 1/scrape), stamped at an odd offset (half a scrape and 300 ms), as a real server's
+    scrapes are, never on the query's whole seconds: an irate/idelta over 1m held one sample at
+    60 s and read nothing."""
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    tokens, v, last = [], 0, -1
+    for k in range(20 * 60 // scrape):  # 20 minutes, on a 100 ms grid
+        at = k * scrape * 10 + scrape * 5 + 3
+        gap = at - last - 1
+        if gap:
+            tokens.append("_" if gap == 1 else f"_x{gap}")
+        v += 1 + 3 * scrape  # its own request, and visitors
+        tokens.append(str(v))
+        last = at
+    checks = "".join(f"""
+      - expr: 'round({cal.OWN_RPS_QUERY} * {scrape * 1000})'
+        eval_time: {t}
+        exp_samples: [{{labels: '{{}}', value: 1000}}]""" for t in ("5m", "10m", "15m"))
+    test = tmp_path / "own-slow.test.yml"
+    test.write_text(f"""rule_files: []
+evaluation_interval: 15s
+tests:
+  - interval: 100ms
+    input_series:
+      - series: 'nginx_http_requests_total{{job="nginx", instance="127.0.0.1:9113"}}'
+        values: '{" ".join(tokens)}'
+    promql_expr_test:{checks}
+""")
+    run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_a_threshold_far_from_the_published_one_is_said(tmp_path: Path) -> None:
     from controllers.copy_guard.threshold import write_threshold
 
