@@ -38,7 +38,9 @@ cannot tell that firing notification from a late retry of the first, so without
 then accepted too, but the re-check with Alertmanager before every fire skips it while the
 alert is still silenced or inhibited. The re-check reads the peer reads stick to; when that one
 does not list the alert, every peer (Prometheus posts to each peer separately: the one that
-notified may hold it a moment before the others).
+notified may hold it a moment before the others). An action that confirms after a restart what
+it held before asks the same rule, never one peer: ``services["alertmanager_presence"]``
+(:meth:`Engine.presence`).
 
 Routing: the reconciliation fires only alerts Alertmanager routes to ``alertmanager_receiver``
 (the ``receivers`` of each listed alert; when Alertmanager does not know that receiver, every
@@ -85,7 +87,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, UTC
 from typing import Any, Generic, TypeVar
@@ -127,6 +129,9 @@ MAX_RETRY_DELAY = 60.0  # the backoff's cap
 IN_FLIGHT = 256  # per action: transitions between their intent and their completion at once
 GC_THRESHOLD = 50_000  # allocations between young collections (CPython's default: 700)
 EXPIRE_EVERY = 1.0  # seconds between two sweeps of the dedupe and ordering memory
+#: The service (in ``services``, with an Alertmanager) that tells actions whether alerts are
+#: still active, judged as the reconciliation judges an absence: :meth:`Engine.presence`.
+PRESENCE = "alertmanager_presence"
 
 
 @dataclass
@@ -305,6 +310,9 @@ class Engine:
         self._receiver_known: bool | None = None
         self._recheck: SharedRead[set[str] | None] = SharedRead(self._read_first_peer)
         self._recheck_all: SharedRead[list[PeerAlerts] | None] = SharedRead(self._read_every_peer)
+        self._presence_read: SharedRead[list[PeerAlerts]] = SharedRead(self._read_peers)
+        if self.services.get("alertmanager") is not None:
+            self.services[PRESENCE] = self.presence
         self._closing = False
         self._last_expire = 0.0
         for b in self.routes.values():
@@ -817,6 +825,19 @@ class Engine:
                 young.append(peer.url)
             witnesses.append((settled, memory.listed, peer.started))
         return ClusterView(present, witnesses, young)
+
+    async def presence(self, alerts: Mapping[str, datetime | None]) -> dict[str, bool | None]:
+        """Whether Alertmanager still has each alert (fingerprint -> the ``startsAt`` of the
+        episode held, or None), for an action that must confirm, after a restart, what it held
+        before (offered as ``services["alertmanager_presence"]``): True when a peer lists it,
+        False when no peer does and one that answered proves its absence (as the reconciliation
+        resolves: :meth:`ClusterView.proves_absent`), None when only peers that started within
+        ``alertmanager_restart_grace`` answered (the grace bounds the wait). Every peer is read
+        (concurrent callers share one read) and what each lists is remembered as a
+        reconciliation's read is. Raises when no peer answered."""
+        view = self._cluster_view(await self._presence_read(), self.clock())
+        return {fp: True if fp in view.present else False if view.proves_absent(fp, starts) else None
+                for fp, starts in alerts.items()}
 
     async def _routed(self, present: list[tuple[Alert, dict[str, Any]]]) -> tuple[list[Alert], bool]:
         """The alerts Alertmanager routes to ``alertmanager_receiver`` (all of them when it is

@@ -18,12 +18,16 @@ It models what a controller's view depends on, as Alertmanager 0.25 does it:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, UTC
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from promreflex.clients import iso
+from promreflex.clients import AlertmanagerClient, iso
 
 
 class FakeAlertmanagerAPI:
@@ -123,6 +127,19 @@ class FakeAlertmanagerAPI:
                 continue
             out.append(a)
         return web.json_response(out)
+
+
+@contextlib.asynccontextmanager
+async def cluster(n: int) -> AsyncIterator[tuple[list[FakeAlertmanagerAPI], AlertmanagerClient]]:
+    """``n`` fake peers, and one client that has them all (the controller's configuration)."""
+    peers = [FakeAlertmanagerAPI() for _ in range(n)]
+    async with contextlib.AsyncExitStack() as stack:
+        servers = [await stack.enter_async_context(TestServer(p.app)) for p in peers]
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        client = AlertmanagerClient([str(s.make_url("")) for s in servers], session)
+        for p in peers:
+            p.client = client
+        yield peers, client
 
 
 def _when(value: datetime | float) -> datetime:

@@ -58,6 +58,12 @@ Never a copy left stopped or throttled:
   throttle's share included) lists what is held; ``start`` resumes all of it after a crash,
   then holds again (at the saved share) only for holders Alertmanager confirms as still active
   (the engine itself does not fire again for an alert it had applied before the restart).
+  Confirmed by the engine's rule for an absence (``services["alertmanager_presence"]``), not
+  by one peer: a holder is confirmed when any Alertmanager peer lists it, dropped when one
+  that can be believed omits it (running past ``alertmanager_restart_grace``, or it listed the
+  alert since it started, or it started before the episode), and kept otherwise, unconfirmed
+  and holding nothing: a peer that restarted (with the controller, when a host reboots) lists
+  nothing until Prometheus re-sends. The grace bounds the wait.
 
 Alert label values are data: the ``site`` label is only compared with registry entries' site
 and with the label of the series Prometheus returns; it is never put into a query.
@@ -75,6 +81,7 @@ import sys
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,6 +93,7 @@ from controllers.actions.base import Action, ActionContext, register
 from controllers.copy_guard import freeze
 from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir
 from controllers.copy_guard.throttle import EMERGENCY_REASONS, Settings, Signal, Throttle
+from controllers.engine import PRESENCE
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
 from promreflex.httpd import read_token_file
@@ -203,7 +211,8 @@ class Episode:
     site: str
     params: CopyGuardParams
     since: float = field(default_factory=time.time)
-    holders: dict[str, dict[str, Any]] = field(default_factory=dict)  # fingerprint -> {alertname, confirmed}
+    # fingerprint -> {alertname, confirmed, startsAt (ISO 8601; absent in a state written before)}
+    holders: dict[str, dict[str, Any]] = field(default_factory=dict)
     held: dict[str, Held] = field(default_factory=dict)
     forced: bool = False
     resume_at: float | None = None  # pause mode, resolved: when the last held copy's min_pause ends
@@ -226,7 +235,8 @@ class Episode:
             held[str(i)] = Held(str(i), str(h["kind"]), _str_or_none(h.get("control_url")),
                                 since=float(since) if isinstance(since, (int, float)) else time.time())
         ep = cls(str(raw["site"]), params, float(raw["since"]),
-                 {str(k): {"alertname": str(v.get("alertname", "")), "confirmed": False}
+                 {str(k): {"alertname": str(v.get("alertname", "")), "confirmed": False,
+                           **({"startsAt": v["startsAt"]} if isinstance(v.get("startsAt"), str) else {})}
                   for k, v in dict(raw.get("holders", {})).items()},
                  held, bool(raw.get("forced", False)))
         if params.mode == "adaptive":
@@ -461,7 +471,8 @@ class CopyGuardAction(Action):
                     ep.throttle = Throttle(params.settings())
                     ep.throttle.open(time.time(), (signals or {}).get(site))
                     self._count(ep)
-            ep.holders[ctx.alert.fingerprint] = {"alertname": ctx.alert.name, "confirmed": True}
+            ep.holders[ctx.alert.fingerprint] = {"alertname": ctx.alert.name, "confirmed": True,
+                                                 "startsAt": ctx.alert.startsAt.isoformat()}
             ep.resume_at = None
             if ep.forced:
                 self._save()
@@ -529,7 +540,8 @@ class CopyGuardAction(Action):
     # ------------------------------------------------------------------ recovery
     async def recover(self, params_list: list[CopyGuardParams]) -> int:
         """Resume everything a previous controller held (its state files), keep its holders as
-        unconfirmed: the supervisor holds again only for those Alertmanager still has active."""
+        unconfirmed: the supervisor holds again only for those Alertmanager still has active
+        (:meth:`_confirm`)."""
         resumed = 0
         for params in params_list:
             self._know(params)
@@ -557,25 +569,36 @@ class CopyGuardAction(Action):
             self._save()
         return resumed
 
-    async def _confirm(self, ep: Episode) -> None:
-        pending = [fp for fp, h in ep.holders.items() if not h["confirmed"]]
+    async def _confirm(self) -> None:
+        """Confirm or drop the holders a previous controller left (unconfirmed), every episode's
+        at once, by the engine's judgement (``services["alertmanager_presence"]``): confirmed
+        when an Alertmanager peer lists the alert, dropped when one that can be believed omits
+        it, kept (holding nothing) while only peers that restarted within the grace answered.
+        Without Alertmanager every holder is confirmed; with one but without that judgement
+        (outside a controller) they wait: the engine's resolve ends them."""
+        pending = {fp: h for ep in self.episodes.values() for fp, h in ep.holders.items() if not h["confirmed"]}
         if not pending:
             return
-        am = self.services.get("alertmanager")
-        if am is None:
-            for fp in pending:
-                ep.holders[fp]["confirmed"] = True
+        presence = self.services.get(PRESENCE)
+        if presence is None:
+            if self.services.get("alertmanager") is None:
+                for h in pending.values():
+                    h["confirmed"] = True
             return
         try:
-            active = {i.get("fingerprint") for i in await am.active_alerts()}
+            active = await presence({fp: _starts(h) for fp, h in pending.items()})
         except Exception as e:  # noqa: BLE001 - unconfirmed holders simply wait for the next tick
             log.debug("cannot confirm holders with Alertmanager: %r", e)
             return
-        for fp in pending:
-            if fp in active:
-                ep.holders[fp]["confirmed"] = True
-            else:
-                del ep.holders[fp]
+        for ep in self.episodes.values():
+            for fp in [fp for fp in ep.holders if fp in pending]:
+                if active.get(fp):
+                    ep.holders[fp]["confirmed"] = True
+                    log.info("site %s: alert %s (%s) is still active: held again", ep.site,
+                             ep.holders[fp]["alertname"], fp)
+                elif active.get(fp) is False:
+                    log.info("site %s: alert %s (%s) is no longer active in Alertmanager: let go", ep.site,
+                             ep.holders.pop(fp)["alertname"], fp)
 
     # ------------------------------------------------------------------ the supervisor
     async def _supervise(self) -> None:
@@ -605,10 +628,10 @@ class CopyGuardAction(Action):
         elapsed, self._last_tick = mono - self._last_tick, mono
         m = self._m()
         changed = False
+        await self._confirm()
         for site, ep in list(self.episodes.items()):
             if ep.held:
                 m.pause_seconds.labels(site).inc(elapsed)
-            await self._confirm(ep)
             if ep.throttle is not None:
                 changed |= await self._tick_adaptive(ep, now, (signals or {}).get(site) if signals else None)
                 continue
@@ -886,3 +909,12 @@ def _route_of(raw: Any, reg_dir: Path, params_list: list[CopyGuardParams],
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _starts(holder: dict[str, Any]) -> datetime | None:
+    """The ``startsAt`` of the episode a holder is the alert of (None: unknown, or not readable)."""
+    try:
+        starts = datetime.fromisoformat(str(holder.get("startsAt")))
+    except ValueError:
+        return None
+    return starts if starts.tzinfo is not None else None

@@ -15,7 +15,9 @@ from controllers.actions.base import ActionContext
 from controllers.copy_guard import action as action_mod
 from controllers.copy_guard.action import STATE_NAME, CopyGuardAction, CopyGuardParams
 from controllers.copy_guard.registry import Entry, Registry, process_start
-from controllers.engine import bind_routes
+from controllers.audit import AuditLog
+from controllers.engine import Engine, bind_routes
+from controllers.metrics import ControllerMetrics
 from controllers.models import Alert
 from promreflex.config import ConfigError, ControllerConfig
 from promreflex.errors import UserError
@@ -87,6 +89,16 @@ async def started(**services) -> CopyGuardAction:
     a.services = {"registry": CollectorRegistry(), **services}
     a.metrics = action_mod.GuardMetrics(a.services["registry"])
     return a  # no supervisor task: tests call tick() themselves
+
+
+def judged(am, reg) -> dict:
+    """``am`` with the engine's judgement of which alerts are still active (what a controller
+    offers its actions beside its Alertmanager client: ``services["alertmanager_presence"]``)."""
+    cfg = ControllerConfig(state_file=reg.dir.parent / "controller.db", audit_log=reg.dir.parent / "audit.jsonl",
+                           alertmanager_url=None)
+    engine = Engine(cfg, ControllerMetrics(CollectorRegistry(), []), AuditLog(cfg.audit_log),
+                    services={"alertmanager": am})
+    return engine.services
 
 
 def metric(a, name, **labels):
@@ -281,7 +293,7 @@ async def test_after_a_crash_start_resumes_everything_and_repauses_only_if_still
 
     am = FakeAlertmanager()
     am.active = [alert("CopyGuardSiteOverloaded", site="shop")]  # blog resolved meanwhile
-    fresh = await started(alertmanager=am)
+    fresh = await started(**judged(am, reg))
     assert await fresh.recover([p]) == 3
     assert copies.paused() == set()
     assert metric(fresh, "promreflex_copy_guard_resumes_total", site="shop", reason="recovery") == 2
@@ -299,7 +311,7 @@ async def test_recovery_waits_for_alertmanager(copies, reg):
     await crashed.fire(ctx(p))
     am = FakeAlertmanager()
     am.fail = True
-    fresh = await started(alertmanager=am)
+    fresh = await started(**judged(am, reg))
     await fresh.recover([p])
     await fresh.tick()
     assert copies.paused() == set()  # unconfirmed: not paused on a guess
@@ -319,7 +331,7 @@ async def test_recovery_gives_each_episode_the_route_that_opened_it(copies, reg)
     assert copies.paused() == {"c1", "c2"}  # ... and the controller is SIGKILLed here
     am = FakeAlertmanager()
     am.active = [alert("CopyGuardSiteOverloaded", site="shop")]
-    fresh = await started(alertmanager=am)
+    fresh = await started(**judged(am, reg))
     await fresh.recover([adaptive_route, pause_route])
     assert fresh.episodes["shop"].params.mode == "pause" and fresh.episodes["shop"].throttle is None
     await fresh.tick()
@@ -637,7 +649,7 @@ async def test_adaptive_state_survives_a_crash_at_its_share(copies, reg):
     assert saved["throttle"]["share"] == 0.25 and saved["held"]["c1"]["since"] > 0
     am = FakeAlertmanager()
     am.active = [alert("CopyGuardSiteOverloaded", site="shop")]
-    fresh = await started(alertmanager=am, prometheus=prom)
+    fresh = await started(**judged(am, reg), prometheus=prom)
     await fresh.recover([p])
     assert copies.state["c1"] == "running"  # resumed first
     await fresh.tick()

@@ -18,14 +18,11 @@ Each peer is the fake Alertmanager (tests/fake_alertmanager.py) behind the real 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from controllers.actions.base import Action, ActionContext, register
@@ -33,9 +30,8 @@ from controllers.audit import AuditLog, read_audit
 from controllers.engine import Engine
 from controllers.metrics import ControllerMetrics
 from controllers.models import WebhookPayload
-from promreflex.clients import AlertmanagerClient
 from promreflex.config import ControllerConfig, Route
-from tests.fake_alertmanager import FakeAlertmanagerAPI
+from tests.fake_alertmanager import cluster
 from tests.payloads import alert, payload
 
 CALLS: list[tuple[str, str]] = []
@@ -91,19 +87,6 @@ async def converge(engine: Engine) -> dict[str, int]:
     summary = await engine.reconcile()
     await engine.drain()
     return summary
-
-
-@contextlib.asynccontextmanager
-async def cluster(n: int):
-    """``n`` fake peers, and one client that has them all (the controller's configuration)."""
-    peers = [FakeAlertmanagerAPI() for _ in range(n)]
-    async with contextlib.AsyncExitStack() as stack:
-        servers = [await stack.enter_async_context(TestServer(p.app)) for p in peers]
-        session = await stack.enter_async_context(aiohttp.ClientSession())
-        client = AlertmanagerClient([str(s.make_url("")) for s in servers], session)
-        for p in peers:
-            p.client = client
-        yield peers, client
 
 
 def iso(dt: datetime) -> str:
