@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ import yaml
 
 from promreflex import __version__
 from promreflex.capability import Capability, Context, default_ports
-from promreflex.config import DEFAULT_CONFIG, Config, ConfigError, all_capabilities, load_config
+from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, Config, ConfigError, all_capabilities, load_config
 from promreflex.errors import UserError
 from promreflex.proc import pid_alive
 
@@ -57,6 +58,16 @@ def _stack(args: argparse.Namespace) -> Any:
     return stack
 
 
+def uv_command() -> str:
+    """How to call uv here: ``uv`` when it is on PATH, else the repository's ``scripts/uv``
+    (which installed it on first use), as a path from the current directory."""
+    if shutil.which("uv"):
+        return "uv"
+    path = REPO_ROOT / "scripts" / "uv"
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
+
+
 def cmd_stack_up(args: argparse.Namespace) -> int:
     stack = _stack(args)
     print(f"promreflex {__version__}: starting the local stack (state in {stack.dir})")
@@ -64,7 +75,7 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     u = stack.urls
     flags = "".join(f" --{flag} {value}" for flag, value in
                     (("config.file", args.config_file), ("state.dir", args.state_dir)) if value)
-    cmd = "uv run promreflex"
+    cmd = f"{uv_command()} run promreflex"
     # The hint only where a route acts on the self-test alert (a routes list without it: none).
     selftest = (f"  fire the self-test    {cmd} selftest fire{flags}     (then: selftest clear)\n"
                 if any('"PromreflexSelftest"' in m for r in stack.cfg.controller.routes for m in r.matchers) else "")

@@ -4,7 +4,8 @@
 # every start is put in place for the install (and removed again if we created it).
 #
 # Usage: scripts/install-system.sh [PROFILE...]   (default: base)
-#   base    Prometheus, Alertmanager, node_exporter, nginx and its exporter: `make demo`
+#   base    Prometheus, Alertmanager, node_exporter, nginx and its exporter: `make demo`; curl
+#           (the demo's hints use it)
 #   swift   OpenStack Swift (proxy, account, container, object), memcached, tcpdump, iproute2:
 #           the Swift lab (`promreflex swift-lab`, network namespaces), the fleet, their tests
 #   shop    php-fpm, MariaDB and WordPress: the real PHP shop of the copy-guard bench and its test
@@ -18,6 +19,7 @@
 # For tests (tests/unit/test_install_system.py), never needed otherwise:
 #   PROMREFLEX_BIN_ROOT   prefix of the checked binaries' paths (default: none, i.e. /usr/...)
 #   PROMREFLEX_POLICY_RC  the policy-rc.d guard's path (default /usr/sbin/policy-rc.d)
+#   PROMREFLEX_SYSTEMD_DIR  where units are enabled (default /etc/systemd/system)
 set -euo pipefail
 
 root=${PROMREFLEX_BIN_ROOT:-}
@@ -30,6 +32,7 @@ declare -A PROFILE_base=(
   [/usr/bin/prometheus-node-exporter]=prometheus-node-exporter
   [/usr/bin/prometheus-nginx-exporter]=prometheus-nginx-exporter
   [/usr/sbin/nginx]=nginx
+  [/usr/bin/curl]=curl
 )
 declare -A PROFILE_swift=(
   [/usr/bin/swift-ring-builder]=swift
@@ -92,9 +95,31 @@ fi
 cleanup() { if [ "$created_guard" -eq 1 ]; then $SUDO rm -f "$guard"; fi; }
 trap cleanup EXIT
 
+# The units enabled at boot (their `*.wants/` links), before and after the install.
+systemd_dir=${PROMREFLEX_SYSTEMD_DIR:-/etc/systemd/system}
+enabled_links() { if [ -d "$systemd_dir" ]; then find "$systemd_dir" -path '*.wants/*' -type l | sort; fi; }
+enabled_before=$(enabled_links)
+
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The guard keeps the daemons from starting now, but the packages' postinst scripts still enable
+# them at boot: after a reboot Prometheus, Alertmanager, node_exporter, nginx... would hold the
+# ports the local stack starts its own on (`make demo`: "port(s) already in use"). What this
+# install enabled is disabled again, as `systemctl disable` does (its links removed: a later
+# upgrade of the package keeps it disabled); what was enabled before is left as it was.
+mapfile -t new_links < <(comm -13 <(printf '%s\n' "$enabled_before") <(enabled_links))
+disabled=()
+for link in "${new_links[@]}"; do
+  [ -n "$link" ] || continue
+  $SUDO rm -f "$link"
+  disabled+=("$(basename "$link")")
+done
+if [ ${#disabled[@]} -gt 0 ]; then
+  mapfile -t disabled < <(printf '%s\n' "${disabled[@]}" | sort -u)
+  echo "install-system: not started at boot (promreflex starts its own): ${disabled[*]}"
+fi
 
 # Some postinst scripts start a daemon even so (or a previous install did): stop any system
 # instance that holds the default ports, so the local stack can use them.

@@ -34,6 +34,11 @@ FAKE_APT = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_LOG"
 if [ -x "$PROMREFLEX_POLICY_RC" ]; then "$PROMREFLEX_POLICY_RC"; echo "guard $?" >> "$FAKE_LOG"; else echo "guard none" >> "$FAKE_LOG"; fi
 if [ "$1" = install ]; then
+  # as the packages' postinst scripts do (deb-systemd-helper enable): their units enabled at boot
+  while read -r link; do
+    mkdir -p "$(dirname "$PROMREFLEX_SYSTEMD_DIR/$link")"
+    ln -sf "/lib/systemd/system/$(basename "$link")" "$PROMREFLEX_SYSTEMD_DIR/$link"
+  done < "$FAKE_ENABLES"
   for pkg in "$@"; do
     while read -r p path; do
       if [ "$p" = "$pkg" ]; then install -D -m 755 /dev/null "$PROMREFLEX_BIN_ROOT$path"; fi
@@ -76,6 +81,8 @@ class Sandbox:
             "PROMREFLEX_POLICY_RC": str(self.guard),
             "FAKE_LOG": str(self.log),
             "FAKE_MAP": str(self.tmp / "map"),
+            "FAKE_ENABLES": str(self.tmp / "enables"),
+            "PROMREFLEX_SYSTEMD_DIR": str(self.tmp / "systemd"),
         }
         return subprocess.run(["bash", str(script), *profiles], env=env, capture_output=True, text=True, timeout=60, check=False)
 
@@ -89,6 +96,7 @@ def box(tmp_path: Path) -> Sandbox:
     sb.root.mkdir()
     sb.stubs.mkdir()
     (tmp_path / "map").write_text("".join(f"{pkg} {binary}\n" for binary, pkg in ALL_BIN_TO_PKG.items()))
+    (tmp_path / "enables").write_text("")
     sb.stub("apt-get", FAKE_APT)
     sb.stub("service", FAKE_SERVICE)
     sb.stub("sudo", FAKE_SUDO)
@@ -97,7 +105,8 @@ def box(tmp_path: Path) -> Sandbox:
 
 
 def test_the_script_checks_every_package_promreflex_runs():
-    assert PACKAGES == ["nginx", "prometheus", "prometheus-alertmanager", "prometheus-nginx-exporter", "prometheus-node-exporter"]
+    assert PACKAGES == ["curl", "nginx", "prometheus", "prometheus-alertmanager", "prometheus-nginx-exporter",
+                        "prometheus-node-exporter"]
     assert sorted(PROFILES) == ["base", "shop", "swift", "tshark"]
     assert {"swift-proxy", "swift-object", "memcached", "tcpdump"} <= set(PROFILES["swift"].values())
     assert {"php8.2-fpm", "mariadb-server", "wordpress"} <= set(PROFILES["shop"].values())
@@ -160,6 +169,27 @@ def test_packages_missing_are_installed_with_daemons_refused(box: Sandbox, guard
     box.log.unlink()
     assert box.run().returncode == 0
     assert box.calls() == []
+
+
+def test_the_daemons_the_install_enabled_do_not_start_at_boot(box: Sandbox):
+    """The guard stops the daemons starting during the install, but the packages' postinst
+    scripts enable them at boot: after a reboot they held the local stack's ports (`make demo`:
+    port(s) already in use 9090, 9093, 9100, seen on a fresh Debian 12). What the install
+    enabled is disabled again; a unit enabled before (the user's own nginx) is left as it was."""
+    units = box.tmp / "systemd"
+    own = units / "multi-user.target.wants" / "nginx.service"
+    own.parent.mkdir(parents=True)
+    own.symlink_to("/lib/systemd/system/nginx.service")
+    (box.tmp / "enables").write_text(
+        "multi-user.target.wants/prometheus.service\n"
+        "multi-user.target.wants/prometheus-node-exporter.service\n"
+        "multi-user.target.wants/nginx.service\n"  # already enabled: re-linked, kept
+        "timers.target.wants/prometheus-node-exporter-apt.timer\n")
+    r = box.run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in units.rglob("*") if p.is_symlink()) == ["nginx.service"]
+    assert ("not started at boot (promreflex starts its own): prometheus-node-exporter-apt.timer "
+            "prometheus-node-exporter.service prometheus.service") in r.stdout
 
 
 def test_only_the_missing_package_is_installed(box: Sandbox):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -194,7 +195,8 @@ def test_memory_collector_on_a_master_and_missing_pid(tmp_path: Path) -> None:
     assert reg.get_sample_value("promreflex_nginx_memory_up") == 0
     assert reg.get_sample_value("promreflex_nginx_memory_bytes", {"method": "pss"}) is None
     # A process titled the way nginx titles its master, with one "worker".
-    master = subprocess.Popen(["bash", "-c", 'sleep 60 & exec -a "nginx: master process" sleep 60'])
+    master = subprocess.Popen(["bash", "-c", 'sleep 60 & exec -a "nginx: master process" sleep 60'],
+                              start_new_session=True)  # a group: its worker goes with it
     try:
         wait_until(lambda: len(children(master.pid)) == 1 and cmdline(master.pid).startswith("nginx: master process"), timeout=10,
                    what="the fake master and its worker")
@@ -212,7 +214,7 @@ def test_memory_collector_on_a_master_and_missing_pid(tmp_path: Path) -> None:
         assert value is not None and value > 0 and not math.isnan(value)
         assert got["promreflex_nginx_processes"] == 2
     finally:
-        master.kill()
+        os.killpg(master.pid, signal.SIGKILL)
         master.wait()
 
 

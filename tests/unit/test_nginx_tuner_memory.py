@@ -4,6 +4,8 @@ with two "workers", one zombie child that is never reaped, and an unrelated proc
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ class Tree:
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:
-    master = subprocess.Popen(["bash", "-c", MASTER])
+    master = subprocess.Popen(["bash", "-c", MASTER], start_new_session=True)  # a group: its workers go with it
     stranger = subprocess.Popen(["sleep", "60"])
     try:
         proc = psutil.Process(master.pid)
@@ -44,6 +46,7 @@ def tree() -> Iterator[Tree]:
         zombie = next(k.pid for k in kids if k.status() == psutil.STATUS_ZOMBIE)
         yield Tree(master.pid, sorted(k.pid for k in kids if k.pid != zombie), zombie, stranger.pid)
     finally:
+        os.killpg(master.pid, signal.SIGKILL)  # the master and its "workers" (they outlived it)
         for p in (master, stranger):
             p.kill()
             p.wait()
