@@ -23,17 +23,65 @@ class APIError(Exception):
     """The API answered, but not with what was asked (non-2xx, or status "error")."""
 
 
-class PrometheusClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT):
-        self.base_url = base_url.rstrip("/")
+class _Servers:
+    """One server, or several that answer the same (a Prometheus pair, an Alertmanager
+    cluster's peers): reads go to the last one that answered and fail over to the next."""
+
+    what = "server"
+
+    def __init__(self, base_url: str | Sequence[str], session: aiohttp.ClientSession,
+                 timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT):
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError(f"{type(self).__name__} needs at least one URL")
+        self.base_urls = [u.rstrip("/") for u in urls]
         self.session = session
         self.timeout = timeout
 
+    @property
+    def base_url(self) -> str:
+        """The server reads go to first (the last one that answered)."""
+        return self.base_urls[0]
+
+    async def _each_peer(self, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(url)`` on the servers in turn until one succeeds; that one is tried first next time."""
+        errors: list[str] = []
+        for i, url in enumerate(list(self.base_urls)):
+            try:
+                result = await call(url)
+            except (TimeoutError, aiohttp.ClientError, APIError) as e:
+                errors.append(f"{url}: {why(e)}")
+                continue
+            if i:
+                self.base_urls.insert(0, self.base_urls.pop(i))
+            return result
+        if len(errors) == 1:
+            raise APIError(errors[0])
+        raise APIError(f"no {self.what} answered: " + "; ".join(errors))
+
+
+class PrometheusClient(_Servers):
+    """One Prometheus, or the replicas of a pair (``base_url`` a list): a query goes to the
+    replica that answered last and to the next one when it fails (down, an error page of a
+    proxy in front of it). A replica that restarted answers with what it has scraped since;
+    its history comes back only from its disk."""
+
+    what = "Prometheus"
+
     async def _get(self, path: str, params: dict[str, Any]) -> Any:
-        async with self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout) as resp:
-            body = await resp.json(content_type=None)
-            if resp.status != 200 or body.get("status") != "success":
-                raise APIError(f"{path} {resp.status}: {body.get('errorType', '')} {body.get('error', body)}")
+        if len(self.base_urls) == 1:  # one server: its own errors, as they come
+            return await self._get_from(self.base_urls[0], path, params)
+        return await self._each_peer(lambda url: self._get_from(url, path, params))
+
+    async def _get_from(self, url: str, path: str, params: dict[str, Any]) -> Any:
+        async with self.session.get(f"{url}{path}", params=params, timeout=self.timeout) as resp:
+            try:
+                body = await resp.json(content_type=None)
+            except ValueError:
+                raise APIError(f"{path} {resp.status}: not a Prometheus answer (not JSON)") from None
+            if not isinstance(body, dict) or resp.status != 200 or body.get("status") != "success":
+                detail = f"{body.get('errorType', '')} {body.get('error', body)}" if isinstance(body, dict) else body
+                raise APIError(f"{path} {resp.status}: {detail}")
             return body["data"]
 
     async def query(self, expr: str, time: float | None = None) -> list[dict[str, Any]]:
@@ -71,7 +119,7 @@ class PeerAlerts:
     error: str = ""
 
 
-class AlertmanagerClient:
+class AlertmanagerClient(_Servers):
     """One Alertmanager, or the peers of a cluster (``base_url`` a list).
 
     A cluster's peers hold the same alerts (every Prometheus sends to every peer) but do not
@@ -83,35 +131,7 @@ class AlertmanagerClient:
     :meth:`alerts_by_peer`, which says when each one started.
     """
 
-    def __init__(self, base_url: str | Sequence[str], session: aiohttp.ClientSession,
-                 timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT):
-        urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        if not urls:
-            raise ValueError("AlertmanagerClient needs at least one URL")
-        self.base_urls = [u.rstrip("/") for u in urls]
-        self.session = session
-        self.timeout = timeout
-
-    @property
-    def base_url(self) -> str:
-        """The peer reads go to first (the last one that answered)."""
-        return self.base_urls[0]
-
-    async def _each_peer(self, call: Callable[[str], Awaitable[T]]) -> T:
-        """``call(url)`` on the peers in turn until one succeeds; that peer is tried first next time."""
-        errors: list[str] = []
-        for i, url in enumerate(list(self.base_urls)):
-            try:
-                result = await call(url)
-            except (TimeoutError, aiohttp.ClientError, APIError) as e:
-                errors.append(f"{url}: {why(e)}")
-                continue
-            if i:
-                self.base_urls.insert(0, self.base_urls.pop(i))
-            return result
-        if len(errors) == 1:
-            raise APIError(errors[0])
-        raise APIError("no Alertmanager peer answered: " + "; ".join(errors))
+    what = "Alertmanager peer"
 
     async def active_alerts(self, *, inhibited: bool = False) -> list[dict[str, Any]]:
         """Alerts that are firing now and not silenced (nor inhibited unless ``inhibited``), in

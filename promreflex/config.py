@@ -153,7 +153,8 @@ class ControllerConfig(Strict):
     listen_address: ListenAddress = "127.0.0.1:9095"
     # One Alertmanager, or every peer of a cluster (a list): reads fail over between them.
     alertmanager_url: str | list[str] | None = "http://127.0.0.1:9093"
-    prometheus_url: str | None = "http://127.0.0.1:9090"
+    # One Prometheus, or both replicas of a pair (a list): queries fail over between them.
+    prometheus_url: str | list[str] | None = "http://127.0.0.1:9090"
     token_file: Path | None = None
     reconcile_interval: Duration = 15.0
     max_body_bytes: int = Field(default=1024 * 1024, gt=0)

@@ -808,9 +808,9 @@ def target_from(args: argparse.Namespace) -> Target:
     return Target(
         site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
         access_log=args.access_log or stack.nginx_access_log,
-        prometheus_url=args.prometheus_url or (stack.url("prometheus") if stack_addresses else str(c.prometheus_url)),
+        prometheus_url=args.prometheus_url or (stack.url("prometheus") if stack_addresses else _first(c.prometheus_url)),
         alertmanager_url=args.alertmanager_url or (stack.url("alertmanager") if stack_addresses
-                                                   else str(c.alertmanager_url)),
+                                                   else _first(c.alertmanager_url)),
         controller_url=args.controller_url or (
             f"http://{stack.host}:{stack.ports['controller']}" if stack_addresses
             else f"http://{c.listen_address.rsplit(':', 1)[0]}:{c.listen_address.rsplit(':', 1)[1]}"),
@@ -883,3 +883,11 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "command the doctor suggests publishes there (default: the stack's)")
     p.set_defaults(func=cmd_doctor)
     return p
+
+
+def _first(url: str | list[str] | None) -> str:
+    """The server doctor checks of a configured URL or list of them (a Prometheus pair, an
+    Alertmanager cluster: the first, as the controller reads it first)."""
+    if isinstance(url, list):
+        return url[0] if url else "None"
+    return str(url)

@@ -88,6 +88,34 @@ async def test_a_cluster_client_fails_over_to_a_live_peer_and_posts_to_every_pee
         assert await AlertmanagerClient([dead, server], s).ready() is False  # the fake has no /-/ready
 
 
+async def test_a_prometheus_pair_client_fails_over_and_an_error_page_is_an_error(server):
+    """Both replicas of a Prometheus pair (controller.prometheus_url a list): a query goes on to
+    the next replica when one is down or a proxy in front of it answers with an HTML error page,
+    and sticks to the one that answered; one server alone keeps its own errors, and an answer
+    that is not Prometheus' JSON is an APIError, not a JSON decoding traceback."""
+    from promreflex.proc import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+
+    async def bad_gateway(_):
+        return web.Response(status=502, text="<html><body>502 Bad Gateway</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", bad_gateway)
+    async with TestServer(app) as proxy, aiohttp.ClientSession() as s:
+        page = str(proxy.make_url("")).rstrip("/")
+        prom = PrometheusClient([dead, page, server], s)
+        assert await prom.scalar("up") == 42.0
+        assert prom.base_url == server.rstrip("/")  # asked first from now on
+        assert await prom.scalar("up") == 42.0
+        with pytest.raises(APIError, match="not a Prometheus answer"):
+            await PrometheusClient(page, s).query("up")
+        with pytest.raises(APIError, match="no Prometheus answered"):
+            await PrometheusClient([dead, page], s).query("up")
+        with pytest.raises(aiohttp.ClientError):  # one server: its own error, as before
+            await PrometheusClient(dead, s).query("up")
+
+
 async def test_a_failed_request_is_told_in_a_few_words():
     """Log lines say why in a few words, not aiohttp's multi-hundred-character reprs."""
     from promreflex.clients import why

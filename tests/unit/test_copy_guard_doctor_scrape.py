@@ -156,3 +156,16 @@ def test_no_stack_warning_when_every_address_is_given_by_flag(tmp_path: Path, mo
     # a Prometheus given by flag that does not answer: no advice to start the stack's
     fail = doctor.check_prometheus(doctor.target_from(_args(*OWN[:6], "--prometheus.url", "http://127.0.0.1:9")))[0]
     assert fail.status == doctor.FAIL and "stack up" not in fail.detail and "--prometheus.url its address" in fail.detail
+
+
+def test_a_configured_pair_and_cluster_are_checked_at_their_first_server(tmp_path: Path, monkeypatch: Any) -> None:
+    """controller.prometheus_url and alertmanager_url as lists (a Prometheus pair, an
+    Alertmanager cluster: README, "HA delivery"): the doctor checks the first of each, as the
+    controller reads it first; it checked the list's text ("['http://...']") as one URL."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "p.yml"
+    cfg.write_text("controller:\n"
+                   "  prometheus_url: [http://prom-a.example:9090, http://prom-b.example:9090]\n"
+                   "  alertmanager_url: [http://am-0.example:9093, http://am-1.example:9093]\n")
+    t = doctor.target_from(_args("--config.file", str(cfg)))
+    assert (t.prometheus_url, t.alertmanager_url) == ("http://prom-a.example:9090", "http://am-0.example:9093")
