@@ -125,7 +125,10 @@ or label_replace(
   max by (site) (1 + 0 * (count_over_time(promreflex_http_requests_total[1s]) >= 4))
   or max by (site) (5 + 0 * (count_over_time(promreflex_http_requests_total[5s]) >= 4))
   or max by (site) (60 + 0 * (count_over_time(promreflex_http_requests_total[1m]) >= 4))
-  or max by (site) (120 + 0 * count_over_time(promreflex_http_requests_total[2m])),
+  or max by (site) (120 + 0 * (count_over_time(promreflex_http_requests_total[2m]) >= 4))
+  or max by (site) (300 + 0 * (count_over_time(promreflex_http_requests_total[5m]) >= 4))
+  or max by (site) (120 + 0 * count_over_time(promreflex_http_requests_total[2m]))
+  or max by (site) (300 + 0 * count_over_time(promreflex_http_requests_total[5m])),
   "promreflex_q", "window", "", "")
 """
 

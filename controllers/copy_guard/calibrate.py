@@ -949,12 +949,15 @@ BASELINE_AFTER_LOAD_S = 3.5
 #: (no end written) loaded the shop for the last time at most this long after the file's mtime.
 HEARTBEAT_S = 1.0
 #: The window of the served rate the rules use for the site (their ladder: 1 s at 200 ms
-#: scrapes, 5 s at 1 s, 1 m at 15 s, 2 m at 30 s) and that of the nginx arrivals (3 s up to a
-#: 1 s scrape, 1 m at 15 s, 2 m beyond): rules/copy-guard.rules.yml.
+#: scrapes, 5 s at 1 s, 1 m at 15 s, 2 m at 30 s, 5 m at 60 s) and that of the nginx arrivals (3 s
+#: up to a 1 s scrape, 1 m at 15 s, 2 m at 30 s, 5 m at 60 s): rules/copy-guard.rules.yml.
 SERVED_WINDOW_QUERY = 'max(site:promreflex_copy_guard_rate_window:seconds{{site="{site}"}})'
 ARRIVALS_WINDOW_QUERY = ('max((count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[3s]) >= 3) * 0 + 3'
                          ' or (count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[1m]) >= 4) * 0 + 60'
-                         ' or count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[2m]) * 0 + 120)')
+                         ' or (count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[2m]) >= 4) * 0 + 120'
+                         ' or (count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[5m]) >= 4) * 0 + 300'
+                         ' or count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[2m]) * 0 + 120'
+                         ' or count_over_time(nginx_http_requests_total{{site=~"{site}|"}}[5m]) * 0 + 300)')
 PUBLISHED_QUERY = 'max(site:promreflex_copy_guard_threshold:rps{{site="{site}"}})'
 
 

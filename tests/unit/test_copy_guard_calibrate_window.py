@@ -323,3 +323,30 @@ def test_a_demand_above_the_threshold_itself_is_said_as_such() -> None:
     assert "peaked at 99.73 req/s (its highest 1m rate over the last 1m16s)" in said
     half = cal.refusal(98.0, 60.0, idle_demand=60.0)
     assert half and "more than half the threshold" in half
+
+
+def test_the_windows_calibrate_waits_for_at_a_60_s_scrape(tmp_path: Path) -> None:
+    """At a 60 s scrape the rules take the served rate and the arrivals over 5m (their ladder's
+    last rung, rules/copy-guard.rules.yml): calibrate reads 300 s for both, so it waits for a
+    previous load to leave 5m windows (it read 120 for the arrivals, the old last rung)."""
+    values = " ".join(str(i * 60 * 30) for i in range(21))  # a sample every 60 s, 30 req/s
+    test = tmp_path / "windows-60s.test.yml"
+    test.write_text(f"""rule_files: ['{RULES}']
+evaluation_interval: 60s
+tests:
+  - interval: 60s
+    input_series:
+      - series: 'promreflex_http_requests_total{{site="shop", status_class="2xx", job="accesslog", instance="a:1"}}'
+        values: '{values}'
+      - series: 'nginx_http_requests_total{{job="nginx", instance="n:1"}}'
+        values: '{values}'
+    promql_expr_test:
+      - expr: '{cal.SERVED_WINDOW_QUERY.format(site="shop")}'
+        eval_time: 15m
+        exp_samples: [{{labels: '{{}}', value: 300}}]
+      - expr: '{cal.ARRIVALS_WINDOW_QUERY.format(site="shop")}'
+        eval_time: 15m
+        exp_samples: [{{labels: '{{}}', value: 300}}]
+""")
+    run = subprocess.run([_promtool(), "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
