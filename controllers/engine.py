@@ -39,8 +39,8 @@ then accepted too, but the re-check with Alertmanager before every fire skips it
 alert is still silenced or inhibited. The re-check reads the peer reads stick to; when that one
 does not list the alert, every peer (Prometheus posts to each peer separately: the one that
 notified may hold it a moment before the others). An action that confirms after a restart what
-it held before asks the same rule, never one peer: ``services["alertmanager_presence"]``
-(:meth:`Engine.presence`).
+it held before, or whether what it keeps still fires, asks the same rule, never one peer:
+``services["alertmanager_presence"]`` (:meth:`Engine.presence`).
 
 Routing: the reconciliation fires only alerts Alertmanager routes to ``alertmanager_receiver``
 (the ``receivers`` of each listed alert; when Alertmanager does not know that receiver, every
@@ -81,6 +81,7 @@ failed fire starts the route's cooldown like a successful one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import json
 import logging
@@ -310,7 +311,8 @@ class Engine:
         self._receiver_known: bool | None = None
         self._recheck: SharedRead[set[str] | None] = SharedRead(self._read_first_peer)
         self._recheck_all: SharedRead[list[PeerAlerts] | None] = SharedRead(self._read_every_peer)
-        self._presence_read: SharedRead[list[PeerAlerts]] = SharedRead(self._read_peers)
+        self._presence_reads: dict[bool, SharedRead[list[PeerAlerts]]] = {
+            inhibited: SharedRead(functools.partial(self._read_peers, inhibited=inhibited)) for inhibited in (False, True)}
         if self.services.get("alertmanager") is not None:
             self.services[PRESENCE] = self.presence
         self._closing = False
@@ -786,14 +788,15 @@ class Engine:
         return len(gone)
 
     # ------------------------------------------------------------------ Alertmanager's view
-    async def _read_peers(self) -> list[PeerAlerts]:
-        """Every peer's active alerts (a client without ``alerts_by_peer``: its one answer, from
-        a peer of unknown age)."""
+    async def _read_peers(self, inhibited: bool = False) -> list[PeerAlerts]:
+        """Every peer's active alerts, inhibited ones too when ``inhibited`` (a client without
+        ``alerts_by_peer``: its one answer, from a peer of unknown age)."""
         am = self.services["alertmanager"]
         by_peer = getattr(am, "alerts_by_peer", None)
+        kw = {"inhibited": True} if inhibited else {}  # (clients that lack the parameter read the default)
         if by_peer is None:
-            return [PeerAlerts("alertmanager", await am.active_alerts())]
-        views: list[PeerAlerts] = await by_peer()
+            return [PeerAlerts("alertmanager", await am.active_alerts(**kw))]
+        views: list[PeerAlerts] = await by_peer(**kw)
         return views
 
     def _cluster_view(self, peers: list[PeerAlerts], now: float) -> ClusterView:
@@ -826,16 +829,20 @@ class Engine:
             witnesses.append((settled, memory.listed, peer.started))
         return ClusterView(present, witnesses, young)
 
-    async def presence(self, alerts: Mapping[str, datetime | None]) -> dict[str, bool | None]:
+    async def presence(self, alerts: Mapping[str, datetime | None], inhibited: bool = False) -> dict[str, bool | None]:
         """Whether Alertmanager still has each alert (fingerprint -> the ``startsAt`` of the
         episode held, or None), for an action that must confirm, after a restart, what it held
-        before (offered as ``services["alertmanager_presence"]``): True when a peer lists it,
-        False when no peer does and one that answered proves its absence (as the reconciliation
-        resolves: :meth:`ClusterView.proves_absent`), None when only peers that started within
-        ``alertmanager_restart_grace`` answered (the grace bounds the wait). Every peer is read
-        (concurrent callers share one read) and what each lists is remembered as a
-        reconciliation's read is. Raises when no peer answered."""
-        view = self._cluster_view(await self._presence_read(), self.clock())
+        before, or whether what it keeps still fires (offered as
+        ``services["alertmanager_presence"]``): True when a peer lists it, False when no peer
+        does and one that answered proves its absence (as the reconciliation resolves:
+        :meth:`ClusterView.proves_absent`), None when only peers that started within
+        ``alertmanager_restart_grace`` answered (the grace bounds the wait). ``inhibited``: an
+        inhibited alert counts as listed (the rca action's symptoms: inhibiting one does not
+        make it fast); by default, as the reconciliation reads, it does not. Every peer is read
+        (concurrent callers with the same ``inhibited`` share one read) and what each lists is
+        remembered as a reconciliation's read is (a peer that listed an alert had received it,
+        inhibited or not). Raises when no peer answered."""
+        view = self._cluster_view(await self._presence_reads[inhibited](), self.clock())
         return {fp: True if fp in view.present else False if view.proves_absent(fp, starts) else None
                 for fp, starts in alerts.items()}
 

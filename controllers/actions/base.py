@@ -54,8 +54,10 @@ class ActionContext:
     route: str
     alert: Alert
     params: BaseModel
-    # Shared services: "prometheus" and "alertmanager" clients, the aiohttp "session", and the
-    # controller's metrics "registry" (an action's own metrics appear on the controller's /metrics).
+    # Shared services: "prometheus" and "alertmanager" clients, the aiohttp "session", the
+    # controller's metrics "registry" (an action's own metrics appear on the controller's /metrics),
+    # and, with an Alertmanager, "alertmanager_presence" (Engine.presence: whether alerts are still
+    # active, judged over every peer as the reconciliation judges an absence).
     services: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -37,6 +37,19 @@ refresh; at its end the gauge is cleared and the posted alerts are ended (``ends
 A dependant's ``resolve`` that only reflects its inhibition (the engine treats an inhibited
 alert as resolved) therefore changes nothing while the root is still slow.
 
+"Still fires" is the engine's rule for an absence, not one Alertmanager peer's listing: the
+incident keeps the fingerprint and ``startsAt`` of each alert it watches (those Alertmanager
+listed for the watched services at the analysis, the triggering one, and any later one of a
+watched service: its ``fire``, or a peer's listing when the others are gone), and asks ``services["alertmanager_presence"]`` (:meth:`Engine.presence`,
+inhibited alerts included). It continues while any of them is listed by a peer, or its
+absence is unproven (only peers that restarted within ``alertmanager_restart_grace``
+answered: a peer that restarted with the controller, when a host reboots, lists nothing until
+Prometheus re-sends), and ends only when every one's absence is proven. Without that service
+(no Alertmanager, or the action used outside a controller), and for an incident file written
+before the fingerprints were kept (until a read lists an alert of a watched service, whose
+fingerprint it then adopts), the check is by service as before: over the alerts Alertmanager
+lists (every peer's, when the client can read them apart).
+
 The incident survives a controller restart: it is kept in ``<report>.incident.json`` (written
 atomically whenever it changes, removed when it ends). The engine does not fire again for
 alerts it has already handled, so without this a restarted controller would forget the root
@@ -62,6 +75,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field, model_validator
 
 from controllers.actions.base import Action, ActionContext, register
+from controllers.engine import PRESENCE
 from controllers.rca.engine import analyse
 from controllers.rca.models import AnalysisConfig, Finding
 from controllers.rca.presets import DEFAULT_REPORT, MESH_QUERIES
@@ -194,11 +208,19 @@ class Incident:
     covered: set[str]  # services this analysis explains: a new alert of one of them is no news
     watch: set[str]  # the incident lasts while one of these still fires
     posted: dict[tuple[tuple[str, str], ...], dict[str, Any]] = field(default_factory=dict)
+    # The watched services' alerts: fingerprint -> {"service", "startsAt" (ISO 8601 or None)}.
+    # Empty in an incident file written before they were kept: then judged by service.
+    alerts: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "promreflex.rca.incident", "version": 1, "started": iso(self.started),
                 "finding": self.finding.model_dump(mode="json"), "roots": self.roots, "symptoms": self.symptoms,
-                "covered": sorted(self.covered), "watch": sorted(self.watch), "posted": list(self.posted.values())}
+                "covered": sorted(self.covered), "watch": sorted(self.watch), "posted": list(self.posted.values()),
+                "alerts": self.alerts}
+
+    def starts(self) -> dict[str, datetime | None]:
+        """The watched alerts, as :meth:`Engine.presence` takes them (fingerprint -> startsAt)."""
+        return {fp: _when(a.get("startsAt")) for fp, a in self.alerts.items()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], params: RcaParams) -> Incident:
@@ -209,7 +231,8 @@ class Incident:
                    finding=Finding.from_json(json.dumps(data["finding"])),
                    roots={str(k): float(v) for k, v in data["roots"].items()},
                    symptoms={str(k): str(v) for k, v in data["symptoms"].items()},
-                   covered=set(map(str, data["covered"])), watch=set(map(str, data["watch"])), posted=posted)
+                   covered=set(map(str, data["covered"])), watch=set(map(str, data["watch"])), posted=posted,
+                   alerts=_alerts_of(data.get("alerts")))
 
 
 def incident_path(report: str | Path) -> Path:
@@ -318,10 +341,13 @@ class RcaAction(Action):
         async with self._lock:
             inc = self.incident
             if inc is not None and service in inc.covered:
+                if service in inc.watch and _new_episode(inc.alerts.get(ctx.alert.fingerprint), ctx):
+                    inc.alerts[ctx.alert.fingerprint] = {"service": service, "startsAt": _iso(ctx)}
+                    await self._persist()
                 return f"{service or 'alert'} belongs to the current incident: root cause {', '.join(inc.roots)}"
             await asyncio.sleep(p.settle)
             await self._await_pending(p)
-            return await self._analyse(p, service)
+            return await self._analyse(p, service, ctx)
 
     async def _await_pending(self, p: RcaParams) -> None:
         """Wait (at most ``pending_wait``) until no ``alertname`` alert is pending in Prometheus."""
@@ -347,15 +373,18 @@ class RcaAction(Action):
             return await self._check()
 
     # ------------------------------------------------------------------ analysis
-    async def _analyse(self, p: RcaParams, trigger: str) -> str:
+    async def _analyse(self, p: RcaParams, trigger: str, ctx: ActionContext | None = None) -> str:
         m = self._m()
         prom = self.services.get("prometheus")
         if prom is None:
             m.findings.labels("error").inc()
             raise RuntimeError("the rca action needs Prometheus (controller.prometheus_url)")
-        candidates = await self._candidates(p)
-        if candidates is None:  # Alertmanager unreachable: trust the alert that called us
-            candidates = {trigger} if trigger else set()
+        listed = await self._candidates(p)
+        if listed is None:  # Alertmanager unreachable: trust the alert that called us
+            listed = {trigger: {}} if trigger else {}
+        if trigger in listed and ctx is not None:  # the alert that called us is watched too
+            listed[trigger].setdefault(ctx.alert.fingerprint, _iso(ctx))
+        candidates = set(listed)
         if not candidates:
             m.findings.labels("no_candidates").inc()
             return f"no {p.alertname} firing any more: nothing to analyse"
@@ -378,12 +407,15 @@ class RcaAction(Action):
 
         alerting_roots = set(roots) & candidates
         previous = self.incident
+        watch = alerting_roots or (candidates | set(symptoms))
+        alerts = {fp: a for fp, a in (previous.alerts if previous else {}).items() if a.get("service") in watch}
+        alerts.update({fp: {"service": s, "startsAt": starts}
+                       for s in sorted(watch) for fp, starts in listed.get(s, {}).items()})
         self.incident = Incident(
             started=previous.started if previous else datetime.now(UTC),
             params=p, finding=finding, roots=roots, symptoms=symptoms,
             covered=candidates | set(roots) | set(symptoms),
-            watch=alerting_roots or (candidates | set(symptoms)),
-            posted=previous.posted if previous else {},
+            watch=watch, posted=previous.posted if previous else {}, alerts=alerts,
         )
         m.root_cause.clear()
         for root, score in roots.items():
@@ -407,9 +439,11 @@ class RcaAction(Action):
             return p.analysis
         return p.analysis.model_copy(update={"threshold_s": value})
 
-    async def _candidates(self, p: RcaParams) -> set[str] | None:
+    async def _candidates(self, p: RcaParams) -> dict[str, dict[str, str | None]] | None:
         """Services whose ``alertname`` alert Alertmanager holds firing (inhibited included,
-        silenced excluded); None when Alertmanager cannot be asked."""
+        silenced excluded), each with its alerts: fingerprint -> startsAt. A union over every peer when the client
+        reads them apart (a peer that restarted or lags lists less; a listing is proof enough
+        to analyse), else the one peer reads stick to; None when no peer can be asked."""
         am = self.services.get("alertmanager")
         if am is None:
             return None
@@ -418,23 +452,73 @@ class RcaAction(Action):
         except Exception as e:  # noqa: BLE001 - a failed read is "unknown", never "none firing"
             log.warning("cannot read Alertmanager's alerts: %r", e)
             return None
-        return {
-            i["labels"][p.service_label] for i in items
-            if isinstance(i.get("labels"), dict) and i["labels"].get("alertname") == p.alertname
-            and i["labels"].get(p.service_label)
-        }
+        out: dict[str, dict[str, str | None]] = {}
+        for i in items:
+            labels = i.get("labels")
+            if not isinstance(labels, dict) or labels.get("alertname") != p.alertname:
+                continue
+            service = labels.get(p.service_label)
+            if not isinstance(service, str) or not service:
+                continue
+            fps = out.setdefault(service, {})
+            fp = i.get("fingerprint")
+            if isinstance(fp, str) and fp:
+                fps[fp] = i["startsAt"] if isinstance(i.get("startsAt"), str) else None
+        return out
 
     # ------------------------------------------------------------------ incident lifecycle
     async def _check(self) -> str:
-        """End the incident when nothing it watches fires any more."""
+        """End the incident when nothing it watches fires any more: with the engine's judgement
+        (``services["alertmanager_presence"]``) when every watched alert's absence is proven,
+        else (no such service, or an incident file without fingerprints) when Alertmanager
+        lists no alert of a watched service."""
         inc = self.incident
         assert inc is not None
-        firing = await self._candidates(inc.params)
-        if firing is None:
+        presence = self.services.get(PRESENCE)
+        if presence is not None and inc.alerts:
+            return await self._check_presence(inc, presence)
+        listed = await self._candidates(inc.params)
+        if listed is None:
             return "cannot read Alertmanager: the incident is kept until it can"
-        still = sorted(inc.watch & firing)
+        still = sorted(inc.watch & set(listed))
         if still:
+            if presence is not None:  # an incident from an older file: judged by presence from now on
+                inc.alerts.update({fp: {"service": s, "startsAt": starts}
+                                   for s in still for fp, starts in listed[s].items()})
+                if inc.alerts:
+                    await self._persist()
             return f"incident continues: {', '.join(still)} still firing (root cause {', '.join(inc.roots)})"
+        await self._end()
+        return f"incident over: {', '.join(sorted(inc.watch))} no longer firing; root-cause flags cleared"
+
+    async def _check_presence(self, inc: Incident, presence: Any) -> str:
+        try:
+            verdict: dict[str, bool | None] = await presence(inc.starts(), inhibited=True)
+        except Exception as e:  # noqa: BLE001 - no peer answered: "unknown", never "none firing"
+            log.warning("cannot read Alertmanager's alerts: %r", e)
+            return "cannot read Alertmanager: the incident is kept until it can"
+        roots = ", ".join(inc.roots)
+
+        def services(value: bool | None) -> str:
+            return ", ".join(sorted({str(inc.alerts[fp].get("service")) for fp, v in verdict.items() if v is value}))
+
+        if any(verdict.values()):
+            return f"incident continues: {services(True)} still firing (root cause {roots})"
+        if any(v is None for v in verdict.values()):
+            return (f"incident continues: {services(None)} not listed, but only Alertmanager peers that restarted "
+                    f"within the grace answered (root cause {roots})")
+        # Every watched alert is gone; a watched service may have another one the engine never
+        # passed on (one inhibited from its start is never notified): a listing proves it fires.
+        listed = await self._candidates(inc.params)
+        if listed is None:
+            return "cannot read Alertmanager: the incident is kept until it can"
+        new = {fp: {"service": s, "startsAt": starts}
+               for s in sorted(inc.watch & set(listed)) for fp, starts in listed[s].items() if fp not in inc.alerts}
+        if new:
+            inc.alerts.update(new)
+            await self._persist()
+            return (f"incident continues: {', '.join(sorted({str(a['service']) for a in new.values()}))} "
+                    f"still firing (root cause {roots})")
         await self._end()
         return f"incident over: {', '.join(sorted(inc.watch))} no longer firing; root-cause flags cleared"
 
@@ -532,5 +616,41 @@ class RcaAction(Action):
 
 async def held_alerts(am: Any) -> list[dict[str, Any]]:
     """Alerts Alertmanager holds as firing, inhibited ones included (silenced ones not): the
-    incident needs them, since inhibiting a symptom does not make it fast."""
-    return await am.active_alerts(inhibited=True)
+    incident needs them, since inhibiting a symptom does not make it fast. Every peer's, when
+    the client reads them apart (the union; raises only when no peer answered)."""
+    by_peer = getattr(am, "alerts_by_peer", None)
+    if by_peer is None:
+        items: list[dict[str, Any]] = await am.active_alerts(inhibited=True)
+        return items
+    return [i for peer in await by_peer(inhibited=True) for i in peer.alerts or ()]
+
+
+def _iso(ctx: ActionContext) -> str:
+    return ctx.alert.startsAt.isoformat()
+
+
+def _new_episode(watched: dict[str, str | None] | None, ctx: ActionContext) -> bool:
+    """Whether the alert of ``ctx`` is not watched yet, or is a later episode of a watched one
+    (Alertmanager's listing keeps milliseconds, a notification more: a second's slack)."""
+    if watched is None:
+        return True
+    starts = _when(watched.get("startsAt"))
+    return starts is None or ctx.alert.startsAt > starts + timedelta(seconds=1)
+
+
+def _when(value: Any) -> datetime | None:
+    """A saved ``startsAt`` (None: unknown, or not readable)."""
+    try:
+        starts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return starts if starts.tzinfo is not None else None
+
+
+def _alerts_of(raw: Any) -> dict[str, dict[str, str | None]]:
+    """The watched alerts of an incident file (none in a file written before they were kept)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(fp): {"service": str(a.get("service", "")),
+                      "startsAt": a["startsAt"] if isinstance(a.get("startsAt"), str) else None}
+            for fp, a in raw.items() if isinstance(a, dict)}
