@@ -927,9 +927,10 @@ def prometheus_series(base_url: str, query: str, start: float, end: float, step_
 #: default Prometheus, which leaves one reading). One
 #: interval alone (`irate / idelta` now) read 3.3 or 10 instead of 5 whenever a 200 ms scrape
 #: started 100 ms late (tests/unit/test_copy_guard_calibrate.py, on promtool). irate and idelta
-#: read the last two samples of a 5m window: a 1m one held one sample at a 60 s scrape.
+#: read the last two samples of a 5m window: a 1m one held one sample at a 60 s scrape; only
+#: while the exporter is alive (``and``: a removed one's last samples stay in the window).
 OWN_RPS_QUERY = ("sum(quantile_over_time(0.5, (irate(nginx_http_requests_total[5m])"
-                 " / clamp_min(idelta(nginx_http_requests_total[5m]), 1))[1m:1s]))")
+                 " / clamp_min(idelta(nginx_http_requests_total[5m]), 1) and nginx_http_requests_total)[1m:1s]))")
 IDLE_QUERY = ('max(max_over_time(site:promreflex_http_requests:rate1s{{site="{site}"}}[{window}]) '
               'or max_over_time(sum(instance:nginx_http_requests_visitors:rate3s{{site=~"{site}|"}})[{window}:1s]))')
 #: When this user's last calibration load ended (Unix s), or ``running PID STARTED TARGET`` while

@@ -78,3 +78,24 @@ def test_disk_io_is_the_sum_of_reads_and_writes_and_either_alone(tmp_path: Path)
     path.write_text(yaml.safe_dump({"evaluation_interval": "30s", "tests": tests}, sort_keys=False, width=100_000))
     result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+
+
+def test_a_container_that_went_away_leaves_the_rates_when_it_goes(tmp_path: Path) -> None:
+    """Its series go stale (the pod was replaced): its rate is gone at once, not kept by the 5m
+    rung for 5 minutes (a restarted container counted twice in the CPU evidence)."""
+    if shutil.which("promtool") is None:
+        pytest.fail("promtool is not installed (scripts/install-system.sh installs it)")
+    cpu = render(CADVISOR_RESOURCES["cpu"], service="carts")
+    doc = {"evaluation_interval": "1s", "tests": [{
+        "name": "carts replaced at 61 s", "interval": "1s",
+        "input_series": [
+            {"series": 'container_cpu_usage_seconds_total{job="cadvisor", instance="k:1", container="carts", pod="a"}',
+             "values": "0+1x60 stale"},
+            {"series": 'container_cpu_usage_seconds_total{job="cadvisor", instance="k:1", container="carts", pod="b"}',
+             "values": "_x61 0+0.5x300"}],
+        "promql_expr_test": [{"expr": f"round({cpu} * 100)", "eval_time": "3m",
+                              "exp_samples": [{"labels": "{}", "value": 50}]}]}]}
+    path = tmp_path / "gone.test.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
