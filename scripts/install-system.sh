@@ -106,13 +106,21 @@ $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 
 # The guard keeps the daemons from starting now, but the packages' postinst scripts still enable
 # them at boot: after a reboot Prometheus, Alertmanager, node_exporter, nginx... would hold the
-# ports the local stack starts its own on (`make demo`: "port(s) already in use"). What this
-# install enabled is disabled again, as `systemctl disable` does (its links removed: a later
-# upgrade of the package keeps it disabled); what was enabled before is left as it was.
+# ports the local stack starts its own on (`make demo`: "port(s) already in use"). The daemons
+# promreflex runs itself that this install enabled are disabled again, as `systemctl disable`
+# does (their links removed: a later upgrade of the package keeps them disabled); what was
+# enabled before, and what the install enabled for anything else (rsyslog, logrotate.timer, a
+# dependency's own service), is left as it was.
 mapfile -t new_links < <(comm -13 <(printf '%s\n' "$enabled_before") <(enabled_links))
 disabled=()
 for link in "${new_links[@]}"; do
   [ -n "$link" ] || continue
+  case "$(basename "$link")" in
+    prometheus.service|prometheus-alertmanager.service|prometheus-node-exporter.service) ;;
+    prometheus-nginx-exporter.service|nginx.service|memcached.service|mariadb.service) ;;
+    php8.2-fpm.service|swift-*.service) ;;
+    *) continue ;;
+  esac
   $SUDO rm -f "$link"
   disabled+=("$(basename "$link")")
 done

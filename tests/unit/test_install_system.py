@@ -184,12 +184,16 @@ def test_the_daemons_the_install_enabled_do_not_start_at_boot(box: Sandbox):
         "multi-user.target.wants/prometheus.service\n"
         "multi-user.target.wants/prometheus-node-exporter.service\n"
         "multi-user.target.wants/nginx.service\n"  # already enabled: re-linked, kept
+        "multi-user.target.wants/swift-proxy.service\n"
+        "multi-user.target.wants/rsyslog.service\n"  # a dependency's: not ours to disable
+        "timers.target.wants/logrotate.timer\n"
         "timers.target.wants/prometheus-node-exporter-apt.timer\n")
     r = box.run()
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(p.name for p in units.rglob("*") if p.is_symlink()) == ["nginx.service"]
-    assert ("not started at boot (promreflex starts its own): prometheus-node-exporter-apt.timer "
-            "prometheus-node-exporter.service prometheus.service") in r.stdout
+    assert sorted(p.name for p in units.rglob("*") if p.is_symlink()) == [
+        "logrotate.timer", "nginx.service", "prometheus-node-exporter-apt.timer", "rsyslog.service"]
+    assert ("not started at boot (promreflex starts its own): prometheus-node-exporter.service "
+            "prometheus.service swift-proxy.service") in r.stdout
 
 
 def test_only_the_missing_package_is_installed(box: Sandbox):
