@@ -23,6 +23,11 @@ class APIError(Exception):
     """The API answered, but not with what was asked (non-2xx, or status "error")."""
 
 
+class QueryError(APIError):
+    """The server refused the request itself (a PromQL error, 400 or 422): any replica would, so
+    it is not asked of the next one."""
+
+
 class _Servers:
     """One server, or several that answer the same (a Prometheus pair, an Alertmanager
     cluster's peers): reads go to the last one that answered and fail over to the next."""
@@ -49,6 +54,8 @@ class _Servers:
         for i, url in enumerate(list(self.base_urls)):
             try:
                 result = await call(url)
+            except QueryError:
+                raise
             except (TimeoutError, aiohttp.ClientError, APIError) as e:
                 errors.append(f"{url}: {why(e)}")
                 continue
@@ -68,28 +75,33 @@ class PrometheusClient(_Servers):
 
     what = "Prometheus"
 
-    async def _get(self, path: str, params: dict[str, Any]) -> Any:
+    async def _get(self, path: str, params: dict[str, Any], timeout: float | None = None) -> Any:
+        """``timeout``: per server (a caller with a deadline gives each replica a share of it, so a
+        replica that hangs leaves time for the next)."""
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else self.timeout
         if len(self.base_urls) == 1:  # one server: its own errors, as they come
-            return await self._get_from(self.base_urls[0], path, params)
-        return await self._each_peer(lambda url: self._get_from(url, path, params))
+            return await self._get_from(self.base_urls[0], path, params, limit)
+        return await self._each_peer(lambda url: self._get_from(url, path, params, limit))
 
-    async def _get_from(self, url: str, path: str, params: dict[str, Any]) -> Any:
-        async with self.session.get(f"{url}{path}", params=params, timeout=self.timeout) as resp:
+    async def _get_from(self, url: str, path: str, params: dict[str, Any], timeout: aiohttp.ClientTimeout) -> Any:
+        async with self.session.get(f"{url}{path}", params=params, timeout=timeout) as resp:
             try:
                 body = await resp.json(content_type=None)
             except ValueError:
                 raise APIError(f"{path} {resp.status}: not a Prometheus answer (not JSON)") from None
             if not isinstance(body, dict) or resp.status != 200 or body.get("status") != "success":
                 detail = f"{body.get('errorType', '')} {body.get('error', body)}" if isinstance(body, dict) else body
-                raise APIError(f"{path} {resp.status}: {detail}")
+                refused = resp.status in (400, 422) and isinstance(body, dict) and body.get("status") == "error"
+                raise (QueryError if refused else APIError)(f"{path} {resp.status}: {detail}")
             return body["data"]
 
-    async def query(self, expr: str, time: float | None = None) -> list[dict[str, Any]]:
-        """Instant query; returns the result list (vector samples ``{"metric": ..., "value": [t, "v"]}``)."""
+    async def query(self, expr: str, time: float | None = None, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Instant query; returns the result list (vector samples ``{"metric": ..., "value": [t, "v"]}``).
+        ``timeout``: seconds per replica (default: the client's)."""
         params: dict[str, Any] = {"query": expr}
         if time is not None:
             params["time"] = f"{time:.3f}"
-        data = await self._get("/api/v1/query", params)
+        data = await self._get("/api/v1/query", params, timeout)
         if data["resultType"] == "scalar":
             return [{"metric": {}, "value": data["result"]}]
         return data["result"]

@@ -94,6 +94,7 @@ from controllers.copy_guard import freeze
 from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir
 from controllers.copy_guard.throttle import EMERGENCY_REASONS, Settings, Signal, Throttle
 from controllers.engine import PRESENCE
+from promreflex.clients import PrometheusClient
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
 from promreflex.httpd import read_token_file
@@ -527,7 +528,12 @@ class CopyGuardAction(Action):
         if self._signals is not None and time.monotonic() - self._signals_read < max_age:
             return self._signals
         try:
-            result = await asyncio.wait_for(prom.query(SIGNAL_QUERY), SIGNAL_TIMEOUT)
+            if isinstance(prom, PrometheusClient):  # each replica of a pair gets the whole timeout
+                servers = len(prom.base_urls)
+                reading = prom.query(SIGNAL_QUERY, timeout=SIGNAL_TIMEOUT)
+            else:
+                servers, reading = 1, prom.query(SIGNAL_QUERY)
+            result = await asyncio.wait_for(reading, SIGNAL_TIMEOUT * servers + 0.5)
         except Exception as e:  # noqa: BLE001 - counted; the alerts are the fallback
             log.debug("cannot read the sites' signal from Prometheus: %r", e)
             self._signals = None

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from promreflex.clients import AlertmanagerClient, APIError, PrometheusClient, alert_ended
+from promreflex.clients import AlertmanagerClient, APIError, PrometheusClient, QueryError, alert_ended
 
 
 def test_alert_ended():
@@ -114,6 +114,11 @@ async def test_a_prometheus_pair_client_fails_over_and_an_error_page_is_an_error
             await PrometheusClient([dead, page], s).query("up")
         with pytest.raises(aiohttp.ClientError):  # one server: its own error, as before
             await PrometheusClient(dead, s).query("up")
+        # A PromQL error is the query's, not the replica's: said as it is, the next one not asked.
+        pair = PrometheusClient([server, page], s)
+        with pytest.raises(QueryError, match="bad_data"):
+            await pair.query("bad(")
+        assert pair.base_url == server.rstrip("/")
 
 
 async def test_a_failed_request_is_told_in_a_few_words():

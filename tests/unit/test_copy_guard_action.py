@@ -628,6 +628,45 @@ async def test_adaptive_falls_back_to_the_alert_without_prometheus(copies, reg):
     assert metric(a, "promreflex_copy_guard_signal_errors_total", site="shop") == 3
 
 
+async def test_the_signal_fails_over_from_a_prometheus_replica_that_hangs(reg, monkeypatch):
+    """controller.prometheus_url with both replicas of a pair, the first one hanging (a wedged
+    Prometheus, SYNs dropped): the signal's own deadline cancelled the read before the client
+    gave up on the first replica, so the second was never asked and every read failed. Each
+    replica now gets the signal's timeout: the second answers, and is asked first from then on."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from promreflex.clients import PrometheusClient
+
+    monkeypatch.setattr(action_mod, "SIGNAL_TIMEOUT", 0.5)
+    release = asyncio.Event()
+
+    async def hang(_: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({})
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"site": "shop", "promreflex_q": "served"}, "value": [time.time(), "30"]}]}})
+
+    hung, good = web.Application(), web.Application()
+    hung.router.add_get("/api/v1/query", hang)
+    good.router.add_get("/api/v1/query", ok)
+    async with TestServer(hung) as a_srv, TestServer(good) as b_srv, aiohttp.ClientSession() as session:
+        urls = [str(a_srv.make_url("")).rstrip("/"), str(b_srv.make_url("")).rstrip("/")]
+        prom = PrometheusClient(urls, session)
+        a = await started(prometheus=prom)
+        try:
+            signals = await a.signals(sites=("shop",))
+            assert signals is not None and signals["shop"].served == 30.0
+            assert prom.base_urls == urls[::-1]  # the replica that answered is asked first now
+        finally:
+            release.set()
+
+
 async def test_the_site_label_is_never_put_into_the_query(copies, reg):
     prom = FakePrometheus()
     a = await started(prometheus=prom)
