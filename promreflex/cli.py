@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -65,7 +66,7 @@ def uv_command() -> str:
         return "uv"
     path = REPO_ROOT / "scripts" / "uv"
     rel = os.path.relpath(path)
-    return str(path) if rel.startswith("..") else rel
+    return shlex.quote(str(path) if rel.startswith("..") else rel)
 
 
 def cmd_stack_up(args: argparse.Namespace) -> int:

@@ -33,8 +33,9 @@ What :func:`serving` guarantees for every server (the figures are :class:`Limits
   connections an attacker holds.
 - **Counted**: every connection closed by these defences is counted in
   ``promreflex_server_connections_closed_total{listener, reason}`` (``header_timeout``,
-  ``evicted``, ``refused``; all created at 0) in the registry of the app's standard routes
-  (:func:`add_standard_routes`) or the one given to :func:`serving`, beside the log line.
+  ``evicted``, ``refused``; all created at 0; ``listener`` the address bound) in the registry of
+  the app's standard routes (:func:`add_standard_routes`) or the one given to :func:`serving`,
+  beside the log line.
 - **No log flood**: repeated lines of the ``asyncio`` and ``aiohttp`` loggers (e.g.
   "socket.accept() out of system resource") and of this module are let through once per
   10 s per message, with a count of what was suppressed.
@@ -534,7 +535,11 @@ async def serving(listen_address: str, app: web.Application, limits: Limits | No
         addresses.extend(sock.getsockname() for sock in getattr(server, "sockets", None) or ())
         sweeper = asyncio.get_running_loop().create_task(pool.sweep_forever()) if pool else None
         counts = registry if registry is not None else app.get(REGISTRY)
-        uncount = _count_closed(counts, listen_address, pool) if pool is not None and counts is not None else None
+        # The address bound (port 0 becomes the port the kernel gave): two servers of one
+        # process never share a label set.
+        bound = [f"[{a[0]}]:{a[1]}" if ":" in str(a[0]) else f"{a[0]}:{a[1]}" for a in addresses if isinstance(a, tuple)]
+        listener = bound[0] if bound else listen_address
+        uncount = _count_closed(counts, listener, pool) if pool is not None and counts is not None else None
         try:
             yield app
         finally:

@@ -106,6 +106,8 @@ RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
 VERDICTS = ("below", "severe", "hold", "above", "light", "quiet", "crowd", "max_pause")
 HTTP_TIMEOUT = 2.0
 SIGNAL_TIMEOUT = 2.0
+#: How often holders left unconfirmed by a restart are asked about (every Alertmanager peer read).
+CONFIRM_EVERY = 1.0
 _HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
 
 # The site's signal, every site at once (the site label is compared in Python, never put into
@@ -418,6 +420,7 @@ class CopyGuardAction(Action):
         self._own_session: aiohttp.ClientSession | None = None
         self._signals: dict[str, Signal] | None = None
         self._signals_read = -math.inf  # monotonic time of the last read
+        self._confirm_read = -math.inf  # monotonic time of the last confirmation read
 
     # ------------------------------------------------------------------ engine hooks
     def target(self, ctx: ActionContext) -> str:
@@ -594,6 +597,11 @@ class CopyGuardAction(Action):
                 for h in pending.values():
                     h["confirmed"] = True
             return
+        # At most one read of every peer a second (the tick holds the lock: a hung peer would
+        # delay every site's fire and resolve by its timeout at every 0.2 s tick).
+        if time.monotonic() - self._confirm_read < CONFIRM_EVERY:
+            return
+        self._confirm_read = time.monotonic()
         try:
             active = await presence({fp: _starts(h) for fp, h in pending.items()})
         except Exception as e:  # noqa: BLE001 - unconfirmed holders simply wait for the next tick

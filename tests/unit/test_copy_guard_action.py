@@ -84,6 +84,13 @@ def ctx(params, name="CopyGuardSiteOverloaded", status="firing", **labels):
                          params=params)
 
 
+@pytest.fixture(autouse=True)
+def confirm_at_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests tick faster than the real pace of confirmation reads (CONFIRM_EVERY, 1 s): every
+    tick reads, except in the test of that pace."""
+    monkeypatch.setattr(action_mod, "CONFIRM_EVERY", 0.0)
+
+
 async def started(**services) -> CopyGuardAction:
     a = CopyGuardAction()
     a.services = {"registry": CollectorRegistry(), **services}

@@ -36,7 +36,7 @@ from promreflex.clients import iso
 from promreflex.config import ControllerConfig, Route
 from tests.payloads import alert, payload
 from tests.fake_alertmanager import cluster
-from tests.unit.test_copy_guard_action import FakeCopies, copies, reg  # noqa: F401 - fixtures
+from tests.unit.test_copy_guard_action import FakeCopies, confirm_at_every_tick, copies, reg  # noqa: F401 - fixtures
 
 GRACE = 120.0  # controller.alertmanager_restart_grace
 OVERLOAD = alert("CopyGuardSiteOverloaded", starts=iso(datetime.now(UTC) - timedelta(minutes=10)), site="shop")
@@ -180,6 +180,36 @@ async def test_a_holder_is_kept_unconfirmed_while_only_young_peers_answer(copies
         peers[1].fire(OVERLOAD)  # Prometheus re-sends
         await guard.tick()
         assert holder(guard)["confirmed"] and copies.paused() == SHOP
+        await engine.shutdown()
+
+
+async def test_unconfirmed_holders_are_asked_about_once_a_second_not_at_every_tick(copies, reg, tmp_path,  # noqa: F811
+                                                                                      monkeypatch):
+    """The tick holds the action's lock while it reads every peer: at every 0.2 s tick, a hung
+    peer would delay every site's fire and resolve by its timeout for the whole grace."""
+    import controllers.copy_guard.action as action_mod
+
+    clock = Clock()
+    async with cluster(2) as (peers, client):
+        for p in peers:
+            p.fire(OVERLOAD)
+        await controller_with_the_alert_applied(tmp_path, reg, client, clock, copies)
+        for p in peers:
+            p.restart(started=clock.t)
+        engine = make_engine(tmp_path, reg, client, clock)
+        guard = await boot(engine)
+        monkeypatch.setattr(action_mod, "CONFIRM_EVERY", 3600.0)
+        asked = []
+        presence = guard.services[action_mod.PRESENCE]
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            asked.append(1)
+            return await presence(*args, **kw)
+
+        guard.services[action_mod.PRESENCE] = counted
+        for _ in range(5):
+            await guard.tick()
+        assert len(asked) == 1 and not holder(guard)["confirmed"]
         await engine.shutdown()
 
 

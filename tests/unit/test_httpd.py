@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    BodyError, Limits, RateLimitFilter, _ConnectionPool, add_standard_routes, default_max_connections, on_disconnect,
+    ADDRESSES, BodyError, Limits, RateLimitFilter, _ConnectionPool, add_standard_routes, default_max_connections, on_disconnect,
     read_body, read_token_file, serving,
 )
 from promreflex.proc import free_port
@@ -345,3 +345,14 @@ async def test_two_listeners_count_into_one_registry_and_a_server_can_start_agai
             assert _closed(registry, b, "header_timeout") == 0
         assert _closed(registry, a, "header_timeout") is None
 
+
+async def test_two_servers_on_port_0_count_apart():
+    """Two listeners given as "127.0.0.1:0" in one registry: each is counted under the address
+    it was bound to (they shared one label set, and the first one's counts were lost)."""
+    registry = CollectorRegistry()
+    async with serving("127.0.0.1:0", add_standard_routes(web.Application(), registry)) as a, \
+            serving("127.0.0.1:0", add_standard_routes(web.Application(), registry)) as b:
+        ports = [app[ADDRESSES][0][1] for app in (a, b)]
+        for port in ports:
+            assert _closed(registry, f"127.0.0.1:{port}", "refused") == 0
+        assert _closed(registry, "127.0.0.1:0", "refused") is None
