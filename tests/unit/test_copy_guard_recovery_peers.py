@@ -157,19 +157,26 @@ async def test_a_lagging_first_peer_does_not_drop_a_holder_another_peer_lists(co
         await engine.shutdown()
 
 
+async def every_peer_restarted(peers: Any, client: Any, tmp_path: Any, registry: Any, clock: Clock,
+                               fake_copies: Any) -> tuple[Engine, CopyGuardAction]:
+    """The alert applied by a controller, then every peer and the controller restarted: the
+    new engine and its guard, booted, its holder unconfirmed."""
+    for p in peers:
+        p.fire(OVERLOAD)
+    await controller_with_the_alert_applied(tmp_path, registry, client, clock, fake_copies)
+    for p in peers:
+        p.restart(started=clock.t)
+    engine = make_engine(tmp_path, registry, client, clock)
+    return engine, await boot(engine)
+
+
 async def test_a_holder_is_kept_unconfirmed_while_only_young_peers_answer(copies, reg, tmp_path):  # noqa: F811
     """Every peer restarted (a whole cluster, or both hosts): none has been re-sent the alert
     yet. No proof either way: the holder stays, unconfirmed, and holds nothing; when Prometheus
     re-sends, it is confirmed and the copies are paused again."""
     clock = Clock()
     async with cluster(2) as (peers, client):
-        for p in peers:
-            p.fire(OVERLOAD)
-        await controller_with_the_alert_applied(tmp_path, reg, client, clock, copies)
-        for p in peers:
-            p.restart(started=clock.t)
-        engine = make_engine(tmp_path, reg, client, clock)
-        guard = await boot(engine)
+        engine, guard = await every_peer_restarted(peers, client, tmp_path, reg, clock, copies)
         for _ in range(6):  # 60 s of ticks (and reconciliations) inside the grace
             clock.t += 10
             await guard.tick()
@@ -191,13 +198,7 @@ async def test_unconfirmed_holders_are_asked_about_once_a_second_not_at_every_ti
 
     clock = Clock()
     async with cluster(2) as (peers, client):
-        for p in peers:
-            p.fire(OVERLOAD)
-        await controller_with_the_alert_applied(tmp_path, reg, client, clock, copies)
-        for p in peers:
-            p.restart(started=clock.t)
-        engine = make_engine(tmp_path, reg, client, clock)
-        guard = await boot(engine)
+        engine, guard = await every_peer_restarted(peers, client, tmp_path, reg, clock, copies)
         monkeypatch.setattr(action_mod, "CONFIRM_EVERY", 3600.0)
         asked = []
         presence = guard.services[action_mod.PRESENCE]
