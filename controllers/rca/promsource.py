@@ -43,11 +43,12 @@ def rate_ladder(selector: str) -> str:
     """``rate(selector[W])`` over the shortest window W of 1m, 2m, 5m that holds at least 4
     samples, per series (rules/*.rules.yml do the same; README, "Scrape and evaluation
     intervals"): a fixed 1m window holds one sample at a 60 s scrape, and its rate is empty.
-    Every rung only while the series is alive (``and selector``): a container that went away
-    would otherwise keep its last rate in the 5m window for 5 minutes."""
-    return (f"(rate({selector}[1m]) and count_over_time({selector}[1m]) >= 4 and {selector}"
-            f" or rate({selector}[2m]) and count_over_time({selector}[2m]) >= 4 and {selector}"
-            f" or rate({selector}[5m]) and {selector})")
+    Every rung also needs a sample in the last half of its window (``present_over_time``): a
+    container that went away would otherwise keep its last rate in the 5m window for 5 minutes
+    (not ``and selector``: a failed scrape's staleness markers would blank the rate)."""
+    return (f"(rate({selector}[1m]) and count_over_time({selector}[1m]) >= 4 and present_over_time({selector}[30s])"
+            f" or rate({selector}[2m]) and count_over_time({selector}[2m]) >= 4 and present_over_time({selector}[1m])"
+            f" or rate({selector}[5m]) and present_over_time({selector}[2m]))")
 
 
 def sum_of_rates(*selectors: str) -> str:
