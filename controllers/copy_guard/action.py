@@ -106,7 +106,8 @@ RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
 VERDICTS = ("below", "severe", "hold", "above", "light", "quiet", "crowd", "max_pause")
 HTTP_TIMEOUT = 2.0
 SIGNAL_TIMEOUT = 2.0
-#: How often holders left unconfirmed by a restart are asked about (every Alertmanager peer read).
+#: How often holders left unconfirmed by a restart are asked about (every Alertmanager peer read),
+#: from the end of one read to the start of the next.
 CONFIRM_EVERY = 1.0
 _HOST = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
 
@@ -581,31 +582,47 @@ class CopyGuardAction(Action):
             self._save()
         return resumed
 
-    async def _confirm(self) -> None:
+    def _pending(self) -> dict[str, dict[str, Any]]:
+        """The holders a previous controller left, not confirmed yet (fingerprint -> holder)."""
+        return {fp: h for ep in self.episodes.values() for fp, h in ep.holders.items() if not h["confirmed"]}
+
+    async def _ask_presence(self) -> dict[str, bool | None] | None:
+        """The engine's judgement of the pending holders' alerts (``services["alertmanager_
+        presence"]``: every peer read), at most once per ``CONFIRM_EVERY`` counted from the end
+        of the last read; None when there is nothing to ask, it is not time yet, or no peer
+        answered. The supervisor asks before it takes the action's lock: a peer that hangs
+        delays no fire or resolve."""
+        pending = self._pending()
+        presence = self.services.get(PRESENCE)
+        if not pending or presence is None or time.monotonic() - self._confirm_read < CONFIRM_EVERY:
+            return None
+        try:
+            verdict: dict[str, bool | None] = await presence({fp: _starts(h) for fp, h in pending.items()})
+        except Exception as e:  # noqa: BLE001 - unconfirmed holders simply wait for the next read
+            log.debug("cannot confirm holders with Alertmanager: %r", e)
+            return None
+        finally:
+            self._confirm_read = time.monotonic()
+        return verdict
+
+    async def _confirm(self, verdict: dict[str, bool | None] | None = None) -> None:
         """Confirm or drop the holders a previous controller left (unconfirmed), every episode's
-        at once, by the engine's judgement (``services["alertmanager_presence"]``): confirmed
-        when an Alertmanager peer lists the alert, dropped when one that can be believed omits
-        it, kept (holding nothing) while only peers that restarted within the grace answered.
-        Without Alertmanager every holder is confirmed; with one but without that judgement
-        (outside a controller) they wait: the engine's resolve ends them."""
-        pending = {fp: h for ep in self.episodes.values() for fp, h in ep.holders.items() if not h["confirmed"]}
+        at once, by the engine's judgement (``verdict``, read by the supervisor before it took
+        the lock; else read here): confirmed when an Alertmanager peer lists the alert, dropped
+        when one that can be believed omits it, kept (holding nothing) while only peers that
+        restarted within the grace answered. Without Alertmanager every holder is confirmed;
+        with one but without that judgement (outside a controller) they wait: the engine's
+        resolve ends them."""
+        pending = self._pending()
         if not pending:
             return
-        presence = self.services.get(PRESENCE)
-        if presence is None:
+        if self.services.get(PRESENCE) is None:
             if self.services.get("alertmanager") is None:
                 for h in pending.values():
                     h["confirmed"] = True
             return
-        # At most one read of every peer a second (the tick holds the lock: a hung peer would
-        # delay every site's fire and resolve by its timeout at every 0.2 s tick).
-        if time.monotonic() - self._confirm_read < CONFIRM_EVERY:
-            return
-        self._confirm_read = time.monotonic()
-        try:
-            active = await presence({fp: _starts(h) for fp, h in pending.items()})
-        except Exception as e:  # noqa: BLE001 - unconfirmed holders simply wait for the next tick
-            log.debug("cannot confirm holders with Alertmanager: %r", e)
+        active = verdict if verdict is not None else await self._ask_presence()
+        if active is None:
             return
         for ep in self.episodes.values():
             for fp in [fp for fp in ep.holders if fp in pending]:
@@ -625,8 +642,9 @@ class CopyGuardAction(Action):
                 adaptive = tuple(site for site, ep in self.episodes.items() if ep.adaptive())
                 if adaptive:
                     signals = await self.signals(max_age=self._read_every(), sites=adaptive)
+                verdict = await self._ask_presence()  # outside the lock (every peer read)
                 async with self.lock:
-                    await self.tick(signals)
+                    await self.tick(signals, verdict)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - the supervisor must survive anything
@@ -639,13 +657,15 @@ class CopyGuardAction(Action):
         windows = [s.window for s in (self._signals or {}).values()] or [1.0]
         return max(min(p.tick for p in self.known.values()) if self.known else 0.2, min(windows) / 4)
 
-    async def tick(self, signals: dict[str, Signal] | None = None) -> None:
-        """One pass (caller holds the lock): confirm, decide, enforce, time out, release, count."""
+    async def tick(self, signals: dict[str, Signal] | None = None,
+                   presence: dict[str, bool | None] | None = None) -> None:
+        """One pass (caller holds the lock): confirm (with ``presence`` when the caller read it),
+        decide, enforce, time out, release, count."""
         now, mono = time.time(), time.monotonic()
         elapsed, self._last_tick = mono - self._last_tick, mono
         m = self._m()
         changed = False
-        await self._confirm()
+        await self._confirm(presence)
         for site, ep in list(self.episodes.items()):
             if ep.held:
                 m.pause_seconds.labels(site).inc(elapsed)

@@ -65,6 +65,9 @@ def make_engine(tmp_path, reg, client: Any, clock: Clock) -> Engine:  # noqa: F8
                   services={"alertmanager": client, "registry": CollectorRegistry()}, clock=clock)
 
 
+SUPERVISE = CopyGuardAction._supervise
+
+
 @pytest.fixture(autouse=True)
 def _ticks_by_the_test(monkeypatch):
     """The guard's supervisor does nothing: each test runs the supervisor's ticks itself."""
@@ -211,6 +214,37 @@ async def test_unconfirmed_holders_are_asked_about_once_a_second_not_at_every_ti
         for _ in range(5):
             await guard.tick()
         assert len(asked) == 1 and not holder(guard)["confirmed"]
+        await engine.shutdown()
+
+
+async def test_the_supervisor_asks_about_unconfirmed_holders_without_the_lock(copies, reg, tmp_path):  # noqa: F811
+    """Every peer read happens before the supervisor takes the action's lock: a peer that hangs
+    (up to the client's timeout) delays no site's fire or resolve."""
+    import asyncio
+
+    import controllers.copy_guard.action as action_mod
+
+    clock = Clock()
+    async with cluster(2) as (peers, client):
+        engine, guard = await every_peer_restarted(peers, client, tmp_path, reg, clock, copies)
+        locked_when_asked: list[bool] = []
+        presence = guard.services[action_mod.PRESENCE]
+
+        async def slow(*args: Any, **kw: Any) -> Any:
+            locked_when_asked.append(guard.lock.locked())
+            await asyncio.sleep(0.2)
+            return await presence(*args, **kw)
+
+        guard.services[action_mod.PRESENCE] = slow
+        task = asyncio.create_task(SUPERVISE(guard))  # the real one (the fixture idles the guard's own)
+        try:
+            deadline = time.monotonic() + 10
+            while len(locked_when_asked) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert locked_when_asked and not any(locked_when_asked)
         await engine.shutdown()
 
 
