@@ -443,23 +443,22 @@ class _ClosedConnections(Collector):
         yield family
 
 
-_CLOSED: dict[int, tuple[CollectorRegistry, _ClosedConnections]] = {}
+_CLOSED: dict[CollectorRegistry, _ClosedConnections] = {}  # (a registry hashes by identity)
 
 
 def _count_closed(registry: CollectorRegistry, listener: str, pool: _ConnectionPool) -> Callable[[], None]:
     """Count ``pool``'s closes in ``registry`` under ``listener``; returns what stops it."""
-    entry = _CLOSED.get(id(registry))
-    if entry is None or entry[0] is not registry:
-        entry = _CLOSED[id(registry)] = (registry, _ClosedConnections())
-        registry.register(entry[1])
-    collector = entry[1]
+    collector = _CLOSED.get(registry)
+    if collector is None:
+        collector = _CLOSED[registry] = _ClosedConnections()
+        registry.register(collector)
     collector.pools[listener] = pool
 
     def stop() -> None:
         if collector.pools.get(listener) is pool:
             del collector.pools[listener]
-        if not collector.pools and _CLOSED.get(id(registry)) is entry:
-            del _CLOSED[id(registry)]
+        if not collector.pools and _CLOSED.get(registry) is collector:
+            del _CLOSED[registry]
             registry.unregister(collector)
     return stop
 

@@ -642,7 +642,8 @@ class CopyGuardAction(Action):
                 adaptive = tuple(site for site, ep in self.episodes.items() if ep.adaptive())
                 if adaptive:
                     signals = await self.signals(max_age=self._read_every(), sites=adaptive)
-                verdict = await self._ask_presence()  # outside the lock (every peer read)
+                # Outside the lock (every peer read); {} when not asked: tick() does not ask then.
+                verdict = await self._ask_presence() or {}
                 async with self.lock:
                     await self.tick(signals, verdict)
             except asyncio.CancelledError:

@@ -42,10 +42,16 @@ def queries() -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("s", ri.INTERVALS)
-def test_the_default_queries_have_a_value_at_every_evaluation(s: int, tmp_path: Path) -> None:
+def promtool_test(doc: dict, path: Path) -> subprocess.CompletedProcess[str]:
+    """``promtool test rules`` on ``doc`` written to ``path``."""
     if shutil.which("promtool") is None:
         pytest.fail("promtool is not installed (scripts/install-system.sh installs it)")
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
+    return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("s", ri.INTERVALS)
+def test_the_default_queries_have_a_value_at_every_evaluation(s: int, tmp_path: Path) -> None:
     stretch, steps = f"[20m:{s}s]", 20 * 60 // s + 1  # 10m..30m, across the missed scrape
     half = f"{s * 500}ms" if s % 2 else f"{s // 2}s"
     checks = [{"expr": f"count_over_time(group({expr}){stretch})", "eval_time": "30m",
@@ -54,17 +60,13 @@ def test_the_default_queries_have_a_value_at_every_evaluation(s: int, tmp_path: 
         "name": f"rca queries at {s} s", "interval": half,
         "input_series": [{"series": k, "values": ri.tokens(v, s, 31 * 60, missed=True)} for k, v in SERIES.items()],
         "promql_expr_test": checks}]}
-    path = tmp_path / f"rca-{s}s.test.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    result = promtool_test(doc, tmp_path / f"rca-{s}s.test.yml")
     output = (result.stdout + result.stderr).replace('\\"', '"')
     failed = [name for name, expr in queries() if f"count_over_time(group({expr})" in output]
     assert result.returncode == 0, f"queries without a value at every evaluation at {s} s: {failed}\n{output[-2000:]}"
 
 
 def test_disk_io_is_the_sum_of_reads_and_writes_and_either_alone(tmp_path: Path) -> None:
-    if shutil.which("promtool") is None:
-        pytest.fail("promtool is not installed (scripts/install-system.sh installs it)")
     writes_only = {k: v for k, v in SERIES.items() if "read" not in k}
     tests = []
     for name, series, want in (("both", SERIES, 3000), ("writes only", writes_only, 2000)):
@@ -74,9 +76,7 @@ def test_disk_io_is_the_sum_of_reads_and_writes_and_either_alone(tmp_path: Path)
                       "promql_expr_test": [{"expr": f'round({render(t["disk_io"], service="carts")})', "eval_time": "20m",
                                             "exp_samples": [{"labels": "{}", "value": want}]}
                                            for t in (CADVISOR_RESOURCES, PROCESS_RESOURCES)]})
-    path = tmp_path / "disk.test.yml"
-    path.write_text(yaml.safe_dump({"evaluation_interval": "30s", "tests": tests}, sort_keys=False, width=100_000))
-    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    result = promtool_test({"evaluation_interval": "30s", "tests": tests}, tmp_path / "disk.test.yml")
     assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
 
 
@@ -84,8 +84,6 @@ def test_a_container_that_went_away_leaves_the_rates_when_it_goes(tmp_path: Path
     """Its series go stale (the pod was replaced): its rate is gone within 2 minutes, not kept
     by the 5m rung for 5 (a restarted container counted twice in the CPU evidence); and one
     failed scrape (staleness markers, then samples again) does not blank the other one's."""
-    if shutil.which("promtool") is None:
-        pytest.fail("promtool is not installed (scripts/install-system.sh installs it)")
     cpu = render(CADVISOR_RESOURCES["cpu"], service="carts")
     doc = {"evaluation_interval": "1s", "tests": [{
         "name": "carts replaced at 61 s", "interval": "1s",
@@ -96,7 +94,5 @@ def test_a_container_that_went_away_leaves_the_rates_when_it_goes(tmp_path: Path
              "values": "_x61 0+0.5x150 stale 76+0.5x200"}],
         "promql_expr_test": [{"expr": f"round({cpu} * 100)", "eval_time": t,
                               "exp_samples": [{"labels": "{}", "value": 50}]} for t in ("3m32s", "4m")]}]}
-    path = tmp_path / "gone.test.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100_000))
-    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
+    result = promtool_test(doc, tmp_path / "gone.test.yml")
     assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
