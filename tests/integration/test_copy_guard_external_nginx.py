@@ -19,7 +19,6 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -32,6 +31,7 @@ from promreflex.config import load_config, ports_model
 from promreflex.foundation import NGINX_LOG_FORMAT
 from promreflex.proc import Child, free_port, http_ok, pid_alive, wait_until
 from promreflex.stack import Stack
+from tests.metrics_server import MetricsServer
 
 pytestmark = pytest.mark.integration
 
@@ -255,27 +255,6 @@ def test_calibrate_child_dies_with_its_parent_on_sigterm_and_sigkill(tmp_path):
         conn.close()
 
 
-def _serve_metrics(body: str) -> tuple[str, Any]:
-    """A loopback /metrics that always answers ``body``; (HOST:PORT, its server)."""
-    import http.server
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            data = body.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"127.0.0.1:{server.server_address[1]}", server
-
-
 def test_doctor_fails_exporters_your_prometheus_no_longer_scrapes(tmp_path):
     """Your own Prometheus (README "With your own Prometheus and Alertmanager too"), the nginx and
     accesslog jobs removed from its scrape_configs and reloaded (/tmp/review-guard M1): their last
@@ -283,8 +262,9 @@ def test_doctor_fails_exporters_your_prometheus_no_longer_scrapes(tmp_path):
     a reload removed: for 5 minutes), and the doctor said "scraped". It must name the jobs."""
     from controllers.copy_guard import doctor
 
-    nginx_addr, nginx_srv = _serve_metrics("nginx_up 1\nnginx_http_requests_total 42\n")
-    log_addr, log_srv = _serve_metrics('promreflex_http_requests_total{site="shop",status_class="2xx"} 7\n')
+    nginx_srv = MetricsServer("nginx_up 1\nnginx_http_requests_total 42\n")
+    log_srv = MetricsServer('promreflex_http_requests_total{site="shop",status_class="2xx"} 7\n')
+    nginx_addr, log_addr = nginx_srv.addr, log_srv.addr
     port = free_port()
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
