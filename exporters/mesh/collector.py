@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
 from exporters.mesh.envoy_format import ParseError
-from exporters.mesh.formats import LineFormat, get_format
+from exporters.mesh.formats import LineFormat, get_format, proxy_log_line
 from exporters.mesh.labels import (
     OTHER,
     UNKNOWN,
@@ -61,11 +61,16 @@ PARSE_ERROR_REASONS = (
     "missing_field",  # JSON object without response_code; ztunnel line without src.addr / dst.addr
     "bad_value",  # JSON value of the wrong type (a non-numeric response_code, ...), or a record not countable
 )
-# Lines of the format that are not records to count (not rejections of the log's format):
-# ztunnel's DEBUG "connection opened" (its "connection complete" line is the record). Created
-# at 0 only for the logs whose format can write them (ztunnel, auto).
-SKIP_REASONS = ("not_a_record",)
+# Lines that are not records to count (not rejections of the log's format): `proxy_log`, a line
+# of the proxy's own log in the same stream (pilot-agent, Envoy as Istio formats it, ztunnel's
+# other targets: formats.proxy_log_line), created at 0 for every log; `not_a_record`, ztunnel's
+# DEBUG "connection opened" (its "connection complete" line is the record), created at 0 only
+# for the logs whose format can write them (ztunnel, auto).
+SKIP_REASONS = ("proxy_log", "not_a_record")
 _SKIPPING_FORMATS = frozenset({"ztunnel", "auto"})
+# What a proxy's own line is rejected as by the access-log formats (text; JSON without the
+# access log's fields; a text line in a JSON log), before it is recognised as one.
+_PROXY_LOG_REJECTIONS = frozenset({"format_mismatch", "missing_field", "invalid_json"})
 
 
 class MeshMetrics:
@@ -182,7 +187,7 @@ class MeshExporter:
         if key in self.streams:
             raise ValueError(f"a stream named {key!r} exists already")
         self.streams[key] = stream
-        self.metrics.prepare(workload, SKIP_REASONS if format in _SKIPPING_FORMATS else ())
+        self.metrics.prepare(workload, SKIP_REASONS if format in _SKIPPING_FORMATS else ("proxy_log",))
         return stream
 
     def count(self, record: Mapping[str, Any], workload: str) -> tuple[str, str]:
@@ -259,7 +264,8 @@ class MeshStream:
             try:
                 record = self.format.parse(item.text)
             except ParseError as e:
-                self._reject(out, e.reason)
+                proxy_log = e.reason in _PROXY_LOG_REJECTIONS and proxy_log_line(item.text)
+                self._reject(out, "proxy_log" if proxy_log else e.reason)
                 continue
             except Exception as e:  # noqa: BLE001 - a parser's bug: one line lost and counted, not the exporter
                 log.warning("line of %s not parsed (%s): counted as bad_value", self.workload, type(e).__name__)

@@ -6,6 +6,7 @@ One place maps the names used in configuration (``istio_text``, ``istio_json``, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -17,7 +18,7 @@ from exporters.mesh.envoy_format import (
     ParseError,
 )
 from exporters.mesh.json_format import ISTIO_JSON, ISTIO_JSON_EXTRA_FIELDS, JsonFormat, load_object
-from exporters.mesh.ztunnel_format import ZTUNNEL
+from exporters.mesh.ztunnel_format import TIMESTAMP, ZTUNNEL
 
 FORMAT_NAMES = ("istio_text", "istio_text_legacy", "istio_json", "envoy", "ztunnel", "auto")
 
@@ -59,6 +60,46 @@ class AutoFormat:
 
 
 AUTO = AutoFormat()
+
+
+# The proxies' own log lines, which reach the exporter in the same stream as the access log
+# (a container's stdout, or `kubectl logs`, which merges stdout and stderr):
+# - Istio's pilot-agent, in every istio-proxy container (istio.io/pkg/log):
+#   `2023-09-05T08:47:58.505633Z<TAB>info<TAB>xdsproxy<TAB>connected to upstream XDS server: ...`
+#   (the scope is left out for the default one: `...Z<TAB>info<TAB>FLAG: --concurrency="2"`), or
+#   with --log_as_json `{"level":"info","time":"...","scope":"ads","msg":"..."}`;
+# - Envoy's own log as Istio formats it (`...Z<TAB>warning<TAB>envoy config ...<TAB>...`), or in
+#   Envoy's default layout (`[2019-03-01 01:07:03.833][11][warning][config] [...] ...`: not
+#   Istio's access-log line, whose time has a `T` and is followed by the request);
+# - ztunnel's lines of any target but `access` (`...Z<TAB>info<TAB>xds::client:xds{id=1}<TAB>...`,
+#   or its JSON with that `scope`).
+# They are not access-log lines in a format the exporter was not told about, so they are skipped
+# under the reason `proxy_log`, not rejected as `format_mismatch` (an idle pod's start-up lines
+# fired PromreflexMeshLogMostlyRejected). Only a line its format REJECTED is looked at, so an
+# access-log format that happens to start the same way still parses.
+PROXY_LOG_LEVELS = frozenset({"trace", "debug", "info", "warn", "warning", "error", "critical", "fatal"})
+_PROXY_LOG_HEAD = re.compile(rf"^(?:{TIMESTAMP}\s+)?{TIMESTAMP}\s+(?P<level>[a-z]+)\s+(?P<next>\S+)")
+_ENVOY_LOG_HEAD = re.compile(r"^(?:\S+\s+)?\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+\]\[\d+\]\[(?P<level>[a-z]+)\]\[")
+
+
+def proxy_log_line(text: str) -> bool:
+    """Whether ``text`` is a line of a proxy's own log (above), not an access-log line."""
+    line = text.lstrip()
+    if line.startswith("{"):
+        try:
+            obj = load_object(line)
+        except ParseError:
+            return False
+        level, scope = obj.get("level"), obj.get("scope", obj.get("target"))
+        return (isinstance(level, str) and level.lower() in PROXY_LOG_LEVELS
+                and isinstance(obj.get("time", obj.get("timestamp")), str)
+                and (isinstance(scope, str) or isinstance(obj.get("msg", obj.get("message")), str))
+                and scope != "access" and "response_code" not in obj)
+    head = _PROXY_LOG_HEAD.match(line)
+    if head is not None:
+        return head.group("level") in PROXY_LOG_LEVELS and head.group("next") != "access"
+    head = _ENVOY_LOG_HEAD.match(line)
+    return head is not None and head.group("level") in PROXY_LOG_LEVELS
 
 
 def get_format(

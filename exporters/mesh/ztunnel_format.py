@@ -42,7 +42,8 @@ case, ``target``, the fields flattened. Both are read, by :meth:`ZtunnelFormat.p
 that starts with ``{``) and by ``auto`` (an object whose ``level`` is a tracing level and that
 names a ``scope`` or ``target``, and has no ``response_code``, is ztunnel's), into the record
 the text line of the same event gives. A ztunnel line that is not an access line is a
-``format_mismatch`` in either form; a JSON value of a type ztunnel does not write (a boolean,
+``format_mismatch`` of this format in either form (the exporter then skips it as ztunnel's own
+log, ``proxy_log``: exporters.mesh.formats.proxy_log_line); a JSON value of a type ztunnel does not write (a boolean,
 a list, an object where a field is a string or a number) is ``bad_value``.
 """
 
@@ -55,8 +56,8 @@ from typing import Any
 from exporters.mesh.envoy_format import ParseError
 from exporters.mesh.json_format import load_object
 
-_TS = r"\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:?\d{2})"
-_HEAD = re.compile(rf"^(?:{_TS}\s+){{0,2}}(?P<level>trace|debug|info|warn|error)\s+access\s+(?P<message>[^=]*?)\s+(?=[\w.]+=)")
+TIMESTAMP = r"\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:?\d{2})"
+_HEAD = re.compile(rf"^(?:{TIMESTAMP}\s+){{0,2}}(?P<level>trace|debug|info|warn|error)\s+access\s+(?P<message>[^=]*?)\s+(?=[\w.]+=)")
 _PAIR = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|[^\s"]+)\s*')
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|µs|ms|s)$")
 _UNITS_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
