@@ -76,9 +76,17 @@ AUTO = AutoFormat()
 # They are not access-log lines in a format the exporter was not told about, so they are skipped
 # under the reason `proxy_log`, not rejected as `format_mismatch` (an idle pod's start-up lines
 # fired PromreflexMeshLogMostlyRejected). Only a line its format REJECTED is looked at, so an
-# access-log format that happens to start the same way still parses.
+# access-log format that happens to start the same way still parses. A message can span lines
+# (pilot-agent's "Effective config:" YAML at start-up): a rejected line right after a proxy's own
+# line that does not begin a record of its own (no time first, no `[` or `{`) continues it. A
+# JSON object with an access log's fields (a format whose status key was renamed) is not one.
 PROXY_LOG_LEVELS = frozenset({"trace", "debug", "info", "warn", "warning", "error", "critical", "fatal"})
 _PROXY_LOG_HEAD = re.compile(rf"^(?:{TIMESTAMP}\s+)?{TIMESTAMP}\s+(?P<level>[a-z]+)\s+(?P<next>\S+)")
+# Keys of Istio's and Envoy's JSON access logs (docs' default JSON format) a proxy's own log line lacks.
+_ACCESS_LOG_KEYS = frozenset({"response_code", "start_time", "method", "path", "authority", "upstream_cluster",
+                              "upstream_host", "downstream_remote_address", "request_id", "response_flags",
+                              "user_agent", "x_forwarded_for"})
+_RECORD_START = re.compile(rf"^\s*(?:[\[{{]|{TIMESTAMP})")
 _ENVOY_LOG_HEAD = re.compile(r"^(?:\S+\s+)?\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+\]\[\d+\]\[(?P<level>[a-z]+)\]\[")
 
 
@@ -92,14 +100,21 @@ def proxy_log_line(text: str) -> bool:
             return False
         level, scope = obj.get("level"), obj.get("scope", obj.get("target"))
         return (isinstance(level, str) and level.lower() in PROXY_LOG_LEVELS
+                and not _ACCESS_LOG_KEYS.intersection(obj)
                 and isinstance(obj.get("time", obj.get("timestamp")), str)
                 and (isinstance(scope, str) or isinstance(obj.get("msg", obj.get("message")), str))
-                and scope != "access" and "response_code" not in obj)
+                and scope != "access")
     head = _PROXY_LOG_HEAD.match(line)
     if head is not None:
         return head.group("level") in PROXY_LOG_LEVELS and head.group("next") != "access"
     head = _ENVOY_LOG_HEAD.match(line)
     return head is not None and head.group("level") in PROXY_LOG_LEVELS
+
+
+def proxy_log_continues(text: str) -> bool:
+    """Whether ``text``, rejected right after a proxy's own line, continues that line's message
+    (it does not begin a record: no time first, no ``[`` or ``{``)."""
+    return _RECORD_START.match(text) is None
 
 
 def get_format(

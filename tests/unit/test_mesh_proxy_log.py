@@ -81,6 +81,8 @@ def test_ztunnels_other_targets_are_skipped_as_proxy_log(fmt: str) -> None:
     '{"level":"info","time":"2024-08-21T15:32:05.754291Z","scope":"access","message":"connection complete"}',
     '{"level":"info","msg":"no time"}',
     '{"level":"info","time":"2024-08-21T15:32:05Z","scope":"ads","response_code":200}',
+    # a JSON access log whose format renamed the status key, with level/time/msg keys of its own
+    '{"level":"info","time":"2024-08-21T15:32:05Z","msg":"req","method":"GET","path":"/x","status":200}',
     '{"level":"info","time":' + "[" * 5000 + "]" * 5000 + "}",
     "[2024-03-01 12:00:00.000][15][loud][config] not a level",
 ])
@@ -99,3 +101,33 @@ def test_proxy_log_exists_at_zero_for_every_log() -> None:
         ex.add_stream(f"w-{fmt.replace('_', '-')}", fmt)
         assert reg.get_sample_value("promreflex_mesh_parse_errors_total",
                                     {"workload": f"w-{fmt.replace('_', '-')}", "reason": "proxy_log"}) == 0
+
+
+# pilot-agent at start-up: "Effective config:" and the YAML that follows, one line each, no time
+EFFECTIVE_CONFIG = [
+    "2025-02-03T08:00:01.000900Z\tinfo\tEffective config: binaryPath: /usr/local/bin/envoy",
+    "concurrency: 2",
+    "configPath: ./etc/istio/proxy",
+    "controlPlaneAuthPolicy: MUTUAL_TLS",
+    "discoveryAddress: istiod.istio-system.svc:15012",
+    "drainDuration: 45s",
+    "proxyMetadata:",
+    "  ISTIO_META_ENABLE_HBONE: \"true\"",
+    "",
+    "2025-02-03T08:00:01.001000Z\tinfo\tJWT policy is third-party-jwt",
+]
+
+
+def test_a_multi_line_message_of_the_proxy_is_skipped_whole() -> None:
+    _, s = _stream("istio_text")
+    st = s.feed([*EFFECTIVE_CONFIG, ACCESS])
+    assert (st.parsed, dict(st.rejected)) == (1, {"proxy_log": 9, "empty": 1})
+
+
+def test_a_broken_line_after_an_access_line_or_a_record_start_is_still_rejected() -> None:
+    _, s = _stream("istio_text")
+    # after an access line, a stray line is a rejection; after the proxy's own line, a line that
+    # begins a record of its own (`[`, `{`, a time first) is judged by itself
+    st = s.feed([ACCESS, "concurrency: 2", PILOT_AGENT[1], '[2024-03-01T12:00:00.123Z] "GET /broken',
+                 PILOT_AGENT[1], "2024-03-01T12:00:00.123Z 200 GET /x"])
+    assert (st.parsed, dict(st.rejected)) == (1, {"format_mismatch": 2, "proxy_log": 2, "truncated": 1}), st
