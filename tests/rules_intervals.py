@@ -12,9 +12,13 @@ How the files model a real Prometheus (and not promtool's lucky case):
   and rate() works; in a real server scrapes and evaluations have independent offsets and a 1m
   window holds 1 sample (Prometheus 3's left-open windows: always). Input series are given at
   S/2 with every other value missing (`_`).
-- One scrape during each fault is missed (its sample absent, as a late or dropped scrape):
-  a window that holds only the 2 samples rate() needs then empties for an evaluation, and an
-  alert's `for` starts over. That is the 30 s flicker.
+- One scrape during each fault FAILS, as Prometheus records it: a staleness marker for every
+  series of the target (what it writes for a target that is gone, too) and `up` 0. In a range
+  it is a sample missing: a window that holds only the 2 samples rate() needs then empties for
+  an evaluation, and an alert's `for` starts over (the 30 s flicker). In an instant selector the
+  series is gone for that evaluation: every gauge the rules read (thresholds, memory, the
+  dependency graph, timestamps, switches) is therefore read with `last_over_time(x[2m])` (its
+  last sample within two scrapes at 60 s).
 
 Each alert is checked at every evaluation from the first that must fire to the last (state
 "firing" without a gap), absent one evaluation before and absent again after the fault (resolve
@@ -127,14 +131,19 @@ def fmt(v: float) -> str:
     return repr(float(v)) if v != int(v) else str(int(v))
 
 
-def tokens(value: Value, interval: int, horizon: int, missed: bool) -> str:
-    """Values at S/2 resolution: samples at (k + 1/2) x S, `_` between (and at the missed scrape)."""
+def tokens(value: Value, interval: int, horizon: int, missed: bool, name: str = "") -> str:
+    """Values at S/2 resolution: samples at (k + 1/2) x S, `_` between; at the missed scrape what
+    Prometheus writes for a FAILED one: a staleness marker for every series the target exposes,
+    and `up` 0 (a series of Prometheus' own, written at every scrape)."""
     out = []
     half = interval / 2
     missed_at = (MISSED // interval + 0.5) * interval  # the first sample at or after MISSED
     for i in range(int(horizon / half) + 1):
         t = i * half
-        v = None if (i % 2 == 0 or (missed and t == missed_at)) else value(t)
+        if missed and t == missed_at:
+            out.append("0" if name.split("{")[0] == "up" else "stale")
+            continue
+        v = None if i % 2 == 0 else value(t)
         out.append("_" if v is None else fmt(v))
     # compress runs of `_`
     text, run = [], 0
@@ -242,11 +251,13 @@ def concerns() -> list[Concern]:
                     one_event()}),
         ]),
         Concern("mesh", ["mesh.rules", "mesh.alerts"], Recorded(
-            {**histogram("promreflex_mesh_request_duration_seconds", 'source="b", destination="c"', MESH_BOUNDS,
-                         "0.1", "0.1", 10),
-             'promreflex_mesh_requests_total{source="b", destination="c", code_class="2xx"}': counter((0, 9)),
-             'promreflex_mesh_requests_total{source="b", destination="c", code_class="5xx"}': counter((0, 1)),
-             'promreflex_mesh_edge_info{source="b", destination="c"}': steps((0, 1))},
+            {**histogram("promreflex_mesh_request_duration_seconds", 'job="mesh", instance="m:1", source="b", destination="c"',
+                         MESH_BOUNDS, "0.1", "0.1", 10),
+             'promreflex_mesh_requests_total{job="mesh", instance="m:1", source="b", destination="c", code_class="2xx"}':
+                 counter((0, 9)),
+             'promreflex_mesh_requests_total{job="mesh", instance="m:1", source="b", destination="c", code_class="5xx"}':
+                 counter((0, 1)),
+             'promreflex_mesh_edge_info{job="mesh", instance="m:1", source="b", destination="c"}': steps((0, 1))},
             {"service_le:promreflex_mesh_request_duration_seconds_bucket:rate1m": len(MESH_BOUNDS),
              "service:promreflex_mesh_requests:rate1m": 1,
              "service:promreflex_mesh_request_duration_seconds:max_1m": 1,
@@ -364,15 +375,39 @@ HEADER = """\
 # edit the scenarios there, not this file. rules/{name}.rules.yml at a {s} s scrape and rule
 # evaluation interval, modelled as a real Prometheus sees it: samples half an interval after the
 # evaluations (samples at (k + 1/2) x {s} s, hence the input interval {half} and every other value
-# `_`), and one scrape missed during each fault (the first at or after {missed}). Each alert: a
+# `_`), and one scrape failed during each fault (the first at or after {missed}: staleness
+# markers, `up` 0). Each alert: a
 # fault from {t0} to {t1}; the alert must be absent one evaluation before it first fires, firing at
 # EVERY evaluation from then on until the fault's effect ends (no flicker, no `for` started over),
 # and absent again after. Each recording rule: a value at every evaluation from 6m to 30m.
 """
 
 
+_JOB_INSTANCE = re.compile(r'\bjob="([^"]*)".*?\binstance="([^"]*)"|\binstance="([^"]*)".*?\bjob="([^"]*)"')
+
+
+def _targets(series: dict[str, Value]) -> dict[str, Value]:
+    """``series`` and the `up` of every target (job, instance) they name that has none: Prometheus
+    writes it at every scrape (1, and 0 for the failed one), and the rules tell a failed scrape
+    from a target that went away by it."""
+    out = dict(series)
+    def target(name: str) -> tuple[str, str] | None:
+        m = _JOB_INSTANCE.search(name)
+        if m is None:
+            return None
+        return (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(4), m.group(3))
+
+    have = {target(name) for name in series if name.startswith("up{")}
+    for name in series:
+        t = target(name)
+        if t is not None and t not in have:
+            have.add(t)
+            out[f'up{{job="{t[0]}", instance="{t[1]}"}}'] = lambda _t: 1.0
+    return out
+
+
 def _series(series: dict[str, Value], s: int, missed: bool = True) -> list[dict[str, str]]:
-    return [{"series": name, "values": tokens(value, s, HORIZON, missed)} for name, value in series.items()]
+    return [{"series": name, "values": tokens(value, s, HORIZON, missed, name)} for name, value in _targets(series).items()]
 
 
 def _value(expr: str, t: float, n: int | None) -> dict[str, object]:
@@ -392,7 +427,7 @@ def render(concern: Concern, s: int, probe: bool = False) -> str:
         for rec, n in concern.recorded.counts.items():
             checks.append(_value(f"count_over_time(count({rec}){stretch})", 30 * 60, steps_))
             checks.append(_value(f"min_over_time(count({rec}){stretch})", 30 * 60, n))
-        tests.append({"name": f"{s} s: every recording rule has a value at every evaluation, across a missed scrape",
+        tests.append({"name": f"{s} s: every recording rule has a value at every evaluation, across a failed scrape",
                       "interval": half, "input_series": _series(concern.recorded.series, s),
                       "promql_expr_test": checks})
     for alert in concern.alerts:

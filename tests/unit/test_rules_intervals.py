@@ -35,11 +35,15 @@ def test_every_alert_and_recording_rule_is_covered_at_every_interval() -> None:
 
 
 def test_samples_fall_between_evaluations_and_one_scrape_is_missed() -> None:
-    """The model of a real server: samples at (k + 1/2) x S, one missing during the fault."""
+    """The model of a real server: samples at (k + 1/2) x S, one scrape failed during the fault:
+    a staleness marker in its place (every series of the target), `up` 0."""
     values = rules_intervals.tokens(rules_intervals.counter((0, 1)), 60, 10 * 60, missed=False).split()
     assert values[:4] == ["_", "30", "_", "90"]
-    missed = rules_intervals.tokens(rules_intervals.counter((0, 1)), 60, rules_intervals.HORIZON, missed=True)
-    full = rules_intervals.tokens(rules_intervals.counter((0, 1)), 60, rules_intervals.HORIZON, missed=False)
+    missed = rules_intervals.tokens(rules_intervals.counter((0, 1)), 60, rules_intervals.HORIZON, missed=True).split()
+    full = rules_intervals.tokens(rules_intervals.counter((0, 1)), 60, rules_intervals.HORIZON, missed=False).split()
     at = str(rules_intervals.MISSED + 30)
-    assert at in full.split() and at not in missed.split()
-    assert len([v for v in full.split() if v[0] != "_"]) - len([v for v in missed.split() if v[0] != "_"]) == 1
+    assert at in full and at not in missed
+    assert [i for i, (a, b) in enumerate(zip(full, missed, strict=True)) if a != b] == [full.index(at)]
+    assert missed[full.index(at)] == "stale"
+    up = rules_intervals.tokens(lambda t: 1.0, 60, rules_intervals.HORIZON, missed=True, name='up{job="nginx"}').split()
+    assert up[full.index(at)] == "0" and "stale" not in up
