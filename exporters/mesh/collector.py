@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
 from exporters.mesh.envoy_format import ParseError
-from exporters.mesh.formats import LineFormat, get_format, proxy_log_continues, proxy_log_line
+from exporters.mesh.formats import PROXY_LOG_CONTINUATION, LineFormat, get_format, proxy_log_continues, proxy_log_line
 from exporters.mesh.labels import (
     OTHER,
     UNKNOWN,
@@ -240,8 +240,9 @@ class MeshStream:
         self.workload_field = workload_field
         self.unwrapper = RuntimeUnwrapper(exporter.max_line_bytes)
         self.stats = FeedStats()
-        # the last line was a proxy's own (its next lines may continue it: proxy_log_continues)
-        self._in_proxy_log = False
+        # lines since the last proxy's own line began, while they continue it (proxy_log_continues);
+        # None: the last line was not one
+        self._proxy_log_run: int | None = None
 
     def observe(self, line: str) -> FeedStats:
         """Handle one physical line (a split runtime piece may complete nothing yet)."""
@@ -266,16 +267,19 @@ class MeshStream:
             try:
                 record = self.format.parse(item.text)
             except ParseError as e:
-                proxy_log = e.reason in _PROXY_LOG_REJECTIONS and (
-                    proxy_log_line(item.text) or self._in_proxy_log and proxy_log_continues(item.text))
-                self._in_proxy_log = proxy_log
-                self._reject(out, "proxy_log" if proxy_log else e.reason)
+                run, self._proxy_log_run = self._proxy_log_run, None
+                if e.reason in _PROXY_LOG_REJECTIONS:
+                    if proxy_log_line(item.text):
+                        self._proxy_log_run = 0
+                    elif run is not None and run < PROXY_LOG_CONTINUATION and proxy_log_continues(item.text):
+                        self._proxy_log_run = run + 1
+                self._reject(out, "proxy_log" if self._proxy_log_run is not None else e.reason)
                 continue
             except Exception as e:  # noqa: BLE001 - a parser's bug: one line lost and counted, not the exporter
                 log.warning("line of %s not parsed (%s): counted as bad_value", self.workload, type(e).__name__)
                 self._reject(out, "bad_value")
                 continue
-            self._in_proxy_log = False
+            self._proxy_log_run = None
             for k, v in item.fields.items():
                 record.setdefault(k, v)
             try:

@@ -77,9 +77,11 @@ AUTO = AutoFormat()
 # under the reason `proxy_log`, not rejected as `format_mismatch` (an idle pod's start-up lines
 # fired PromreflexMeshLogMostlyRejected). Only a line its format REJECTED is looked at, so an
 # access-log format that happens to start the same way still parses. A message can span lines
-# (pilot-agent's "Effective config:" YAML at start-up): a rejected line right after a proxy's own
-# line that does not begin a record of its own (no time first, no `[` or `{`) continues it. A
-# JSON object with an access log's fields (a format whose status key was renamed) is not one.
+# (pilot-agent's "Effective config:" YAML at start-up): a rejected YAML-shaped line right after a
+# proxy's own line continues it, up to PROXY_LOG_CONTINUATION lines (so a wrong access-log format
+# after a pilot-agent line is still counted as rejected: its lines are not YAML). A JSON object
+# with an access log's fields (a format whose status key was renamed) is not one.
+PROXY_LOG_CONTINUATION = 500
 PROXY_LOG_LEVELS = frozenset({"trace", "debug", "info", "warn", "warning", "error", "critical", "fatal"})
 _PROXY_LOG_HEAD = re.compile(rf"^(?:{TIMESTAMP}\s+)?{TIMESTAMP}\s+(?P<level>[a-z]+)\s+(?P<next>\S+)")
 # Keys of Istio's and Envoy's JSON access logs (docs' default JSON format) a proxy's own log line lacks.
@@ -87,6 +89,7 @@ _ACCESS_LOG_KEYS = frozenset({"response_code", "start_time", "method", "path", "
                               "upstream_host", "downstream_remote_address", "request_id", "response_flags",
                               "user_agent", "x_forwarded_for"})
 _RECORD_START = re.compile(rf"^\s*(?:[\[{{]|{TIMESTAMP})")
+_YAML_LINE = re.compile(r"^(?:\s+\S|[\w.\-/\"']+:(?:\s|$)|-\s)")
 _ENVOY_LOG_HEAD = re.compile(r"^(?:\S+\s+)?\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d+\]\[\d+\]\[(?P<level>[a-z]+)\]\[")
 
 
@@ -112,9 +115,11 @@ def proxy_log_line(text: str) -> bool:
 
 
 def proxy_log_continues(text: str) -> bool:
-    """Whether ``text``, rejected right after a proxy's own line, continues that line's message
-    (it does not begin a record: no time first, no ``[`` or ``{``)."""
-    return _RECORD_START.match(text) is None
+    """Whether ``text``, rejected right after a proxy's own line (or its continuation), continues
+    that line's message: YAML-shaped (indented, ``key: value``, ``- item``) and not the start of
+    a record (no time first, no ``[`` or ``{``). An access line of a format the exporter was not
+    told about (it begins with a method, an address, a time without ``T``) is not."""
+    return _RECORD_START.match(text) is None and _YAML_LINE.match(text) is not None
 
 
 def get_format(

@@ -131,3 +131,27 @@ def test_a_broken_line_after_an_access_line_or_a_record_start_is_still_rejected(
     st = s.feed([ACCESS, "concurrency: 2", PILOT_AGENT[1], '[2024-03-01T12:00:00.123Z] "GET /broken',
                  PILOT_AGENT[1], "2024-03-01T12:00:00.123Z 200 GET /x"])
     assert (st.parsed, dict(st.rejected)) == (1, {"format_mismatch": 2, "proxy_log": 2, "truncated": 1}), st
+
+
+@pytest.mark.parametrize("custom", [
+    'GET /carts/1/items HTTP/1.1 200 12ms "carts:80"',  # %REQ(:METHOD)% first
+    "10.0.0.5:40000 GET /carts/1/items 200",  # %DOWNSTREAM_REMOTE_ADDRESS% first
+    "2024-03-01 12:00:00 GET /carts/1/items 200",  # %START_TIME(%Y-%m-%d %H:%M:%S)%
+    "1709294400 GET /carts/1/items 200",  # %START_TIME(%s)%
+])
+def test_a_wrong_format_after_a_pilot_agent_line_is_still_rejected(custom: str) -> None:
+    """An istio-proxy's stdout begins with pilot-agent's lines; a format the exporter was not
+    told about must still be counted as rejected after them (else PromreflexMeshLogMostlyRejected,
+    whose ratio leaves proxy_log out, could never fire for the fault it is for)."""
+    for fmt in ("istio_text", "auto"):
+        _, s = _stream(fmt)
+        st = s.feed([PILOT_AGENT[1], *[custom] * 50])
+        assert dict(st.rejected) == {"proxy_log": 1, "format_mismatch": 50}, (fmt, custom, st)
+
+
+def test_a_continuation_is_capped() -> None:
+    from exporters.mesh.formats import PROXY_LOG_CONTINUATION
+
+    _, s = _stream("istio_text")
+    st = s.feed([PILOT_AGENT[1], *["  key: value"] * (PROXY_LOG_CONTINUATION + 3)])
+    assert dict(st.rejected) == {"proxy_log": PROXY_LOG_CONTINUATION + 1, "format_mismatch": 3}
