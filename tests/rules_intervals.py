@@ -131,17 +131,21 @@ def fmt(v: float) -> str:
     return repr(float(v)) if v != int(v) else str(int(v))
 
 
-def tokens(value: Value, interval: int, horizon: int, missed: bool, name: str = "") -> str:
+def tokens(value: Value, interval: int, horizon: int, missed: bool, name: str = "", failed: bool = True) -> str:
     """Values at S/2 resolution: samples at (k + 1/2) x S, `_` between; at the missed scrape what
     Prometheus writes for a FAILED one: a staleness marker for every series the target exposes,
-    and `up` 0 (a series of Prometheus' own, written at every scrape)."""
+    and `up` 0 (a series of Prometheus' own, written at every scrape); with ``failed`` False, a
+    late one (the sample absent)."""
     out = []
     half = interval / 2
     missed_at = (MISSED // interval + 0.5) * interval  # the first sample at or after MISSED
     for i in range(int(horizon / half) + 1):
         t = i * half
-        if missed and t == missed_at:
+        if missed and failed and t == missed_at:
             out.append("0" if name.split("{")[0] == "up" else "stale")
+            continue
+        if missed and t == missed_at:
+            out.append("_")
             continue
         v = None if i % 2 == 0 else value(t)
         out.append("_" if v is None else fmt(v))
