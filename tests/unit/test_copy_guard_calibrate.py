@@ -367,7 +367,6 @@ def test_own_request_rate_query_holds_when_a_scrape_starts_late(tmp_path: Path, 
     interval alone read 3.3 just after a late scrape and 10 just after the one that followed.
     At Prometheus's default 1 m evaluation interval too (a subquery without a step takes it:
     one reading, or none)."""
-    promtool = shutil.which("promtool") or "/usr/bin/promtool"
     values, v = [], 0
     late = {30, 31, 80, 299, 599}  # samples (of the 200 ms schedule) stamped 100 ms late
     at = {2 * i + (1 if i in late else 0): i for i in range(901)}
@@ -378,11 +377,18 @@ def test_own_request_rate_query_holds_when_a_scrape_starts_late(tmp_path: Path, 
         else:
             values.append("_")
     times = ("6s100ms", "6s200ms", "6s300ms", "16s100ms", "1m", "2m") if evaluation == "100ms" else ("1m", "2m")
+    run = _own_rps_on_promtool(tmp_path / "own.test.yml", evaluation, values, cal.OWN_RPS_QUERY, 5, times)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _own_rps_on_promtool(test: Path, evaluation: str, values: list[str], expr: str, value: float,
+                         times: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """promtool on one nginx exporter's counter (``values`` on a 100 ms grid): ``expr`` must be
+    ``value`` at each of ``times``."""
     checks = "".join(f"""
-      - expr: '{cal.OWN_RPS_QUERY}'
+      - expr: '{expr}'
         eval_time: {t}
-        exp_samples: [{{labels: '{{}}', value: 5}}]""" for t in times)
-    test = tmp_path / "own.test.yml"
+        exp_samples: [{{labels: '{{}}', value: {value}}}]""" for t in times)
     test.write_text(f"""rule_files: []
 evaluation_interval: {evaluation}
 tests:
@@ -392,8 +398,8 @@ tests:
         values: '{" ".join(values)}'
     promql_expr_test:{checks}
 """)
-    run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    return subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("scrape", [15, 30, 60])
@@ -402,7 +408,6 @@ def test_own_request_rate_query_holds_at_slow_scrapes(tmp_path: Path, scrape: in
     rate 1/scrape), stamped at an odd offset (half a scrape and 300 ms), as a real server's
     scrapes are, never on the query's whole seconds: an irate/idelta over 1m held one sample at
     60 s and read nothing."""
-    promtool = shutil.which("promtool") or "/usr/bin/promtool"
     tokens, v, last = [], 0, -1
     for k in range(20 * 60 // scrape):  # 20 minutes, on a 100 ms grid
         at = k * scrape * 10 + scrape * 5 + 3
@@ -412,21 +417,8 @@ def test_own_request_rate_query_holds_at_slow_scrapes(tmp_path: Path, scrape: in
         v += 1 + 3 * scrape  # its own request, and visitors
         tokens.append(str(v))
         last = at
-    checks = "".join(f"""
-      - expr: 'round({cal.OWN_RPS_QUERY} * {scrape * 1000})'
-        eval_time: {t}
-        exp_samples: [{{labels: '{{}}', value: 1000}}]""" for t in ("5m", "10m", "15m"))
-    test = tmp_path / "own-slow.test.yml"
-    test.write_text(f"""rule_files: []
-evaluation_interval: 15s
-tests:
-  - interval: 100ms
-    input_series:
-      - series: 'nginx_http_requests_total{{job="nginx", instance="127.0.0.1:9113"}}'
-        values: '{" ".join(tokens)}'
-    promql_expr_test:{checks}
-""")
-    run = subprocess.run([promtool, "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    run = _own_rps_on_promtool(tmp_path / "own-slow.test.yml", "15s", tokens,
+                               f"round({cal.OWN_RPS_QUERY} * {scrape * 1000})", 1000, ("5m", "10m", "15m"))
     assert run.returncode == 0, run.stdout + run.stderr
 
 
