@@ -277,6 +277,7 @@ class MeshStream:
                 continue
             except Exception as e:  # noqa: BLE001 - a parser's bug: one line lost and counted, not the exporter
                 log.warning("line of %s not parsed (%s): counted as bad_value", self.workload, type(e).__name__)
+                self._proxy_log_run = None  # a line of its own, not the proxy's message going on
                 self._reject(out, "bad_value")
                 continue
             self._proxy_log_run = None

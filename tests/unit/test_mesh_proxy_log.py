@@ -155,3 +155,19 @@ def test_a_continuation_is_capped() -> None:
     _, s = _stream("istio_text")
     st = s.feed([PILOT_AGENT[1], *["  key: value"] * (PROXY_LOG_CONTINUATION + 3)])
     assert dict(st.rejected) == {"proxy_log": PROXY_LOG_CONTINUATION + 1, "format_mismatch": 3}
+
+
+def test_a_line_the_parser_fails_on_ends_the_proxys_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line whose parse raises a bug (counted ``bad_value``) is a line of its own: the
+    YAML-shaped lines after it are not the proxy's message going on."""
+    _, s = _stream("istio_text")
+    parse = s.format.parse
+
+    def buggy(text: str):
+        if text == "BUG":
+            raise RuntimeError("a parser's bug")
+        return parse(text)
+
+    monkeypatch.setattr(s.format, "parse", buggy)
+    st = s.feed([PILOT_AGENT[1], "BUG", "  key: value"])
+    assert dict(st.rejected) == {"proxy_log": 1, "bad_value": 1, "format_mismatch": 1}, st
