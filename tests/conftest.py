@@ -29,6 +29,20 @@ def _copy_registry(tmp_path_factory: pytest.TempPathFactory):
     mp.undo()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _calibrate_records(tmp_path_factory: pytest.TempPathFactory):
+    """calibrate's records of its loads (and its per-site and per-shop locks) live in the
+    user's cache: a test in this process must not see a real calibration's (one running on the
+    machine made a unit test's calibrate refuse, "another calibration of site 'shop'"), nor
+    leave its own there. Subprocesses keep the user's cache (XDG_CACHE_HOME also moves uv's)."""
+    from controllers.copy_guard import calibrate
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(calibrate, "LAST_LOAD", tmp_path_factory.mktemp("calibrate-cache") / "calibrate-last-load")
+    yield
+    mp.undo()
+
+
 def stack_config(state_dir: Path, **controller: Any):
     ports = {name: free_port() for name in ports_model().model_fields}
     overrides = {

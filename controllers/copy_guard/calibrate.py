@@ -44,7 +44,8 @@ How hard (start light, ramp; defaults that do not time a PHP shop out): unless `
 given, a ramp of short steps (``--step-duration``, default 10 s) at 1, 2, 4, ... users, each
 user sending its next request as soon as the previous one returned, up to ``--max-users``. It
 stops at the knee: when doubling the users added less than 10% served (the site is saturated:
-more users would only queue), when any request failed or timed out (``--request-timeout``,
+more users would only queue; if they served less than the step before, the site collapsed past
+its knee and the step before is used), when any request failed or timed out (``--request-timeout``,
 default 10 s), or when the 95th percentile of response times passed a third of that timeout.
 The runs then use the users of the knee. ``--rate R`` paces the users to R requests per second
 in total instead (the paper: 100 req/s).
@@ -1400,6 +1401,13 @@ def ramp_users(target: str, profile: Sequence[Request] | None, *, max_users: int
         if p95 > timeout_s * 1000 / 3:
             chosen = chosen or users
             progress(f"  ramp: p95 {p95:.0f} ms is over a third of the {timeout_s:g}s timeout: calibrating with {chosen}")
+            break
+        if len(steps) > 1 and served < steps[-2]["served_median"]:
+            # past the knee: the site served LESS with more users (a backlog, an upstream's listen
+            # queue overflowing, php-fpm thrashing): the runs at these users would measure the
+            # collapse, a threshold far below what the site serves at its best
+            chosen = steps[-2]["users"]
+            progress(f"  ramp: {users} users served less than {chosen}: past the knee, calibrating with {chosen}")
             break
         if len(steps) > 1 and served < 1.10 * steps[-2]["served_median"]:
             chosen = users

@@ -195,6 +195,9 @@ def test_ramp_starts_light_and_stops_at_the_knee_or_at_failures(monkeypatch):
     monkeypatch.setattr(cal, "run_shop_load", fake({1: 10, 2: 19, 4: 30, 8: 32, 16: 33}))
     users, steps = cal.ramp_users("http://x:1/", None, max_users=32, step_s=10, progress=lambda s: None)
     assert users == 8 and [s["users"] for s in steps] == [1, 2, 4, 8]  # 8 added < 10% over 4: saturated
+    monkeypatch.setattr(cal, "run_shop_load", fake({1: 10, 2: 19, 4: 37, 8: 74, 16: 148, 32: 44}))
+    users, steps = cal.ramp_users("http://x:1/", None, max_users=32, step_s=10, progress=lambda s: None)
+    assert users == 16 and len(steps) == 6  # 32 served less than 16 (a collapse past the knee): 16
     monkeypatch.setattr(cal, "run_shop_load", fake({1: 10, 2: 19, 4: 30, 8: 50}, failing_from=4))
     users, _ = cal.ramp_users("http://x:1/", None, max_users=32, step_s=10, progress=lambda s: None)
     assert users == 2  # failures at 4: the step before
