@@ -136,7 +136,11 @@ def _eval(args: argparse.Namespace) -> int:
         print(evaluate.table(summary))
         if errors:
             print(f"\n{len(errors)} case(s) could not be read and are not in the figures.")
-        print(f"\npublished: {summary['published']}")
+        strangers = [r for r in results if r.note is not None and "is not a service in the data" in r.note]
+        if strangers:
+            print(f"\n{len(strangers)} case(s) name a truth that is not a service in the data (rank -, a miss in "
+                  "the figures): check their folder names against the services the data names.")
+        print(f"\npublished: {summary['published']} (another system's figures are not comparable)")
     if args.out:
         mode = "split withheld, start found by change point" if args.no_split else "baseline split as given"
         js, png = evaluate.write(summary, results, args.out, title=f"rca eval {Path(args.dataset).name} ({mode})")

@@ -13,7 +13,9 @@
    it is a symptom, and its latency rise is not counted in its score (it waited; its own CPU,
    memory or errors still count). A slow callee does not explain a caller whose own resources
    peaked while the callee's did not and to whose added latency it contributed little
-   (``explain_share``): its slowness is collateral. The groups (root-cause candidate, symptom,
+   (``explain_share``), nor, whatever the resources, a caller to whose added latency it
+   contributed less than a fifth (``explain_min_share``: a callee "slow" from a burst of noise,
+   +20 ms, does not explain its caller's +400 ms): its slowness is collateral. The groups (root-cause candidate, symptom,
    not slow) and the 3 s line order the services whose scores are below the significance
    cut-off and are report fields. The live action flags the head of this ranking, the same
    answer ``rca offline`` and ``rca eval`` give.
@@ -249,10 +251,14 @@ def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Findin
         return None if lv.value is None or lv.robust is None else lv.value - lv.robust.baseline_median
 
     def explains(callee: str, caller: str) -> bool:
-        if cfg.explain_share <= 0 or caller not in peaked or callee in peaked:
+        if cfg.explain_share <= 0:
             return True
         a_caller, a_callee = added(caller), added(callee)
         if a_caller is None or a_callee is None or a_caller <= 0:
+            return True
+        if a_callee < cfg.explain_min_share * a_caller:
+            return False  # a blip of the callee (+20 ms) does not explain the caller's +400 ms
+        if caller not in peaked or callee in peaked:
             return True
         return a_callee >= cfg.explain_share * a_caller
 
@@ -385,12 +391,20 @@ def _reasoning(
         for d in collateral:
             mine, theirs = v, by_name[d]
             own = " and ".join(RESOURCE_NAMES[r] for r, e in mine.resources.items() if e is not None and e.anomalous)
-            steps.append(
-                f"{d} is slow but does not explain {v.service}: {v.service}'s own {own} peaked while "
-                f"{d}'s resources stayed normal, and {d} added {fmt_seconds(_added(theirs))} to its "
-                f"typical latency against {v.service}'s {fmt_seconds(_added(mine))} (less than "
-                f"{cfg.explain_share:.0%}), so {d}'s slowness is collateral and both stay candidates."
-            )
+            share, mine_added = _added(theirs), _added(mine)
+            if own and not (share is not None and mine_added and share < cfg.explain_min_share * mine_added):
+                steps.append(
+                    f"{d} is slow but does not explain {v.service}: {v.service}'s own {own} peaked while "
+                    f"{d}'s resources stayed normal, and {d} added {fmt_seconds(share)} to its "
+                    f"typical latency against {v.service}'s {fmt_seconds(mine_added)} (less than "
+                    f"{cfg.explain_share:.0%}), so {d}'s slowness is collateral and both stay candidates."
+                )
+            else:
+                steps.append(
+                    f"{d} is slow but does not explain {v.service}: {d} added {fmt_seconds(share)} to its "
+                    f"typical latency against {v.service}'s {fmt_seconds(mine_added)} (less than "
+                    f"{cfg.explain_min_share:.0%}), so {d}'s slowness is collateral and both stay candidates."
+                )
         steps.append(_describe_resources(v.service, v.resources))
     if not candidates:
         steps.append("Every slow service is explained downstream, by a cycle or not at all: no root-cause candidate.")

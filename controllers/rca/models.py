@@ -131,7 +131,12 @@ class AnalysisConfig(_Model):
     less than this share of the caller's added latency (each over its own baseline). Then the
     callee's slowness is collateral (a shared host, a shared disk) and both stay candidates for
     the resources to rank, as the paper ranks dependent candidates by CPU and memory. 0 turns
-    the test off (every slow callee explains its caller).
+    the test off (every slow callee explains its caller), ``explain_min_share`` with it.
+    ``explain_min_share``: whatever the resources, a slow callee that added less than this
+    share of its caller's added latency does not explain it (at 1 Hz a burst of noise makes
+    many services of a large system "slow" by the relative rule; a callee's +20 ms cannot be
+    the reason for its caller's +400 ms). A fifth leaves room for a caller that calls its
+    callee several times in a row (each call's delay counts once per call).
     """
 
     threshold_s: float = Field(default=3.0, gt=0)
@@ -147,6 +152,7 @@ class AnalysisConfig(_Model):
     detect_start: bool = True
     change_min_segment: int = Field(default=5, ge=2)
     explain_share: float = Field(default=0.5, ge=0, le=1)
+    explain_min_share: float = Field(default=0.2, ge=0, le=1)
 
 
 class AnalysisInput(_Model):

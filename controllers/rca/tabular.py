@@ -26,7 +26,8 @@ time (a row exactly at it included; RCAEval's split puts it after: ``time < inje
 A column is split into service and metric at its first ``_`` when the rest is a known metric
 (``carts-db_cpu`` -> carts-db, cpu; ``svc_mem_rss`` -> svc, mem_rss); otherwise at the ``_``
 nearest the end whose right part is a known metric (``carts_db_cpu`` -> carts_db, cpu). The
-metric is matched against an ordered list of patterns that say what it measures
+metric is matched against an ordered list of patterns that say what it measures (RCAEval RE2's
+``metrics.csv`` names included: ``_container-cpu-usage-seconds-total``, ``_istio-latency-90``)
 (``DEFAULT_COLUMN_MAP``; ``--map PATTERN=KIND`` adds patterns ahead of it, ``KIND`` ``ignore``
 drops a column). A column whose values are too large to sum (near ±1.7e308) is skipped with
 a note. Load columns (request rates) are not scored: a fault lowers the load of
@@ -34,8 +35,10 @@ every service behind the one it slows, so a change in load says where traffic st
 where the fault is. A column whose metric matches no pattern is skipped and named in the
 report. A call graph is optional (``source,destination`` CSV, MicroRCA's ``*_mpg.csv`` works).
 
-Units: latency is converted to seconds (``latency_unit_s``); other series are scored as they
-are. The spread floors (:class:`~controllers.rca.models.AnalysisConfig`) assume base units
+Units: latency is converted to seconds: by the unit its name declares (``_milliseconds``,
+``_ms``, ``_us``, ``_seconds``), else by ``latency_unit_s``; other series are scored as they
+are. A service whose name is another service's plus ``_word`` is named in a note (a metric
+name split in the wrong place makes a phantom service). The spread floors (:class:`~controllers.rca.models.AnalysisConfig`) assume base units
 (cores, bytes, bytes/s) beside 5 % of the baseline level, so a mapped column in other units
 should be in a base unit too (or its quiet baseline is scored against a floor that is too
 large or too small).
@@ -56,6 +59,17 @@ from controllers.rca.offline import OfflineDataError, _read, _timestamp
 
 #: metric suffix pattern -> kind (None: not scored). First match wins.
 DEFAULT_COLUMN_MAP: list[tuple[str, Kind | None]] = [
+    # RCAEval RE2's metrics.csv (``cartservice_istio-latency-90``, ``_istio-error-total``,
+    # ``_istio-request-total``, ``_istio-bytes-50``) and Istio's own names
+    # (``istio_request_duration_milliseconds``): what an Istio metric measures is in its name
+    (r"^istio[-_].*(lat|latency|duration)", "latency"),
+    (r"^istio[-_].*(err|error|errors|fail)", "errors"),
+    (r"^istio[-_]", None),  # requests, bytes, TCP connections: load, not scored
+    # cAdvisor's (RE2: ``container-spec-cpu-quota``, ``container-sockets``,
+    # ``container-blkio-device-usage-total``): limits and quotas are settings, not signals
+    (r"^container[-_]spec([-_.].*)?$", None),
+    (r"^container[-_]sockets?([-_.].*)?$", "network"),
+    (r"^container[-_]blkio([-_.].*)?$", "disk_io"),
     (r"^(lod|load|workload|qps|rps|tps|requests?|throughput)([-_.].*)?$", None),
     (r"^(lat|latency|duration|rt|response[-_]?time)([-_.].*)?$", "latency"),
     (r"^(err|error|errors|error[-_]?rate|5xx|fail(ures?)?)([-_.].*)?$", "errors"),
@@ -136,6 +150,21 @@ def _table(path: Path, opts: TableOptions) -> tuple[list[float], dict[str, list[
             except ValueError:
                 bad += 1
     return times, cols, bad
+
+
+#: A unit a latency column's name declares (``..._milliseconds_p90``, ``latency_ms``): it wins
+#: over ``TableOptions.latency_unit_s``, which is for columns that do not say.
+_DECLARED_UNITS: list[tuple[re.Pattern[str], float]] = [
+    (re.compile(r"(^|[-_.])(ms|millis|milliseconds?)([-_.]|$)", re.IGNORECASE), 1e-3),
+    (re.compile(r"(^|[-_.])(us|micros|microseconds?)([-_.]|$)", re.IGNORECASE), 1e-6),
+    (re.compile(r"(^|[-_.])(ns|nanos|nanoseconds?)([-_.]|$)", re.IGNORECASE), 1e-9),
+    (re.compile(r"(^|[-_.])(secs?|seconds?)([-_.]|$)", re.IGNORECASE), 1.0),
+]
+
+
+def declared_unit(metric: str) -> float | None:
+    """Seconds per unit of a latency metric whose name says its unit (None: it does not)."""
+    return next((unit for pattern, unit in _DECLARED_UNITS if pattern.search(metric)), None)
 
 
 def _split_column(col: str, mapping: list[tuple[str, Kind | None]]) -> tuple[str, str, bool, Kind | None] | None:
@@ -237,7 +266,7 @@ def load_table(
         if split is None or not split[2]:
             unknown.append(col)
             continue
-        service, _, _, kind = split
+        service, metric, _, kind = split
         if not _summable(pts):
             huge.append(col)
             continue
@@ -245,8 +274,21 @@ def load_table(
         if kind is None:
             ignored += 1
             continue
-        unit = opts.latency_unit_s if kind == "latency" else 1.0
+        unit = (declared_unit(metric) or opts.latency_unit_s) if kind == "latency" else 1.0
         metrics[service].append(Metric(kind=kind, name=col, series=TimeSeries(points=[(t, v * unit) for t, v in pts])))
+    if not metrics:
+        long_hint = " (a long table, one row per id, metric name and value? pivot it to one column per metric)" if any(
+            c.lower() in ("value", "kpi_name", "metric", "name", "cmdb_id") for c in cols) else ""
+        raise OfflineDataError(
+            f"{path}: no <service>_<metric> column with a known metric (see --map){long_hint}; "
+            f"columns: {', '.join(sorted(cols)[:20])}{' ...' if len(cols) > 20 else ''}"
+        )
+    nested = sorted(s for s in metrics if any(s.startswith(f"{o}_") for o in metrics if o != s))
+    if nested:
+        notes.append(
+            f"Services named as another service plus _word (a column split away from its service?): "
+            f"{', '.join(nested)}; if their columns are metrics of the shorter service, --map their metric names."
+        )
     if unknown:
         notes.append(f"Columns whose metric is not known (see --map), skipped: {', '.join(sorted(unknown))}.")
     if huge:

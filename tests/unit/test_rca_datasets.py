@@ -180,3 +180,90 @@ def test_a_repetition_folder_that_is_not_a_number(tmp_path):
     """``carts-cpu/run3`` read its truth from ``carts-cpu`` before the case-folder rule came."""
     assert truth_of(tmp_path / "carts-cpu" / "run3", ["carts", "orders"]) == ("carts", "cpu", None)
     assert truth_of(tmp_path / "carts-cpu", ["carts", "orders"]) == ("carts", "cpu", None)
+
+
+def test_rcaeval_re2_metrics_csv_names_are_read_as_what_they_measure(tmp_path):
+    """RCAEval RE2's metrics.csv names its columns after cAdvisor and Istio (dashes inside the
+    metric): the Istio latency of a delay fault must be read as latency (it was skipped as an
+    unknown metric, and the delay went unseen), settings (spec) are not signals."""
+    n = 40
+    svcs = ["cartservice", "frontend", "redis"]
+    metrics = {
+        "container-cpu-usage-seconds-total": 0.2, "container-spec-cpu-quota": 2e5,
+        "container-memory-working-set-bytes": 2e8, "container-spec-memory-limit-bytes": 1e9,
+        "container-sockets": 12.0, "container-blkio-device-usage-total": 3.0,
+        "istio-request-total": 30.0, "istio-error-total": 0.5, "istio-bytes-50": 900.0,
+        "istio-latency-50": 0.01, "istio-latency-90": 0.02,
+    }
+    cols = {f"{s}_{m}": [v * (1 + 0.05 * WOBBLE[(i + j) % len(WOBBLE)])
+                         * (20 if s == "cartservice" and m.startswith("istio-latency") and i >= n // 2 else 1)
+                         for i in range(n)]
+            for j, s in enumerate(svcs) for m, v in metrics.items()}
+    folder = tmp_path / "RE2-OB" / "cartservice_delay" / "1"
+    folder.mkdir(parents=True)
+    with (folder / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time", *cols, "gke-cluster-1-pool-a_node-cpu-seconds-total"])
+        for i in range(n):
+            w.writerow([1_700_000_000 + i, *(c[i] for c in cols.values()), 1.0])
+    (folder / "inject_time.txt").write_text(f"{1_700_000_000 + n // 2}\n")
+    data = load_case(folder)
+    assert sorted(data.services) == svcs
+    kinds = {m.name.split("_", 1)[1]: m.kind for m in data.services["cartservice"].metrics}
+    assert kinds == {"container-cpu-usage-seconds-total": "cpu", "container-memory-working-set-bytes": "memory",
+                     "container-sockets": "network", "container-blkio-device-usage-total": "disk_io",
+                     "istio-error-total": "errors", "istio-latency-50": "latency", "istio-latency-90": "latency"}
+    assert any("node-cpu-seconds-total" in note for note in data.notes)  # a node's series: named, skipped
+    assert analyse(data).top(1) == ["cartservice"]
+    assert [(r.service, r.rank) for r in run(tmp_path / "RE2-OB")] == [("cartservice", 1)]
+
+
+def test_a_latency_whose_name_says_milliseconds_is_read_in_milliseconds(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "data.csv").write_text(
+        "time,cart_istio_request_duration_milliseconds_p90,cart_latency-90,cart_rt_us,cart_cpu\n"
+        "1,250,0.25,250000,1\n2,250,0.25,250000,1\n")
+    data = load_case(folder)
+    assert sorted(data.services) == ["cart"]  # not a phantom `cart_istio_request`
+    values = {m.name: m.series.points[0][1] for m in data.services["cart"].metrics if m.kind == "latency"}
+    assert values == pytest.approx({"cart_istio_request_duration_milliseconds_p90": 0.25, "cart_latency-90": 0.25,
+                                    "cart_rt_us": 0.25})
+
+
+def test_a_service_named_as_another_plus_a_word_is_said(tmp_path):
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "data.csv").write_text("time,cart_cpu,cart_process_cpu,front_cpu\n1,1,1,1\n2,1,1,1\n")
+    data = load_case(folder)
+    assert sorted(data.services) == ["cart", "cart_process", "front"]
+    assert any("another service plus _word" in n and "cart_process" in n for n in data.notes)
+
+
+def test_a_long_table_is_refused_not_analysed_empty(tmp_path, capsys):
+    """AIOps 2022's layout (one row per pod, metric and value) has no <service>_<metric>
+    column: exit 2 naming the layout, not an empty answer with exit 0."""
+    folder = tmp_path / "cartservice_cpu" / "1"
+    folder.mkdir(parents=True)
+    (folder / "data.csv").write_text(
+        "timestamp,cmdb_id,kpi_name,value\n1647790380,cartservice-0,container_cpu_usage_seconds,0.2\n")
+    with pytest.raises(OfflineDataError, match="long table"):
+        load_case(folder)
+    assert main(["rca", "offline", str(folder)]) == 2
+    assert "long table" in capsys.readouterr().err
+    errors: list = []
+    assert run(tmp_path, errors=errors) == [] and len(errors) == 1  # unreadable, not a scored miss
+
+
+def test_pod_level_data_names_the_service_by_its_pods(tmp_path, capsys):
+    pods = ["cartservice-0", "cartservice-1", "frontend-5d8f9c7b6d-x2k4p", "redis-cart-0"]
+    case(tmp_path / "ds" / "cartservice_cpu" / "1", root="cartservice-1", services=pods)
+    case(tmp_path / "ds" / "frontend_cpu" / "1", root="frontend-5d8f9c7b6d-x2k4p", services=pods)
+    case(tmp_path / "ds" / "queue_cpu" / "1", root="cartservice-0", services=pods)
+    got = {r.case: (r.rank, r.note) for r in run(tmp_path / "ds")}
+    assert got["cartservice_cpu/1"][0] == 1 and "its pods cartservice-0, cartservice-1" in got["cartservice_cpu/1"][1]
+    assert got["frontend_cpu/1"][0] == 1
+    assert got["queue_cpu/1"][0] is None and "not a service in the data" in got["queue_cpu/1"][1]
+    assert main(["rca", "eval", str(tmp_path / "ds")]) == 0
+    out = capsys.readouterr().out
+    assert "1 case(s) name a truth that is not a service in the data" in out

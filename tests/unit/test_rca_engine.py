@@ -315,6 +315,28 @@ def test_a_callee_whose_own_resources_peaked_explains_its_caller():
     assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
 
 
+def test_a_callee_slow_by_a_blip_does_not_explain_a_caller_that_rose_twenty_times_as_much():
+    """Whatever the caller's resources (here none peaked: a delay fault): carts "slow" by a
+    burst (+20 ms, 1.8x its typical) cannot be why orders rose by 400 ms (Train Ticket at 1 Hz:
+    with the call graph, the delayed service fell from first to thirtieth)."""
+    data = AnalysisInput(
+        edges=[("front-end", "orders"), ("orders", "carts")],
+        services={
+            "front-end": svc(spike(0.1, 0.5), cpu=flat(0.2), memory=flat(80e6)),
+            "orders": svc(spike(0.05, 0.45), cpu=flat(0.2), memory=flat(80e6)),
+            "carts": svc(spike(0.025, 0.045), cpu=flat(0.1), memory=flat(60e6)),
+        },
+    )
+    f = analyse(data)
+    assert f.top(1) == ["orders"] and groups(f)["orders"] == "root_cause"
+    assert groups(f)["front-end"] == "symptom"  # orders' +400 ms explains front-end's
+    assert f.verdict("orders").unexplaining_dependencies == ["carts"]
+    assert re.search(r"carts is slow but does not explain orders: carts added 20\.0ms to its typical latency "
+                     r"against orders's 400\.0ms \(less than 20%\)", f.explain())
+    plain = analyse(data, AnalysisConfig(explain_share=0))
+    assert groups(plain)["orders"] == "symptom"
+
+
 def test_explain_share_zero_is_the_plain_graph_rule():
     f = analyse(collateral_input(0.1), AnalysisConfig(explain_share=0))
     assert groups(f)["orders"] == "symptom" and f.root_causes == ["carts"]
