@@ -195,6 +195,27 @@ def _own_addresses(node: str, segs: Segments, roles: RoleMap) -> set[int]:
     return {top}
 
 
+def capture_note(name: str, st: ReadStats) -> str | None:
+    """Why a capture gave nothing to analyse (None: it gave segments): said, not silent."""
+    if st.segments:
+        if st.rejected["corrupt"]:  # (a file that stops framing: the rest of it is dropped)
+            return (f"capture of {name}: a damaged record ended its reading after {st.packets} packets, the rest of "
+                    "the file is not read (rotated files joined with cat? join them with mergecap -F pcap -w)")
+        return None
+    if not st.packets:
+        return (f"capture of {name}: no packet in it (an empty file, or a header only: a capture "
+                "stopped before its first write, or a rotated file's first slot)")
+    why = ", ".join(f"{k} {v}" for k, v in st.rejected.most_common())
+    hint = ""
+    if st.rejected["ipv6"]:
+        hint = "; IPv6 is not decoded (an IPv6 ring)"
+    elif st.rejected["snaplen_headers"]:
+        hint = "; the snap length cut the IP or TCP header: capture with -s 96 or more (0: whole packets)"
+    elif st.rejected["corrupt"] or st.rejected["truncated"]:
+        hint = "; a damaged file (rotated files joined with cat? join them with mergecap -F pcap -w)"
+    return f"capture of {name}: 0 TCP segments in its {st.packets} packets ({why}){hint}"
+
+
 def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None = None, *,
             window_s: float = 1.0, read_stats: Mapping[str, ReadStats] | None = None,
             publish: tuple[int, int] | None = None, logs: Iterable[str | Path] = ()) -> Breakdown:
@@ -234,7 +255,8 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         exchanges.extend(exchanges_of(d, roles))
     from_logs = 0
     log_counts: dict[str, dict[str, int]] = {}
-    notes: list[str] = []
+    notes: list[str] = [n for n in (capture_note(name, read[name]) for name in names
+                                    if not isinstance(captures[name], Segments)) if n]
     if logs:
         entries: list[LogRequest] = []
         for log in logs:
@@ -253,6 +275,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         keep = (m.t_recv >= lo) & (m.t_recv < hi)
         m, transit, hop_src, hop_dst = m.subset(keep), transit[keep], hop_src[keep], hop_dst[keep]
         exchanges = [x for x in exchanges if lo <= x.resp_end < hi]
+        # the calls of this window only (joined over everything kept, so a call whose request
+        # began in an earlier window finds it; counted once, when the call is published)
+        joins = JoinCounts(**{k: sum(1 for x in exchanges if x.join == k) for k in JoinCounts().as_dict()})
     b = Breakdown(names, read, m, clocks, transit, hop_src, hop_dst, coder.names, exchanges, joins,
                   trans_ids_from_logs=from_logs, swift_logs=log_counts, notes=notes)
     _tcp_events(b, directed, coder, publish)

@@ -60,7 +60,8 @@ def _signed_duration(value: str) -> float:
 
 def _common(p: argparse.ArgumentParser, live: bool = False) -> None:
     p.add_argument("--capture", dest="captures", action="append", type=_capture, default=[], metavar="NODE=FILE",
-                   help="a node's capture (pcap/pcapng); repeat per node")
+                   help="a node's capture (pcap/pcapng); repeat per node, and per file of a node's rotated capture "
+                        "(tcpdump -C/-G: read in the order of their packets)")
     p.add_argument("--roles", type=Path, default=None, help="role mapping (YAML/JSON): nodes, services, hosts")
     p.add_argument("--swift-dir", type=Path, default=None, help="Swift's directory: *.ring.gz and proxy-server.conf")
     p.add_argument("--proxy-config", type=Path, default=None, help="the proxy-server.conf (bind_ip/bind_port)")
@@ -122,23 +123,57 @@ def _roles(args: argparse.Namespace) -> RoleMap:
     return load_roles(mapping=args.roles, swift_dir=args.swift_dir, proxy_config=args.proxy_config)
 
 
-def _check_captures(args: argparse.Namespace) -> dict[str, Path]:
+def _check_captures(args: argparse.Namespace) -> dict[str, list[Path]]:
+    """Each node's capture files: a node given again is another file of its capture (``tcpdump
+    -C``/``-G`` rotation, a ring buffer), read in the order of its packets."""
     if not args.captures:
         raise UserError("give at least one --capture NODE=FILE")
-    caps: dict[str, Path] = {}
+    caps: dict[str, list[Path]] = {}
     for node, path in args.captures:
-        if node in caps:
-            raise UserError(f"--capture: node {node!r} given twice")
         if not path.exists():
             raise UserError(f"--capture {node}={path}: no such file")
         if not path.is_file():
             raise UserError(f"--capture {node}={path}: not a regular file (a FIFO, directory or device); "
                             "copy it to a file first")
-        same = next((n for n, p in caps.items() if p.samefile(path)), None)
+        same = next((n for n, ps in caps.items() for p in ps if p.samefile(path)), None)
+        if same == node:
+            raise UserError(f"--capture {node}={path}: given twice for node {node}")
         if same is not None:  # every segment would match itself: 0 us transits
             raise UserError(f"--capture {node}={path}: the same file as node {same}'s")
-        caps[node] = path
+        caps.setdefault(node, []).append(path)
     return caps
+
+
+def _read_rotated(node: str, paths: list[Path]) -> tuple[Any, Any]:
+    """One node's capture from several files (a rotated capture): their segments in time order,
+    their counts summed. Files may be given in any order; each is read as a capture of its own."""
+    import numpy as np
+
+    from exporters.swift.pcap import CaptureError, ReadStats, Segments, read_capture
+
+    parts, total = [], ReadStats()
+    for path in paths:
+        try:
+            segs, stats = read_capture(path)
+        except CaptureError as e:
+            raise UserError(f"--capture {node}={path}: not a pcap or pcapng capture ({e.reason})") from e
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror or e}") from e
+        total.add(stats)
+        if note := _capture_note(f"{node} ({path.name})", stats):
+            print(f"promreflex {COMMAND}: {note}", file=sys.stderr)
+        if len(segs):
+            parts.append(segs)
+    segs = Segments.concat(sorted(parts, key=lambda x: int(x.ts.min())))
+    if len(segs) and np.any(np.diff(segs.ts) < 0):  # files that overlap in time: interleaved
+        segs = segs.take(np.argsort(segs.ts, kind="stable"))
+    return segs, total
+
+
+def _capture_note(name: str, stats: Any) -> str | None:
+    from exporters.swift.analyze import capture_note
+
+    return capture_note(name, stats)
 
 
 def _analyze(args: argparse.Namespace) -> Any:
@@ -150,15 +185,23 @@ def _analyze(args: argparse.Namespace) -> Any:
     for log in args.swift_logs:
         if not log.is_file():
             raise UserError(f"--swift-log {log}: " + ("no such file" if not log.exists() else "not a regular file"))
+    captures: dict[str, Any] = {node: paths[0] for node, paths in caps.items() if len(paths) == 1}
+    read_stats = {}
+    for node, paths in caps.items():
+        if len(paths) > 1:
+            captures[node], read_stats[node] = _read_rotated(node, paths)
+            if not read_stats[node].segments:
+                print(f"promreflex {COMMAND}: capture of {node}: 0 TCP segments in its {len(paths)} files", file=sys.stderr)
+    captures = {node: captures[node] for node in caps}  # the order given
     try:
-        b = analyze(caps, _roles(args), window_s=args.clock_window, logs=args.swift_logs)
+        b = analyze(captures, _roles(args), window_s=args.clock_window, logs=args.swift_logs, read_stats=read_stats)
     except SwiftLogError as e:
         raise UserError(f"--swift-log {e.path}: {e.reason}") from None
     except CaptureError as e:  # name the --capture (node and file) that is not a capture
-        node = next((n for n, p in caps.items() if e.path is not None and str(p) == str(e.path)), None)
-        if node is None:
+        who = next((n for n, ps in caps.items() for p in ps if e.path is not None and str(p) == str(e.path)), None)
+        if who is None:
             raise UserError(str(e)) from e
-        raise UserError(f"--capture {node}={e.path}: not a pcap or pcapng capture ({e.reason})") from e
+        raise UserError(f"--capture {who}={e.path}: not a pcap or pcapng capture ({e.reason})") from e
     except OSError as e:
         raise UserError(f"cannot read {e.filename or 'a capture'}: {e.strerror or e}") from e
     for note in b.notes:  # a --swift-log that gave nothing: said, not silent

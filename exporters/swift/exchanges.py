@@ -327,9 +327,11 @@ def _calls_and_own(x: Exchange, exchanges: list[Exchange]) -> tuple[list[tuple[i
     lo, hi = x.req_start, max(x.resp_start, x.req_start)
     calls = _union([(max(exchanges[c].out_start, lo), min(exchanges[c].resp_end, hi)) for c in x.children])
     req_end = min(max(x.req_end, lo), hi)
-    # The node's first action on the request's head before the request is all in.
-    first = min([t for t in (x.interim, calls[0][0] if calls else None) if t is not None], default=req_end)
-    first = min(max(first, lo), req_end)
+    # The node's first action on the request's head before the request is all in; none (a leaf
+    # server without a 100 Continue, a proxy that reads the whole body before its first call):
+    # the body arriving is receive wait, not the node's time.
+    before = [t for t in (x.interim, calls[0][0] if calls else None) if t is not None and t < req_end]
+    first = max(min(before), lo) if before else lo
     return calls, [(lo, first), (req_end, hi)]
 
 

@@ -13,7 +13,7 @@ raw IPv4 (101, 12, OpenBSD's 14, 228); a pcap header's FCS bits above the 16-bit
 are ignored. After an Ethernet or cooked header up to two VLAN tags are read (802.1Q 0x8100,
 802.1ad 0x88a8, 0x9100, QinQ; a cooked header whose protocol is 0x8100 is followed by the
 tag, as ``tcpdump -i any`` writes a VLAN-offloaded device's packets). IPv6 is not decoded
-(``non_ip``). A file that is not a capture raises :class:`CaptureError` naming it (and saying
+(``ipv6``, counted apart from ``non_ip`` so the report can say so). A file that is not a capture raises :class:`CaptureError` naming it (and saying
 so when it is gzip-compressed: ``tcpdump -z gzip``; it is not decompressed). Everything else
 is counted, never fatal (:data:`REASONS`):
 
@@ -22,11 +22,12 @@ is counted, never fatal (:data:`REASONS`):
 - ``corrupt``: a record header that cannot be right (a captured length over 256 KiB, a block
   length that is not a multiple of 4); the rest of the file cannot be framed and is dropped.
   A pcapng block too short for its own fixed fields is counted the same way and skipped.
-- ``snaplen_headers``: the snap length cut the packet inside its IP or TCP header.
+- ``snaplen_headers``: the snap length cut the packet inside its IP or TCP header (the fixed
+  20 bytes; options cut, a SYN's at ``-s 68``, leave the segment kept with no payload captured).
   A snap length that only cuts the payload is fine (the payload length comes from the IP
   header, or for a BIG TCP super-segment, IP total length 0, from the record's original
   length); such packets are counted apart, as ``snapped`` (not a rejection).
-- ``non_ip`` / ``non_tcp`` / ``ip_fragment`` / ``bad_header`` / ``linktype`` /
+- ``non_ip`` / ``ipv6`` / ``non_tcp`` / ``ip_fragment`` / ``bad_header`` / ``linktype`` /
   ``no_timestamp`` (pcapng simple packet blocks) / ``bad_timestamp`` (pcapng: beyond 2116 or
   before 1970 after its interface's resolution and offset; a capture file: a packet stamped
   more than :data:`OUTLIER_GAP_NS` away from the rest of its capture, e.g. one packet in 2097):
@@ -64,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 REASONS = (
-    "truncated", "corrupt", "snaplen_headers", "non_ip", "non_tcp", "ip_fragment", "bad_header",
+    "truncated", "corrupt", "snaplen_headers", "non_ip", "ipv6", "non_tcp", "ip_fragment", "bad_header",
     "linktype", "no_timestamp", "bad_timestamp", "clock_backwards",
 )
 MAX_TS = 1 << 62  # ns (year 2116): a later or negative timestamp is damage
@@ -97,6 +98,8 @@ LINK_NULL, LINK_LOOP, LINK_RAW_OPENBSD = 0, 108, 14  # BSD/macOS loopback (4-byt
 _RAW_LINKS = (LINK_RAW, LINK_RAW_ALT, LINK_IPV4, LINK_RAW_OPENBSD)
 _SUPPORTED_LINKS = (LINK_ETHERNET, LINK_SLL, LINK_SLL2, LINK_NULL, LINK_LOOP, *_RAW_LINKS)
 AF_INET = 2  # DLT_NULL's family: the writer's byte order; DLT_LOOP's: network order (either is read)
+_AF_INET6 = np.array([24, 28, 30], dtype=np.uint32)  # BSD's, FreeBSD's, macOS's AF_INET6
+ETHERTYPE_IPV6 = 0x86DD
 # The shortest record that can hold IPv4 + TCP headers (20 + 20 bytes) after the link header.
 # Shorter records are never TCP segments: they are counted without being copied (see _Frames).
 _IP_TCP_MIN = 40
@@ -814,13 +817,19 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
             etype = np.where(sll2, be(0, 2), etype)
         l3, etype = _untag(be, l3, etype, eth | sll | sll2)
         loop = (link == LINK_NULL) | (link == LINK_LOOP)
-        if loop.any():  # the address family, 2 in either byte order: IPv4 (IPv6's 24/28/30: non_ip)
+        if loop.any():  # the address family, 2 in either byte order: IPv4; IPv6's 24/28/30 (BSDs, macOS)
             fam = be(0, 4)
             l3 = np.where(loop, 4, l3)
-            etype = np.where(loop, np.where((fam == AF_INET) | (fam == AF_INET << 24), 0x0800, 0), etype)
+            v6 = np.isin(fam, _AF_INET6) | np.isin(fam, _AF_INET6 << 24)
+            etype = np.where(loop, np.where((fam == AF_INET) | (fam == AF_INET << 24), 0x0800,
+                                            np.where(v6, ETHERTYPE_IPV6, 0)), etype)
     short_l2 = ~bad & (cap < l3 + 1)
     v0 = be(l3, 1)
-    non_ip = ~bad & ~short_l2 & ((etype != 0x0800) | ((v0 >> 4) != 4))
+    # IPv6 (Swift rings may be IPv6) is not decoded: counted apart, so the report can say so
+    ipv6 = ~bad & ~short_l2 & (((etype == ETHERTYPE_IPV6) & ((v0 >> 4) == 6))
+                               | (np.isin(link, (LINK_RAW, LINK_RAW_ALT, LINK_RAW_OPENBSD)) & ((v0 >> 4) == 6)))
+    non_ip = ~bad & ~short_l2 & ~ipv6 & ((etype != 0x0800) | ((v0 >> 4) != 4))
+    non_ip |= ipv6  # (for the masks below; counted as ipv6)
     ihl = (v0 & 0x0F).astype(np.int64) * 4
     bad_ip = ~bad & ~short_l2 & ~non_ip & (ihl < 20)
     short_ip = ~bad & ~short_l2 & ~non_ip & ~bad_ip & (l3 + ihl > cap)
@@ -850,13 +859,13 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     # a claim above MAX_BIG_TCP is damage, not a segment a gigabyte long.
     bad_tcp = ok & ((doff < 20) | (plen < 0) | (big & (total > MAX_BIG_TCP)))
     ok &= ~bad_tcp
-    short_opts = ok & (t + doff > cap)  # options cut: header incomplete
-    ok &= ~short_opts
+    # Options cut by the snap length (a SYN's 20 bytes at -s 68): kept, as a segment with nothing
+    # of its payload captured; its ports, numbers, flags and window are in the fixed header.
 
     rej = stats.rejected
-    for reason, mask in (("linktype", bad), ("snaplen_headers", short_l2 | short_ip | short_tcp | short_opts),
-                         ("non_ip", non_ip), ("bad_header", bad_ip | bad_tcp), ("non_tcp", non_tcp),
-                         ("ip_fragment", fragment)):
+    for reason, mask in (("linktype", bad), ("snaplen_headers", short_l2 | short_ip | short_tcp),
+                         ("non_ip", non_ip & ~ipv6), ("ipv6", ipv6), ("bad_header", bad_ip | bad_tcp),
+                         ("non_tcp", non_tcp), ("ip_fragment", fragment)):
         c = int(np.count_nonzero(mask))
         if c:
             rej[reason] += c

@@ -101,3 +101,40 @@ def test_the_capability_brings_the_subcommands(capture_set, capsys) -> None:
     with pytest.raises(SystemExit):
         promreflex_main(["swift-lab", "--help"], capabilities=[CAPABILITY])
     assert "swift-lab" in capsys.readouterr().out
+
+
+def test_a_rotated_capture_is_given_as_several_files_of_one_node(tmp_path: Path, capsys) -> None:
+    """tcpdump -C/-G writes a node's capture in several files: each --capture of the node is
+    one of them, read in the order of their packets (given in any order), the same breakdown as
+    the unrotated capture. The same file twice is refused; a file joined with cat is said."""
+    from exporters.swift.synth import write_pcap
+
+    net = SynthNet(dict(NODES))
+    t = T0
+    for i in range(4):
+        t = swift_put(net, t, f"tx{i}") + 10_000_000
+    (tmp_path / "whole").mkdir()
+    whole = net.write(tmp_path / "whole")
+    roles = tmp_path / "roles.json"
+    roles.write_text(json.dumps(roles_mapping()))
+    args = [f"--roles={roles}"]
+    for node, recs in net.captures.items():
+        half = len(recs) // 2
+        for k, part in enumerate((recs[:half], recs[half:])):
+            write_pcap(tmp_path / f"{node}.pcap{k or ''}", [(stamp, frame) for _, stamp, frame in part])
+        args += [f"--capture={node}={tmp_path / f'{node}.pcap1'}", f"--capture={node}={tmp_path / f'{node}.pcap'}"]
+    assert main(["analyze", *args, f"--json={tmp_path / 'rot.json'}"]) == 0
+    assert main(["analyze", f"--roles={roles}", *(f"--capture={n}={p}" for n, p in whole.items()),
+                 f"--json={tmp_path / 'whole.json'}"]) == 0
+    rot, one = (json.loads((tmp_path / f"{x}.json").read_text()) for x in ("rot", "whole"))
+    for key in ("processing_by_role", "joins", "matching", "hops"):
+        assert rot[key] == one[key], key
+    assert rot["processing_by_role"]["object"]["count"] == 4
+    capsys.readouterr()
+    assert main(["analyze", f"--roles={roles}", f"--capture=proxy={tmp_path / 'proxy.pcap'}",
+                 f"--capture=proxy={tmp_path / 'proxy.pcap'}"]) == 1  # (a user error: exit 1)
+    assert "given twice for node proxy" in capsys.readouterr().err
+    cat = tmp_path / "proxy.cat.pcap"
+    cat.write_bytes((tmp_path / "proxy.pcap").read_bytes() + (tmp_path / "proxy.pcap1").read_bytes())
+    assert main(["analyze", f"--roles={roles}", f"--capture=proxy={cat}", f"--capture=client={whole['client']}"]) == 0
+    assert "mergecap" in capsys.readouterr().err

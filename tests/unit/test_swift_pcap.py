@@ -375,12 +375,33 @@ def test_bsd_loopback_and_openbsd_raw_decoded(tmp_path: Path, link: int, head: b
     assert [int(x) for x in segs.seq] == [1000, 1001, 1002] and int(segs.plen[0]) == 29
 
 
-def test_bsd_loopback_ipv6_family_is_non_ip(tmp_path: Path) -> None:
-    ip6 = struct.pack("!IHBB16s16s", 0x60000000, 20, 6, 64, b"\x00" * 16, b"\x00" * 16) + b"\x00" * 40
-    write_pcap(tmp_path / "v6.pcap", [(T0, _null(30, "<") + ip6), (T0 + 1, _null(2, "<") + _ip_packets(1)[0])],
+_IP6 = struct.pack("!IHBB16s16s", 0x60000000, 20, 6, 64, b"\x00" * 16, b"\x00" * 16) + b"\x00" * 40
+
+
+def test_ipv6_is_counted_as_ipv6_not_as_non_ip(tmp_path: Path) -> None:
+    """IPv6 is not decoded, but it is IP: a reason of its own (Swift rings may be IPv6), on a BSD
+    loopback (family 30), Ethernet (0x86DD) and raw IP; ARP stays non_ip."""
+    write_pcap(tmp_path / "v6.pcap", [(T0, _null(30, "<") + _IP6), (T0 + 1, _null(2, "<") + _ip_packets(1)[0])],
                linktype=0)
     segs, stats = read_capture(tmp_path / "v6.pcap")
-    assert dict(stats.rejected) == {"non_ip": 1} and stats.segments == 1
+    assert dict(stats.rejected) == {"ipv6": 1} and stats.segments == 1
+    arp = _MACS + b"\x08\x06" + b"\x00" * 28
+    write_pcap(tmp_path / "eth.pcap", [(T0, _MACS + b"\x86\xdd" + _IP6), (T0 + 1, arp)])
+    segs, stats = read_capture(tmp_path / "eth.pcap")
+    assert dict(stats.rejected) == {"ipv6": 1, "non_ip": 1} and stats.segments == 0
+    write_pcap(tmp_path / "raw.pcap", [(T0, _IP6), (T0 + 1, _ip_packets(1)[0])], linktype=101)
+    segs, stats = read_capture(tmp_path / "raw.pcap")
+    assert dict(stats.rejected) == {"ipv6": 1} and stats.segments == 1
+
+
+def test_a_syn_whose_options_the_snap_length_cut_is_kept(tmp_path: Path) -> None:
+    """tcpdump -s 68 (its old default): a SYN's 20 bytes of options are cut, its fixed header is
+    whole: kept (connections are counted from SYNs), not rejected as snaplen_headers."""
+    syn = bytearray(tcp_packet("10.200.9.10", "10.200.9.20", 40000, 8080, 7, 0, SYN, b"\x02\x04\x05\xb4" * 5))
+    syn[14 + 20 + 12] = 10 << 4  # data offset 40: the 20 bytes are options
+    write_pcap(tmp_path / "s.pcap", [(T0, bytes(syn))], snaplen=68)
+    segs, stats = read_capture(tmp_path / "s.pcap")
+    assert len(segs) == 1 and int(segs.flags[0]) == SYN and int(segs.plen[0]) == 0 and not stats.rejected
 
 
 def test_pcap_link_type_with_fcs_bits(tmp_path: Path) -> None:
@@ -464,3 +485,35 @@ def test_a_big_tcp_length_no_kernel_sends_is_damage(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     segs, stats = read_capture(path)
     assert len(segs) == 0 and stats.rejected["bad_header"] == 1
+
+
+def test_a_capture_that_gives_nothing_is_said(tmp_path: Path) -> None:
+    """Empty, header only, all IPv6, headers cut, files joined with cat: the analysis says why
+    (it gave an empty breakdown, exit 0, nothing on stderr)."""
+    from exporters.swift.analyze import capture_note
+
+    syn = tcp_packet("10.200.9.10", "10.200.9.20", 40000, 8080, 7, 0, SYN)
+    files = {
+        "empty": b"",
+        "header": None,
+        "v6": [(T0, _MACS + b"\x86\xdd" + _IP6)],
+        "cut": [(T0, syn)],
+    }
+    notes = {}
+    for name, packets in files.items():
+        path = tmp_path / f"{name}.pcap"
+        if packets == b"":
+            path.write_bytes(b"")
+        else:
+            write_pcap(path, packets or [], snaplen=30 if name == "cut" else 65535)
+        _, stats = read_capture(path)
+        notes[name] = capture_note(name, stats)
+    assert "no packet in it" in notes["empty"] and "no packet in it" in notes["header"]
+    assert "IPv6 is not decoded" in notes["v6"]
+    assert "-s 96 or more" in notes["cut"]
+    write_pcap(tmp_path / "a.pcap", [(T0, syn)])
+    (tmp_path / "cat.pcap").write_bytes((tmp_path / "a.pcap").read_bytes() * 2)  # cat a.pcap a.pcap
+    segs, stats = read_capture(tmp_path / "cat.pcap")
+    assert len(segs) == 1 and "mergecap" in (capture_note("cat", stats) or "")
+    _, stats = read_capture(tmp_path / "a.pcap")
+    assert capture_note("a", stats) is None

@@ -132,3 +132,35 @@ def test_own_spans_add_up_to_processing(tmp_path: Path) -> None:
         spans = own_spans(x, b.exchanges)
         assert sum(e - s for s, e in spans) == x.processing
         assert all(x.req_start <= s < e <= x.resp_start for s, e in spans)
+
+
+@pytest.mark.parametrize("expect", [False, True])
+def test_a_leaf_put_without_100_continue_waits_for_its_body_as_receive_wait(tmp_path: Path, expect: bool) -> None:
+    """A PUT straight to an object server (a benchmark, a sync script; Swift's proxy sends
+    ``Expect: 100-continue``) over a slow link: the body trickles in over 200 ms, the server
+    answers 20 ms after its last byte. Its processing is the 20 ms either way (it was the whole
+    220 ms without the header: the body's transfer counted as the server's own time)."""
+    from exporters.swift.pcap import ACK, PSH
+    from exporters.swift.synth import http_response
+
+    net = SynthNet(dict(REPLICA_NODES))
+    t = T0
+    for i in range(4):
+        c, t = net.connect("proxy", "s1", 6200, t)
+        head = (f"PUT /d1/1/AUTH_test/c/o{i} HTTP/1.1\r\nHost: s1\r\nX-Trans-Id: tx{i}\r\nContent-Length: 20000\r\n"
+                f"{'Expect: 100-continue' + chr(13) + chr(10) if expect else ''}\r\n").encode()
+        got = net.send(c, "proxy", t, head)
+        start = net.send(c, "s1", got + 100_000, b"HTTP/1.1 100 Continue\r\n\r\n") if expect else got
+        last = start
+        for j in range(10):
+            last = net.segment(c, "proxy", start + (j + 1) * 20 * MS, PSH | ACK, b"y" * 2000)
+        net.ack(c, "s1", last + 5_000)
+        resp = net.send(c, "s1", last + 20 * MS, http_response(201, f"tx{i}"))
+        net.close(c, resp + 10_000)
+        t = resp + 30 * MS
+    roles = RoleMap()
+    roles.add_mapping_dict(replica_roles_mapping())
+    b = analyze(net.write(tmp_path), roles)
+    own = 20 + (0.1 if expect else 0)  # (with the header: head in -> 100 Continue out counts too)
+    assert _object_ms(b)["s1"] == pytest.approx(own, abs=0.05)
+    assert _object_ms(b, "receive_wait")["s1"] == pytest.approx(200, abs=0.5)
