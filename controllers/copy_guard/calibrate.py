@@ -45,9 +45,11 @@ given, a ramp of short steps (``--step-duration``, default 10 s) at 1, 2, 4, ...
 user sending its next request as soon as the previous one returned, up to ``--max-users``. It
 stops at the knee: when doubling the users added less than 10% served (the site is saturated:
 more users would only queue; if they served less than the step before, the site collapsed past
-its knee and the step before is used), when any request failed or timed out (``--request-timeout``,
+its knee and the step before is used; such a step is measured twice first, the better counting,
+as one step slowed by other work on a shared host would end the ramp too early), when any request failed or timed out (``--request-timeout``,
 default 10 s), or when the 95th percentile of response times passed a third of that timeout.
-The runs then use the users of the knee. ``--rate R`` paces the users to R requests per second
+The runs then use the users of the knee; a ramp that reached ``--max-users`` still growing says
+so (the threshold is then what those users get, not the shop's capacity). ``--rate R`` paces the users to R requests per second
 in total instead (the paper: 100 req/s).
 
 The threshold (``--method``):
@@ -1379,43 +1381,68 @@ def check_run(load: LoadRun, values: Sequence[float], max_failed: float) -> str 
 
 def ramp_users(target: str, profile: Sequence[Request] | None, *, max_users: int = 32, step_s: float = 10.0,
                rate: float = 0.0, progress: Callable[[str], None] = print, **load_kw: Any) -> tuple[int, list[dict[str, Any]]]:
-    """Start light and double the users until the knee (module doc); returns (users, steps)."""
+    """Start light and double the users until the knee (module doc); returns (users, steps). A
+    step that would end the ramp (it served less than 10% more than the one before, or less) is
+    measured once more first, and the better of the two counts: one step slowed by other work on
+    a shared host would otherwise end the ramp at a fraction of the shop's capacity."""
     steps: list[dict[str, Any]] = []
-    users, chosen = 1, 0
-    while users <= max_users:
-        load = run_shop_load(target, rate, users, step_s, profile=profile, **load_kw)
+    users, chosen, saturated = 1, 0, False
+    timeout_s = float(load_kw.get("request_timeout", 10.0))
+
+    def measure(n: int, again: bool = False) -> dict[str, Any]:
+        load = run_shop_load(target, rate, n, step_s, profile=profile, **load_kw)
         values = per_second_series(load.served(), min(2.0, step_s / 3))
         served = quantile(values, 0.5) if values else 0.0
         p95 = float(load.latency_ms.get("p95", 0.0))
-        step = {"users": users, "served_median": served, "failed": load.failed, "ok": load.ok, "p95_ms": p95}
+        progress(f"  ramp: {n:>3} user(s): {served:7.1f} req/s served (median), p95 {p95:6.0f} ms, "
+                 f"{load.failed} failed{' (measured again)' if again else ''}")
+        return {"users": n, "served_median": served, "failed": load.failed, "ok": load.ok, "p95_ms": p95,
+                "errors": load.errors}
+
+    while users <= max_users:
+        step = measure(users)
+        prev = steps[-1]["served_median"] if steps else None
+        if prev is not None and not (step["failed"] or step["ok"] == 0) and step["served_median"] < 1.10 * prev:
+            again = measure(users, again=True)
+            if not (again["failed"] or again["ok"] == 0) and again["served_median"] > step["served_median"]:
+                step = again
+        errors = step.pop("errors")
         steps.append(step)
-        progress(f"  ramp: {users:>3} user(s): {served:7.1f} req/s served (median), p95 {p95:6.0f} ms, "
-                 f"{load.failed} failed")
-        if load.failed or load.ok == 0:
+        served, p95 = step["served_median"], step["p95_ms"]
+        if step["failed"] or step["ok"] == 0:
             if chosen == 0:
-                raise CalibrationError(f"the site failed already under {users} user(s) ({load.ok} ok, {load.failed} "
-                                       f"failed; {', '.join(load.errors) or 'no answer'}): is {target} up and healthy?")
+                raise CalibrationError(f"the site failed already under {users} user(s) ({step['ok']} ok, "
+                                       f"{step['failed']} failed; {', '.join(errors) or 'no answer'}): is {target} up "
+                                       "and healthy?")
             progress(f"  ramp: failures at {users} users: calibrating with {chosen}")
+            saturated = True
             break
-        timeout_s = float(load_kw.get("request_timeout", 10.0))
         if p95 > timeout_s * 1000 / 3:
             chosen = chosen or users
             progress(f"  ramp: p95 {p95:.0f} ms is over a third of the {timeout_s:g}s timeout: calibrating with {chosen}")
+            saturated = True
             break
-        if len(steps) > 1 and served < steps[-2]["served_median"]:
+        if prev is not None and served < prev:
             # past the knee: the site served LESS with more users (a backlog, an upstream's listen
             # queue overflowing, php-fpm thrashing): the runs at these users would measure the
             # collapse, a threshold far below what the site serves at its best
             chosen = steps[-2]["users"]
             progress(f"  ramp: {users} users served less than {chosen}: past the knee, calibrating with {chosen}")
+            saturated = True
             break
-        if len(steps) > 1 and served < 1.10 * steps[-2]["served_median"]:
+        if prev is not None and served < 1.10 * prev:
             chosen = users
             progress(f"  ramp: {users} users served less than 10% more than {steps[-2]['users']}: saturated, "
                      f"calibrating with {users}")
+            saturated = True
             break
         chosen = users
         users *= 2
+    if not saturated and len(steps) > 1:
+        progress(f"  ramp: warning: {chosen} users (--max-users {max_users}) still served "
+                 f"{steps[-1]['served_median'] / max(steps[-2]['served_median'], 1e-9) - 1:+.0%} over "
+                 f"{steps[-2]['users']}: the shop did not saturate, so the threshold is what {chosen} users get, "
+                 "not the shop's capacity; raise --max-users to find its knee")
     return max(chosen, 1), steps
 
 
