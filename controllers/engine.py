@@ -317,6 +317,10 @@ class Engine:
             self.services[PRESENCE] = self.presence
         self._closing = False
         self._last_expire = 0.0
+        # Every action instance started in this process, by name: one whose routes a reload
+        # removed and a later reload adds again gets this instance back (its metrics are in the
+        # registry, its held targets and leases in it), never a second one.
+        self.started_actions: dict[str, Action] = {}
         for b in self.routes.values():
             self.metrics.transitions_failing.labels(b.route.name, b.action.name).set(0)
         self.store = StateStore(cfg.state_file)
@@ -526,7 +530,7 @@ class Engine:
         with the running ones), keeping the state; start the actions that are new. See
         :meth:`_rebind` for what happens to the entries. Returns what changed."""
         previous = self.routes
-        running = self.actions
+        running = {**self.started_actions, **self.actions}
         configured_before = {n for n, b in previous.items() if not b.lingering}
         new = {b.route.name: b for b in bound}
         changed = sorted(n for n in new if n in configured_before and new[n].route != previous[n].route)
@@ -542,6 +546,7 @@ class Engine:
                 started.add(b.action.name)
                 self._applied.setdefault(b.action.name, 0)
                 await b.action.start(self.services)
+                self.started_actions[b.action.name] = b.action
         self._store_bindings(before)
         self._recount_applied()
         self._refresh_failing_gauges(previous)
@@ -1200,6 +1205,7 @@ class Engine:
         for action in self.actions.values():
             action.route_params = [b.params for b in self.routes.values() if b.action is action]
             await action.start(self.services)
+            self.started_actions[action.name] = action
         # What exists now (modules, configuration, the loaded state) lives as long as the
         # process: keep it out of the garbage collector's full passes, which otherwise stall
         # the event loop for tens of milliseconds at a time under a burst (halved webhook p99).
@@ -1223,7 +1229,7 @@ class Engine:
             if entry.retry is not None:
                 entry.retry.cancel()
         await self.drain()
-        for action in self.actions.values():
+        for action in {**self.started_actions, **self.actions}.values():  # (those a reload removed too)
             try:
                 await action.shutdown()
             except Exception:  # noqa: BLE001

@@ -295,3 +295,38 @@ async def test_the_state_api_names_the_binding(tmp_path):
     assert [(e["route"], e["action"], e["applied"]) for e in engine.snapshot()] == [("r", "test-bind-pause", "firing")]
     await engine.shutdown()
     await asyncio.sleep(0)
+
+
+@register
+class Counted(_Base):
+    """Registers its metrics in start(), as the shipped actions do (rca, copy-guard, ...)."""
+
+    name = "test-bind-counted"
+    starts = 0
+
+    async def start(self, services: dict[str, Any]) -> None:
+        from prometheus_client import Gauge
+
+        Counted.starts += 1
+        self.gauge = Gauge("test_bind_counted_held", "held", registry=services["registry"])
+
+
+async def test_an_action_removed_by_a_reload_and_added_again_keeps_its_instance(tmp_path):
+    """A reload back to a route list holding an action that an earlier reload removed started a
+    new instance, whose metrics clashed with the first one's ("Duplicated timeseries in
+    CollectorRegistry: promreflex_root_cause": the reload said it kept its routes, and had
+    swapped them). The first instance is kept, with its metrics and state."""
+    cfg = config(tmp_path, route("r", "test-bind-counted"))
+    registry = CollectorRegistry()
+    engine = Engine(cfg, ControllerMetrics(registry, [*ACTIONS, "test-bind-counted"]), AuditLog(cfg.audit_log),
+                    services={"registry": registry})
+    Counted.starts = 0
+    await engine.start()
+    first = engine.actions["test-bind-counted"]
+    summary = await apply_routes(engine, config(tmp_path, route("p", "test-bind-pause")))
+    assert summary["removed"] == ["r"] and "test-bind-counted" not in engine.actions
+    summary = await apply_routes(engine, config(tmp_path, route("r", "test-bind-counted")))
+    assert summary["added"] == ["r"] and engine.actions["test-bind-counted"] is first and Counted.starts == 1
+    await deliver(engine, FIRING)
+    assert RUNS == [("test-bind-counted", "fire", "r", "t1")]
+    await engine.shutdown()
