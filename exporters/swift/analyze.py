@@ -195,6 +195,48 @@ def _own_addresses(node: str, segs: Segments, roles: RoleMap) -> set[int]:
     return {top}
 
 
+#: A node whose address was taken from its capture (no ``nodes:`` in the roles) with more than
+#: this share of its segments between other addresses: a second interface, said.
+FOREIGN_SHARE = 0.2
+
+
+def guessed_address_note(node: str, segs: Segments, own: set[int]) -> str | None:
+    """For a node given no addresses: its capture holds many segments between other addresses (a
+    proxy with a client network and a storage network: only one of its addresses was taken, its
+    other side's traffic becomes foreign and its calls look like a client's)."""
+    if not len(segs) or not own:
+        return None
+    mine = np.isin(segs.src, list(own)) | np.isin(segs.dst, list(own))
+    share = 1 - float(np.count_nonzero(mine)) / len(segs)
+    if share <= FOREIGN_SHARE:
+        return None
+    return (f"capture of {node}: no address of it in the roles, {', '.join(ip_str(a) for a in sorted(own))} taken (the "
+            f"most seen), but {share:.0%} of its segments are between other addresses (a second interface?): name "
+            f"its addresses under nodes: in the roles")
+
+
+#: A shared clock the captures contradict: their offset beyond this many times its error, and
+#: beyond SHARED_CLOCK_SLACK_NS (a transit's scale on one host).
+SHARED_CLOCK_ERRORS = 5
+SHARED_CLOCK_SLACK_NS = 200_000
+
+
+def shared_clock_notes(clocks: ClockModel, names: list[str]) -> list[str]:
+    """The node pairs the roles say share a clock (one ``host``) whose captures say otherwise:
+    their transits are off by the offset (VMs on one hypervisor each have their own clock, a
+    capture stamped by its NIC, a lab's roles reused for real hosts). Said, not corrected: the
+    roles are the user's word."""
+    out = []
+    for pc in clocks.pairs.values():
+        off, err = pc.estimated_offset, pc.estimated_error
+        if pc.shared and len(pc.offset) and abs(off) > max(SHARED_CLOCK_ERRORS * err, SHARED_CLOCK_SLACK_NS):
+            out.append(f"{names[pc.a]} and {names[pc.b]} share a clock by the roles (one host), but their captures "
+                       f"say {names[pc.b]}'s runs {off / 1e9:+.6f} s from {names[pc.a]}'s (error {err / 1e9:.6f} s): "
+                       "the transits between them are off by that much; if they are two machines, give each its "
+                       "own host in the roles")
+    return out
+
+
 def capture_note(name: str, st: ReadStats) -> str | None:
     """Why a capture gave nothing to analyse (None: it gave segments): said, not silent."""
     if st.segments:
@@ -239,8 +281,13 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         else:
             segs_by[name], read[name] = read_capture(src)
     directed: list[Directed] = []
+    address_notes = []
     for i, name in enumerate(names):
-        directed.append(direct(i, segs_by[name], _own_addresses(name, segs_by[name], roles)))
+        given = roles.nodes.get(name)
+        own = _own_addresses(name, segs_by[name], roles)
+        if not (given and given.addresses) and (note := guessed_address_note(name, segs_by[name], own)):
+            address_notes.append(note)
+        directed.append(direct(i, segs_by[name], own))
     m = match(directed)
     shared = {(i, j) for i in range(len(names)) for j in range(i + 1, len(names))
               if roles.same_clock(names[i], names[j])}
@@ -257,6 +304,7 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     log_counts: dict[str, dict[str, int]] = {}
     notes: list[str] = [n for n in (capture_note(name, read[name]) for name in names
                                     if not isinstance(captures[name], Segments)) if n]
+    notes += address_notes + shared_clock_notes(clocks, names)
     if logs:
         entries: list[LogRequest] = []
         for log in logs:

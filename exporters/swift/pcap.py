@@ -122,7 +122,7 @@ U32 = npt.NDArray[np.uint32]
 U64 = npt.NDArray[np.uint64]
 Buffer = bytes  # a whole capture file (read at once) or a stream's chunks
 I64 = npt.NDArray[np.int64]
-_FIELDS = ("ts", "src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "tok", "ipid")
+_FIELDS = ("ts", "src", "dst", "sport", "dport", "seq", "ack", "flags", "win", "plen", "tok", "ipid", "iface")
 
 
 @dataclass
@@ -148,6 +148,7 @@ class Segments:
     plen: U32
     tok: npt.NDArray[np.uint8]
     ipid: npt.NDArray[np.uint16]
+    iface: npt.NDArray[np.uint16]  # the pcapng interface it was captured on (pcap: 0)
     heads: Mapping[int, bytes] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -158,7 +159,8 @@ class Segments:
         z = np.zeros(0)
         return cls(z.astype(np.int64), z.astype(np.uint32), z.astype(np.uint32), z.astype(np.uint16),
                    z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint32), z.astype(np.uint8),
-                   z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint8), z.astype(np.uint16))
+                   z.astype(np.uint16), z.astype(np.uint32), z.astype(np.uint8), z.astype(np.uint16),
+                   z.astype(np.uint16))
 
     @classmethod
     def concat(cls, parts: list[Segments]) -> Segments:
@@ -244,6 +246,7 @@ class _Frames:
     # walking); None: the captured length (records framed without it)
     orig: list[int] = field(default_factory=list)
     orig_a: npt.NDArray[np.int64] | None = None
+    iface: list[int] = field(default_factory=list)  # pcapng: each record's interface id
     mat: npt.NDArray[np.uint8] | None = None  # each record's first bytes (see _first_bytes)
     prefix: int = 0  # where the packet data starts in a row of ``mat``
     # Records too short for IPv4 + TCP (_SHORT): never copied into ``mat``, decoded in place for
@@ -259,6 +262,12 @@ class _Frames:
         if self.off_a is not None:
             return self.off_a, self.cap_a, self.ts_a, self.link_a  # type: ignore[return-value]
         return tuple(np.asarray(x, dtype=np.int64) for x in (self.off, self.cap, self.ts, self.link))
+
+    def interfaces(self, n: int) -> npt.NDArray[np.uint16]:
+        """Each record's interface (pcapng), else 0."""
+        if len(self.iface) == n:
+            return np.asarray(self.iface, dtype=np.uint16)
+        return np.zeros(n, dtype=np.uint16)
 
     def originals(self, cap: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Each record's original length (at least its captured length: ``cap``)."""
@@ -302,7 +311,7 @@ class StreamParser:
         self._link = LINK_ETHERNET
         self._ts_mult = 1000  # pcap: fraction unit -> ns
         self._ifaces: list[_Iface] = []
-        self._last_ts = -(1 << 62)
+        self._last_ts: dict[int, int] = {}  # interface -> its latest stamp
         self._dead = False
         # pcapng: a block over MAX_RECORD that is not a packet (decryption secrets that
         # ``editcap --inject-secrets`` adds, a long comment, a custom block) is skipped, not
@@ -493,6 +502,7 @@ class StreamParser:
                         fr.orig.append(orig)
                         fr.ts.append(ts)
                         fr.link.append(iface.link)
+                        fr.iface.append(ifid)
             elif btype in (2, 3):  # obsolete packet block / simple packet block: no usable timestamp
                 self.stats.packets += 1
                 self.stats.rejected["no_timestamp"] += 1
@@ -575,17 +585,24 @@ class StreamParser:
         return segs
 
     def _check_clock(self, segs: Segments) -> None:
+        """Count stamps going back, per interface: dumpcap with several ``-i`` writes each
+        interface's buffer in turn, so a pcapng's interfaces interleave out of time order by up to
+        a buffer's worth (milliseconds), which is no clock step (36-75 % of a two-interface
+        capture's packets were counted)."""
         if not len(segs):
             return
-        ts = segs.ts
-        prev = np.empty_like(ts)
-        prev[0] = self._last_ts
-        np.maximum.accumulate(ts[:-1], out=prev[1:])
-        prev[1:] = np.maximum(prev[1:], self._last_ts)
-        back = int(np.count_nonzero(ts < prev - BACKWARDS_TOLERANCE_NS))
-        if back:
-            self.stats.rejected["clock_backwards"] += back
-        self._last_ts = max(self._last_ts, int(ts.max()))
+        ifaces = np.unique(segs.iface) if segs.iface.any() else np.zeros(1, dtype=np.uint16)
+        for k in ifaces.tolist():
+            ts = segs.ts if len(ifaces) == 1 else segs.ts[segs.iface == k]
+            last = self._last_ts.get(k, -(1 << 62))
+            prev = np.empty_like(ts)
+            prev[0] = last
+            np.maximum.accumulate(ts[:-1], out=prev[1:])
+            prev[1:] = np.maximum(prev[1:], last)
+            back = int(np.count_nonzero(ts < prev - BACKWARDS_TOLERANCE_NS))
+            if back:
+                self.stats.rejected["clock_backwards"] += back
+            self._last_ts[k] = max(last, int(ts.max()))
 
     def close(self) -> None:
         if (self._buf or self._skip or self._trailer is not None) and not self._dead:
@@ -793,6 +810,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     stats.packets += n
     u8 = np.frombuffer(buf, dtype=np.uint8)
     off, cap, ts, link = fr.arrays()
+    ifc = fr.interfaces(n)
     data = _Data(u8, off, fr.mat, fr.prefix)
     be = data.be
 
@@ -874,7 +892,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
     rows = None if everything else keep
     if not everything:
         l3, t, doff, plen, cap, ts = l3[keep], t[keep], doff[keep], plen[keep], cap[keep], ts[keep]
-        dflags, ipid = dflags[keep], ipid[keep]
+        dflags, ipid, ifc = dflags[keep], ipid[keep], ifc[keep]
     pay = t + doff
     captured = np.clip(cap - pay, 0, None)
     stats.snapped += int(np.count_nonzero(captured < plen))
@@ -895,7 +913,7 @@ def decode(buf: Buffer, fr: _Frames, stats: ReadStats) -> Segments:
         sport=(ports >> 16).astype(np.uint16), dport=(ports & 0xFFFF).astype(np.uint16),
         seq=be(t + 4, 4, rows), ack=be(t + 8, 4, rows),
         flags=((dflags >> 16) & 0xFF).astype(np.uint8), win=(dflags & 0xFFFF).astype(np.uint16),
-        plen=plen.astype(np.uint32), tok=tok, ipid=ipid,
+        plen=plen.astype(np.uint32), tok=tok, ipid=ipid, iface=ifc,
     )
     starts = np.flatnonzero(tok)
     if len(starts):

@@ -42,8 +42,10 @@ def write_pcap(path: str | Path, packets: list[tuple[int, bytes]], nano: bool = 
     Path(path).write_bytes(b"".join(out))
 
 
-def write_pcapng(path: str | Path, packets: list[tuple[int, bytes]], tsresol: int = 9, linktype: int = 1) -> None:
-    """pcapng: one section, one interface with ``if_tsresol`` 10^-tsresol."""
+def write_pcapng(path: str | Path, packets: list[tuple[int, bytes]], tsresol: int = 9, linktype: int = 1,
+                 interfaces: list[int] | None = None) -> None:
+    """pcapng: one section, one interface with ``if_tsresol`` 10^-tsresol (``interfaces``: each
+    packet's interface id, as many interfaces described as the largest id needs)."""
     def block(btype: int, body: bytes) -> bytes:
         body += b"\x00" * (-len(body) % 4)
         n = len(body) + 12
@@ -52,10 +54,11 @@ def write_pcapng(path: str | Path, packets: list[tuple[int, bytes]], tsresol: in
     shb = block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))
     opts = struct.pack("<HHB3x", 9, 1, tsresol) + struct.pack("<HH", 0, 0)
     idb = block(1, struct.pack("<HHI", linktype, 0, 65535) + opts)
-    out = [shb, idb]
-    for ts, data in packets:
+    ids = interfaces or [0] * len(packets)
+    out = [shb, *[idb] * (max(ids, default=0) + 1)]
+    for (ts, data), ifid in zip(packets, ids):
         raw = ts // (10 ** (9 - tsresol)) if tsresol <= 9 else ts * 10 ** (tsresol - 9)
-        out.append(block(6, struct.pack("<IIIII", 0, raw >> 32, raw & 0xFFFFFFFF, len(data), len(data)) + data))
+        out.append(block(6, struct.pack("<IIIII", ifid, raw >> 32, raw & 0xFFFFFFFF, len(data), len(data)) + data))
     Path(path).write_bytes(b"".join(out))
 
 

@@ -138,3 +138,19 @@ def test_a_rotated_capture_is_given_as_several_files_of_one_node(tmp_path: Path,
     cat.write_bytes((tmp_path / "proxy.pcap").read_bytes() + (tmp_path / "proxy.pcap1").read_bytes())
     assert main(["analyze", f"--roles={roles}", f"--capture=proxy={cat}", f"--capture=client={whole['client']}"]) == 0
     assert "mergecap" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("offset_ns,said", [(0, False), (2_000_000, True), (-172_800 * 10**9, True)])
+def test_a_shared_clock_the_captures_contradict_is_said(tmp_path: Path, capsys, offset_ns: int, said: bool) -> None:
+    """Roles that put two nodes on one host (one clock) while their captures run 2 ms (or two
+    days) apart: the transits are off by that much; the analysis says so (it was silent)."""
+    net = SynthNet(dict(NODES), clock_offset={"storage": offset_ns})
+    t = T0
+    for i in range(20):
+        t = swift_put(net, t, f"tx{i}") + 10_000_000
+    paths = net.write(tmp_path)
+    roles = tmp_path / "roles.json"
+    roles.write_text(json.dumps(roles_mapping(shared_clock=True)))
+    assert main(["analyze", *(f"--capture={n}={p}" for n, p in paths.items()), f"--roles={roles}"]) == 0
+    err = capsys.readouterr().err
+    assert ("share a clock by the roles" in err and "give each its own host" in err) is said, err

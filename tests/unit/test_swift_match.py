@@ -245,6 +245,7 @@ def test_connection_over_4_gib_does_not_wrap() -> None:
     s.seq = ((123 + np.arange(n, dtype=np.int64) * gib) & 0xFFFFFFFF).astype(np.uint32)
     s.ack, s.win = np.zeros(n, np.uint32), np.zeros(n, np.uint16)
     s.flags, s.tok, s.ipid = np.full(n, ACK, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.uint16)
+    s.iface = np.zeros(n, np.uint16)
     s.plen = np.full(n, gib, np.uint32)
     fh = flow_hash(s.src, s.dst, s.sport, s.dport)
     assert not retransmissions(s, fh).any()
