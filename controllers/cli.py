@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from promreflex.config import DEFAULT_CONFIG, Config, load_config
+from promreflex.config import DEFAULT_CONFIG, Config, ConfigError, load_config
+from promreflex.errors import UserError
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -26,6 +28,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     server.preflight(cfg.controller)
     print(f"{args.config_file or DEFAULT_CONFIG}: OK ({len(cfg.controller.routes)} routes)")
     return 0
+
+
+def reload_check(ctx: Any) -> list[str]:
+    """What check-config checks of the controller's section, for ``stack reload`` (before it
+    signals anything: a route the controller would refuse must not leave Prometheus and
+    Alertmanager reloaded without it)."""
+    from controllers import server
+    from controllers.engine import bind_routes
+
+    cfg = ctx.config.controller
+    try:
+        bind_routes(cfg)
+        server.preflight(cfg)
+    except (ConfigError, UserError) as e:
+        return [str(e)]
+    return []
 
 
 def cmd_controller(args: argparse.Namespace) -> int:

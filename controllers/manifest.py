@@ -8,4 +8,5 @@ CAPABILITY = Capability(
     name="controller",
     summary="the Alertmanager webhook controller and its configuration check",
     cli=(lazy("controllers.cli:register"),),
+    reload_checks=(lazy("controllers.cli:reload_check"),),
 )

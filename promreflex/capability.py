@@ -164,6 +164,8 @@ class Capability:
       paths for rules kept elsewhere); documentation and the ``config snippets`` command use
       them, a test checks each file in those folders belongs to exactly one manifest.
     - ``preflight``: checks of its inputs that ``stack up`` runs first, printed as warnings.
+    - ``reload_checks``: checks that ``stack reload`` runs before it renders or signals
+      anything; any problem refuses the reload.
     - ``host_actions``: which of its actions act on the host they run on (see the field).
     """
 
@@ -182,6 +184,10 @@ class Capability:
     #: Checks of the capability's inputs before ``stack up`` starts anything: each takes the
     #: Context and returns warnings (a guarded nginx's log in a format its exporter cannot read).
     preflight: Sequence[Callable[[Context], list[str]]] = ()
+    #: Checks before ``stack reload`` renders or signals anything: each takes the Context and
+    #: returns problems (a route the controller would refuse); any problem refuses the reload,
+    #: so no component is left reloaded with a configuration another one refused.
+    reload_checks: Sequence[Callable[[Context], list[str]]] = ()
     #: Actions (by name) that touch the host they run on (pause a copy, retune nginx): on more
     #: than one machine they run in each host's agent, for that host's alerts only; every other
     #: action runs once, in the central controller (``promreflex kube build``, the fleet).

@@ -434,6 +434,10 @@ class Stack:
         moved = sorted(n for n, info in recorded.items() if n in self.ports and info.get("port") != self.ports[n])
         if moved:
             raise StackError(f"ports changed for {', '.join(moved)}: `stack down` then `stack up` to apply them")
+        ctx = self.context()
+        problems = [p for cap in self.capabilities for check in cap.reload_checks for p in check(ctx)]
+        if problems:  # (nothing rendered, nothing signalled: the running stack keeps its files)
+            raise StackError("the configuration is refused, nothing reloaded:\n" + "\n".join(problems))
         self.render()
         self.preflight_warnings(progress)
         audit_size = self.audit_log.stat().st_size if self.audit_log.exists() else 0

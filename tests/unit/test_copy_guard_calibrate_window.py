@@ -303,7 +303,7 @@ def test_without_a_published_threshold_the_ramp_decides_before_the_runs(tmp_path
     assert args.func(args) == 1
     err = capsys.readouterr().err
     assert "refused after the ramp, before the runs, nothing published" in err and "40.00 req/s" in err
-    assert calls == [1, 2]  # the ramp's steps only (saturated at 2 users): no run
+    assert calls == [1, 2, 2]  # the ramp's steps only (saturated at 2 users, measured twice): no run
     # with --users (no ramp): after the first run, not the third
     calls.clear()
     args = _cli(tmp_path, "--users", "4", "--duration", "10s", "--warmup", "0s")
@@ -313,7 +313,7 @@ def test_without_a_published_threshold_the_ramp_decides_before_the_runs(tmp_path
     calls.clear()
     _fake_prometheus(monkeypatch, idle=0.5)
     args = _cli(tmp_path, "--step-duration", "3s", "--duration", "10s", "--warmup", "0s")
-    assert args.func(args) == 0 and calls == [1, 2, 2, 2, 2]
+    assert args.func(args) == 0 and calls == [1, 2, 2, 2, 2, 2]
 
 
 # ------------------------------------------------------------------ (d) the message

@@ -121,7 +121,7 @@ def test_access_log_problems_are_named(tmp_path):
     scraped.write_text(STUB * 3)
     with site(scraped) as url:
         checks = {c.link: c for c in doctor.check_access_log(target(url, scraped), wait_s=5)}
-    assert checks["own traffic"].status == doctor.WARN and "access_log off" in checks["own traffic"].detail
+    assert checks["own traffic"].status == doctor.FAIL and "access_log off" in checks["own traffic"].detail
 
 
 def test_unreachable_prometheus_alertmanager_controller_fail_with_what_to_do(tmp_path):
@@ -219,7 +219,7 @@ def test_own_traffic_counts_only_stub_status_lines_that_are_served(tmp_path):
     with site(other) as url:
         checks = {c.link: c for c in doctor.check_access_log(
             target(url, other, stub_status_url=url + "/nginx_status"), wait_s=5)}
-    assert checks["own traffic"].status == doctor.WARN
+    assert checks["own traffic"].status == doctor.FAIL
 
 
 def _stack_target(tmp_path: Path, **kw: object) -> doctor.Target:

@@ -163,3 +163,23 @@ def test_a_recorded_name_that_is_no_component_any_more_is_not_dead(tmp_path):
     gone = {"pid": 999999999, "argv0": "/bin/false", "port": 1}
     (tmp_path / "pids.json").write_text(json.dumps({"components": {"ghost": gone, "prometheus": gone}}))
     assert stack.dead() == ["prometheus"]
+
+
+def test_stack_reload_refuses_a_route_the_controller_would_refuse_before_touching_anything(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A newcomer's review: `stack reload` of a file with `min_pause: 5 seconds` SIGHUPed
+    Prometheus and Alertmanager, said "reloaded", exited 0 (the controller kept its routes).
+    Now it checks what check-config checks first: exit 2 naming the param, nothing signalled."""
+    from promreflex.cli import main
+
+    f = tmp_path / "promreflex.yml"
+    f.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state")}, "controller": {"routes": [
+        {"name": "copy-guard", "matchers": ['alertname="CopyGuardSiteOverloaded"'], "action": "copy-guard",
+         "params": {"mode": "pause", "min_pause": "5 seconds"}}]}}))
+    signalled: list[object] = []
+    monkeypatch.setattr(Stack, "running", lambda self: {"prometheus": 1, "alertmanager": 2, "controller": 3})
+    monkeypatch.setattr(Stack, "render", lambda self: signalled.append("render"))
+    monkeypatch.setattr("os.kill", lambda pid, sig: signalled.append((pid, sig)))
+    assert main(["stack", "reload", "--config.file", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert "nothing reloaded" in err and "min_pause" in err and signalled == []
