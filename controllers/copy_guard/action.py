@@ -91,7 +91,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.copy_guard import freeze
-from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir
+from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir, note_watched
 from controllers.copy_guard.throttle import EMERGENCY_REASONS, Settings, Signal, Throttle
 from controllers.engine import PRESENCE
 from promreflex.clients import PrometheusClient
@@ -440,6 +440,10 @@ class CopyGuardAction(Action):
         for params in mine:
             check_dir(params.registry_dir, create=True)
             self._token(params)
+            try:  # (what `promreflex copy` reads to tell a registry no guard watches)
+                note_watched(params.registry_dir)
+            except OSError as e:
+                log.warning("cannot note the watch in %s: %r", params.registry_dir, e)
         await self.recover(mine)
         self._task = asyncio.get_running_loop().create_task(self._supervise())
 

@@ -20,7 +20,16 @@ from pathlib import Path
 
 from controllers.copy_guard import freeze
 from controllers.copy_guard.copier import IO_MODES
-from controllers.copy_guard.registry import ENV_DIR, ID_RE, Entry, Registry, default_dir, new_id, process_start
+from controllers.copy_guard.registry import (
+    ENV_DIR,
+    ID_RE,
+    Entry,
+    Registry,
+    default_dir,
+    new_id,
+    process_start,
+    unwatched,
+)
 from promreflex.proc import pid_alive
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -53,6 +62,16 @@ def _site(text: str) -> str:
     return text
 
 
+def _warn_unwatched(command: str, directory: Path) -> None:
+    """A copy registered where no copy guard looks runs unguarded: said, not refused (a guard
+    may start later, or run where this host cannot see it)."""
+    why = unwatched(directory)
+    if why:
+        print(f"{command}: warning: {why}: this copy is registered but nothing guards it until a controller with a "
+              f"copy-guard route on this registry starts (the stack's: its route's registry_dir, else the default, "
+              f"{default_dir()}; --registry.dir or {ENV_DIR} must name the same directory for both)", file=sys.stderr)
+
+
 def _copy(args: argparse.Namespace) -> int:
     from controllers.copy_guard.service import run_copy
 
@@ -61,6 +80,8 @@ def _copy(args: argparse.Namespace) -> int:
     if args.id is not None and not ID_RE.match(args.id):
         print("copy: --id must be 1-64 of letters, digits, '_', '.', '-'", file=sys.stderr)
         return 2
+    if not args.no_register:
+        _warn_unwatched("copy", _registry(args))
     return run_copy(args.src, args.dst, site=args.site, registry_dir=None if args.no_register else _registry(args),
                     listen=args.listen_address, token_file=args.token_file, chunk_size=args.chunk_size,
                     rate_limit=args.rate_limit, io=args.io, checkpoint_bytes=args.checkpoint_size,
@@ -81,6 +102,7 @@ def _adopt(args: argparse.Namespace) -> int:
     entry = Entry(id=args.id or new_id("adopted"), kind="adopted", pid=pid, pid_start=process_start(pid),
                   pgid=pgid, site=args.site, src=args.src or "", dst=args.dst or "")
     path = Registry(_registry(args)).add(entry)
+    _warn_unwatched("copy-guard adopt", _registry(args))
     how = f"process group {pgid}" if pgid is not None else f"pid {pid} and its children"
     print(f"adopted {how} as {entry.id} for site {args.site} ({path}); pause methods here: "
           f"{', '.join(freeze.detect())}")

@@ -204,6 +204,42 @@ def _walk(path: Path, shown: Path) -> tuple[Path, list[str]] | None:
     return None
 
 
+#: Written by each copy-guard action that starts on a registry: which controller watches it.
+WATCH_NAME = "copy-guard.watch"
+
+
+def note_watched(directory: str | Path) -> None:
+    """Say in ``directory`` that this process's copy guard watches it (at the action's start)."""
+    import socket
+
+    atomic_write_json(Path(directory) / WATCH_NAME,
+                      {"pid": os.getpid(), "pid_start": process_start(os.getpid()), "host": socket.gethostname(),
+                       "since": time.time()})
+
+
+def unwatched(directory: str | Path) -> str | None:
+    """Why no copy guard may watch ``directory`` (None: one started on it and, when it runs on
+    this host, still runs). A copy registered where no controller looks runs unguarded, silently:
+    another ``--registry.dir``, another user's default, ``PROMREFLEX_COPY_REGISTRY`` set in one
+    shell only. On another host or in another PID namespace (a container) the watcher cannot be
+    checked and is taken as running."""
+    import socket
+
+    d = Path(directory)
+    try:
+        data = json.loads((d / WATCH_NAME).read_text())
+    except FileNotFoundError:
+        return f"no copy guard has started on {d} (no {WATCH_NAME} there)"
+    except (OSError, ValueError):
+        return None  # unreadable: not ours to judge
+    if not isinstance(data, dict) or data.get("host") != socket.gethostname():
+        return None
+    pid, start = data.get("pid"), data.get("pid_start")
+    if isinstance(pid, int) and same_process(pid, start if isinstance(start, (int, float)) else None):
+        return None
+    return f"the copy guard that watched {d} (controller pid {pid}) is not running"
+
+
 def new_id(prefix: str = "copy") -> str:
     return f"{prefix}-{int(time.time())}-{secrets.token_hex(3)}"
 

@@ -482,6 +482,44 @@ async def test_start_creates_a_missing_registry_private(tmp_path):
         await a.shutdown()
 
 
+async def test_a_copy_registered_where_no_guard_looks_is_said(tmp_path, capsys, monkeypatch):
+    """A newcomer's review: `promreflex copy --registry.dir OTHER` (or another user's default,
+    an environment variable set in one shell) copied unguarded, exit 0, no hint. The action
+    notes the registry it watches at its start; copy and adopt warn when none does."""
+    import subprocess
+    import sys
+
+    from controllers.copy_guard import cli as cg_cli
+    from controllers.copy_guard.registry import WATCH_NAME, unwatched
+
+    reg_dir = tmp_path / "copies"
+    assert "no copy guard has started" in (unwatched(reg_dir) or "")
+    a = CopyGuardAction()
+    a.route_params = [CopyGuardParams(registry_dir=reg_dir, watchdog=False)]
+    await a.start({"registry": CollectorRegistry()})
+    try:
+        assert (reg_dir / WATCH_NAME).is_file() and unwatched(reg_dir) is None
+    finally:
+        await a.shutdown()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    data = json.loads((reg_dir / WATCH_NAME).read_text())
+    (reg_dir / WATCH_NAME).write_text(json.dumps({**data, "pid": int(gone.stdout), "pid_start": 1.0}))
+    assert "is not running" in (unwatched(reg_dir) or "")
+    (reg_dir / WATCH_NAME).write_text(json.dumps({**data, "host": "another-host"}))
+    assert unwatched(reg_dir) is None  # (another host's guard cannot be checked from here)
+    other = tmp_path / "other"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        parser = __import__("argparse").ArgumentParser()
+        cg_cli.register(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["copy-guard", "adopt", "--pid", str(child.pid), "--registry.dir", str(other)])
+        assert args.func(args) == 0
+        assert "nothing guards it" in capsys.readouterr().err
+    finally:
+        child.kill()
+        child.wait()
+
+
 async def test_the_action_uses_the_controllers_session(tmp_path):
     """A real copier-like endpoint on loopback, reached through the aiohttp session in
     services (no threads, no urllib)."""
