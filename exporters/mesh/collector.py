@@ -208,8 +208,10 @@ class MeshExporter:
         else:
             connection, status = False, code_class(record.get("response_code"), grpc)
         # A connection's DURATION is its lifetime (minutes for a pooled one), not a request's
-        # latency: it stays out of the request histograms.
-        duration = None if connection else record.get("duration")
+        # latency: it stays out of the request histograms; so does an upgraded one's (a
+        # WebSocket's 101, logged when the socket closes) and a CONNECT tunnel's.
+        tunnel = record.get("response_code") == 101 or record.get("method") == "CONNECT"
+        duration = None if connection or tunnel else record.get("duration")
         upstream = None if connection else record.get("upstream_service_time")
         src, dst = self.budget.admit(src, "source"), self.budget.admit(dst, "destination")
         m.requests.labels(src, dst, status, flags).inc()

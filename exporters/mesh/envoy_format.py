@@ -145,6 +145,9 @@ DURATION_COMMANDS = frozenset({"DURATION", "REQUEST_DURATION", "REQUEST_TX_DURAT
 MAX_DURATION_MS = 86_400_000  # a day: beyond it a logged duration is junk, not a slow request
 MAX_INT = 2**53
 HEADER_COMMANDS = frozenset({"REQ", "RESP", "TRAILER"})
+# Envoy's long names for the header commands (its current default format and Cilium's default
+# JSON are written with them): read as the short ones, so the record keys are the same.
+COMMAND_ALIASES = {"REQUEST_HEADER": "REQ", "RESPONSE_HEADER": "RESP", "RESPONSE_TRAILER": "TRAILER"}
 
 # Operators whose values are protocol tokens (never spaces or quotes): matching them tightly
 # keeps a line of another format from passing as a "truncated" line of this one.
@@ -577,6 +580,7 @@ def operator_key(command: str, arg: str | None) -> str:
 
 def make_operator(command: str, arg: str | None = None, max_length: int | None = None) -> Operator:
     """Build the :class:`Operator` for one command (used by the text and the JSON formats)."""
+    command = COMMAND_ALIASES.get(command, command)
     if command in INT_COMMANDS:
         kind = "int"
     elif command in FLAG_COMMANDS:

@@ -55,6 +55,14 @@ ISTIO_JSON_EXTRA_FIELDS: dict[str, str] = {
     "response_duration": "%RESPONSE_DURATION%",
     "response_tx_duration": "%RESPONSE_TX_DURATION%",
     "istio_policy_status": "%DYNAMIC_METADATA(istio.mixer:status)%",
+    # Envoy Gateway's default JSON (gateway.envoyproxy.io, "Proxy Access Logs") keys the headers
+    # by their own names: without these its every request went to destination "unknown"
+    ":authority": "%REQ(:AUTHORITY)%",
+    "x-envoy-upstream-service-time": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+    "x-envoy-origin-path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+    "user-agent": "%REQ(USER-AGENT)%",
+    "x-request-id": "%REQ(X-REQUEST-ID)%",
+    "x-forwarded-for": "%REQ(X-FORWARDED-FOR)%",
 }
 
 _SCALAR = (str, int, float, bool, type(None))

@@ -13,6 +13,12 @@ A sidecar's access log usually reaches disk through the container runtime, not a
 * Filebeat/Elastic Agent output: ``{"@timestamp":...,"message":"<message>",...}``, a JSON
   object whose ``message`` is the original line (recognised by ``message`` plus one of
   Beats' own keys: ``@timestamp``, ``agent``, ``ecs``, ``input``, ``log``).
+* Fluent Bit's records as its tail input with the CRI or Docker parser writes them (to a file,
+  Elasticsearch, CloudWatch: AWS Container Insights): ``{"time":...,"stream":"stdout",
+  "_p":"F","log":"<message>",...}`` (any key order; ``_p`` ``P``: a partial piece), or with
+  ``message`` and ``logtag`` for ``log`` and ``_p``; Vector's ``kubernetes_logs`` source:
+  ``{"message":"<message>","source_type":"kubernetes_logs","stream":"stdout",...}``.
+* ``kubectl logs --prefix``: ``[pod/<pod>/<container>] <message>``.
 
 Lines without a wrapper pass through unchanged, so one reader handles a plain Envoy log file,
 ``/var/log/pods/.../istio-proxy/0.log`` and a Docker container log alike. Envoy writes access
@@ -31,6 +37,8 @@ _CRI = re.compile(r"(\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})) (stdout|st
 _DOCKER_PREFIX = '{"log":'
 _KUBECTL_TS = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}) (?=[\[{]|\d{4}-)")
 _BEATS_KEYS = ("@timestamp", "agent", "ecs", "input", "log")
+_KUBECTL_PREFIX = re.compile(r"\[pod/[^/\]\s]+/[^\]\s]+\] ")
+_STREAMS = ("stdout", "stderr")
 
 
 @dataclass
@@ -77,6 +85,9 @@ class RuntimeUnwrapper:
         if m is not None:
             msg = line[m.end() :]
             return self._piece(m.group(2), msg, final="P" not in m.group(3).split(":"), fields={})
+        prefix = _KUBECTL_PREFIX.match(line)
+        if prefix is not None:
+            line = line[prefix.end():]
         ts = _KUBECTL_TS.match(line)
         if ts is not None:
             line = line[ts.end():]
@@ -84,6 +95,11 @@ class RuntimeUnwrapper:
             beats = _beats_message(line)
             if beats is not None:  # Filebeat's "log" input keeps a runtime wrapper inside
                 return self.push(beats)
+        if line.startswith("{") and not line.startswith(_DOCKER_PREFIX) and '"stream"' in line:
+            env = _collector_record(line)
+            if env is not None:  # Fluent Bit, Vector: the runtime's own pieces, re-encoded
+                stream, msg, final = env
+                return self._piece(stream, msg, final=final, fields={})
         if line.startswith(_DOCKER_PREFIX):
             try:
                 obj = json.loads(line)
@@ -128,6 +144,25 @@ class RuntimeUnwrapper:
         if len(msg) > self.max_bytes:
             return [Unwrapped(None, "too_long", fields)]
         return [Unwrapped(msg, None, fields)]
+
+
+def _collector_record(line: str) -> tuple[str, str, bool] | None:
+    """(stream, message, final) of a log collector's record of one runtime line (Fluent Bit's
+    ``log``/``_p`` or ``message``/``logtag``, Vector's ``kubernetes_logs``), or None when
+    ``line`` is not one (an Istio JSON access line has no ``stream``)."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or obj.get("stream") not in _STREAMS:
+        return None
+    if isinstance(obj.get("log"), str):
+        msg, tag = obj["log"], obj.get("_p")
+    elif isinstance(obj.get("message"), str) and ("logtag" in obj or obj.get("source_type") == "kubernetes_logs"):
+        msg, tag = obj["message"], obj.get("logtag")
+    else:
+        return None
+    return obj["stream"], msg.rstrip("\r\n"), tag != "P"
 
 
 def _beats_message(line: str) -> str | None:

@@ -364,3 +364,102 @@ def test_a_record_that_cannot_be_counted_is_a_rejection_and_the_stream_goes_on()
     assert (st.lines, st.parsed, dict(st.rejected)) == (2, 0, {"bad_value": 2})
     assert sample(reg, "promreflex_mesh_lines_total", workload="w") == 4
     assert sample(reg, "promreflex_mesh_parse_errors_total", workload="w", reason="bad_value") == 2
+
+
+# Envoy's current built-in default format, written with its long header commands.
+ENVOY_DEFAULT_LONG = (
+    '[%START_TIME%] "%REQUEST_HEADER(:METHOD)% %REQUEST_HEADER(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% "
+    '%RESPONSE_HEADER(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQUEST_HEADER(X-FORWARDED-FOR)%" '
+    '"%REQUEST_HEADER(USER-AGENT)%" "%REQUEST_HEADER(X-REQUEST-ID)%" "%REQUEST_HEADER(:AUTHORITY)%" "%UPSTREAM_HOST%"'
+)
+ENVOY_DEFAULT_LINE = ('[2016-04-15T20:17:00.310Z] "POST /api/v1/locations HTTP/2" 204 - 154 0 226 100 "10.0.35.28" '
+                      '"nsq2http" "cc21d9b0-cf5c-432b-8c7e-98aeb7988cd2" "locations" "tcp://10.0.2.1:80"')
+# Envoy Gateway's default JSON (an EG waypoint in an ambient mesh, as kubectl logs printed it)
+ENVOY_GATEWAY_LINE = (
+    '{":authority":"backend:3000","bytes_received":0,"bytes_sent":466,"connection_termination_details":null,'
+    '"downstream_local_address":"10.244.0.14:3000","downstream_remote_address":"10.244.0.12:34805","duration":1,'
+    '"method":"GET","protocol":"HTTP/1.1","requested_server_name":null,"response_code":200,'
+    '"response_code_details":"via_upstream","response_flags":"-",'
+    '"route_name":"httproute/envoy-gateway-system/backend/rule/0/match/0/backend","start_time":"2025-04-09T11:44:45.639Z",'
+    '"upstream_cluster":"httproute/envoy-gateway-system/backend/rule/0","upstream_host":"10.244.0.13:3000",'
+    '"upstream_local_address":"10.244.0.14:58822","upstream_transport_failure_reason":null,"user-agent":"curl/7.88.1",'
+    '"x-envoy-origin-path":"/","x-envoy-upstream-service-time":"3","x-forwarded-for":"10.244.0.12",'
+    '"x-request-id":"ab1e4da7-5f1d-45ea-bb4a-fa1ccd03b82b"}'
+)
+
+
+@pytest.mark.parametrize("fmt,format_string,line,destination,upstream_s", [
+    ("envoy", ENVOY_DEFAULT_LONG, ENVOY_DEFAULT_LINE, "locations", 0.1),
+    ("istio_json", None, ENVOY_GATEWAY_LINE, "backend", 0.003),
+    ("auto", None, ENVOY_GATEWAY_LINE, "backend", 0.003),
+])
+def test_other_spellings_of_the_same_fields_give_the_same_record(fmt, format_string, line, destination, upstream_s):
+    """Envoy's current default format writes %REQUEST_HEADER(...)% / %RESPONSE_HEADER(...)%
+    (long names of REQ/RESP), Envoy Gateway's default JSON keys headers by their own names
+    (":authority"): both parsed, but every request went to destination "unknown", no upstream
+    time, no dependency edge."""
+    reg = CollectorRegistry()
+    ex = MeshExporter(registry=reg)
+    st = ex.add_stream("w", fmt, format_string).feed([line])
+    assert st.parsed == 1, st
+    text = generate_latest(reg).decode()
+    assert f'destination="{destination}"' in text and 'destination="unknown"' not in text
+    assert sample(reg, "promreflex_mesh_upstream_service_time_seconds_sum", source="w",
+                  destination=destination) == pytest.approx(upstream_s)
+
+
+ISTIO_19_LINE = (
+    '[2020-11-25T21:26:18.409Z] "GET /status/418 HTTP/1.1" 418 - via_upstream - "-" 0 135 4 4 "-" "curl/7.73.0-DEV" '
+    '"84961386-6d84-929d-98bd-c5aee93b5c88" "httpbin:8000" "10.44.1.27:80" '
+    "outbound|8000||httpbin.foo.svc.cluster.local 10.44.1.23:37652 10.0.45.184:8000 10.44.1.23:46520 - default"
+)
+
+
+def _json_line(**obj: object) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize("lines,parsed,rejected", [
+    # Fluent Bit's tail input with the CRI parser (AWS Container Insights' shape): key order its own
+    ([_json_line(time="2026-08-09T02:57:08.636329927Z", stream="stdout", _p="F", log=ISTIO_19_LINE,
+                 kubernetes={"pod_name": "sleep"})], 1, {}),
+    # ... a line the runtime split: P then F pieces, joined
+    ([_json_line(time="t", stream="stdout", _p="P", log=ISTIO_19_LINE[:100]),
+      _json_line(time="t", stream="stdout", _p="F", log=ISTIO_19_LINE[100:])], 1, {}),
+    # ... with message/logtag instead of log/_p
+    ([_json_line(time="t", stream="stdout", logtag="F", message=ISTIO_19_LINE)], 1, {}),
+    # Vector's kubernetes_logs source, Envoy's own stderr line beside an access line
+    ([_json_line(file="/var/log/pods/x/istio-proxy/0.log", message=ISTIO_19_LINE, source_type="kubernetes_logs",
+                 stream="stdout"),
+      _json_line(message="2020-11-25T21:26:18.409Z\twarning\tenvoy config\tclosed", source_type="kubernetes_logs",
+                 stream="stderr")], 1, {"other_stream": 1}),
+    # kubectl logs --prefix
+    (["[pod/sleep-7656cf8794-6lsm4/istio-proxy] " + ISTIO_19_LINE], 1, {}),
+])
+def test_log_collectors_records_are_unwrapped(lines, parsed, rejected):
+    """Fluent Bit and Vector re-encode the runtime's lines: they were rejected (missing_field under
+    auto, which reads as a broken JSON access log)."""
+    for fmt in ("istio_text", "auto"):
+        reg = CollectorRegistry()
+        st = MeshExporter(registry=reg).add_stream("w", fmt).feed(lines)
+        assert (st.parsed, dict(st.rejected)) == (parsed, rejected), (fmt, st)
+        assert sample(reg, "promreflex_mesh_requests_total", source="w", destination="httpbin", code_class="4xx",
+                      response_flags="none") == 1
+
+
+@pytest.mark.parametrize("line", [
+    ISTIO_19_LINE.replace('"GET /status/418 HTTP/1.1" 418', '"GET /ws HTTP/1.1" 101').replace(" 4 4 ", " 3600000 4 "),
+    ISTIO_19_LINE.replace('"GET /status/418 HTTP/1.1" 418', '"CONNECT - HTTP/2" 200').replace(" 4 4 ", " 3600000 4 "),
+])
+def test_an_upgraded_or_tunnelled_request_keeps_its_lifetime_out_of_the_latency(line):
+    """A WebSocket (101) or CONNECT record is written when the socket closes: its DURATION is the
+    session's hour, which put an edge's p99 latency in +Inf. Counted, not timed."""
+    reg = CollectorRegistry()
+    st = MeshExporter(registry=reg).add_stream("w", "istio_text").feed([line])
+    assert st.parsed == 1
+    assert sum(sample(reg, "promreflex_mesh_requests_total", source="w", destination="httpbin", code_class=c,
+                      response_flags="none") or 0 for c in ("1xx", "2xx")) == 1
+    assert not sample(reg, "promreflex_mesh_request_duration_seconds_count", source="w", destination="httpbin")
