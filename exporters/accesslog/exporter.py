@@ -42,7 +42,8 @@ REJECTION_MIN_LINES = 100
 _NO_TIME_HINT = (
     "the lines carry no request time where nginx_timed expects it (` rt=$request_time` right after "
     "the user agent; a plain combined log has none, and a field such as \"$http_x_forwarded_for\" before it "
-    "is read as the time): use the promreflex log_format in nginx (exporters/accesslog/README.md), or "
+    "is read as the time; ingress-nginx's default has $request_length there: format custom with its "
+    "log-format-upstream): use the promreflex log_format in nginx (exporters/accesslog/README.md), or "
     "format nginx_combined (no latency histogram)"
 )
 _HINTS = {("nginx_timed", "bad_time"): _NO_TIME_HINT, ("nginx_timed", "no_match"): _NO_TIME_HINT}
@@ -178,8 +179,8 @@ class SiteLog:
         for i, n in enumerate(batch.counts):
             if n:
                 self._requests[i].inc(n)
-        for h, values in zip(self._duration, batch.durations, strict=True):
-            _observe(h, values)
+        for h, values in zip(self._duration, batch.durations, strict=True) if batch.durations else ():
+            _observe(h, values)  # (a poll of only over-long lines has no durations at all)
         if self._upstream is not None:
             _observe(self._upstream, batch.upstream)
         for reason, n in batch.errors.items():

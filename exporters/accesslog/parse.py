@@ -17,7 +17,10 @@ Built-in formats (``FORMATS``):
                             'rt=$request_time urt="$upstream_response_time"';
 
   The common variant with the two times as plain trailing fields
-  (``... "$http_user_agent" $request_time $upstream_response_time``) is accepted as well.
+  (``... "$http_user_agent" $request_time $upstream_response_time``) is accepted as well, when
+  the first looks like ``$request_time`` (seconds with a fraction); ingress-nginx's default
+  (``... "$http_user_agent" $request_length $request_time [...]``) is not this format: use
+  ``custom`` with its ``log-format-upstream``.
 * ``apache_combined``: ``%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-agent}i"``; lines in
   ``common`` format (without referer and user agent) are accepted too.
 * ``apache_common``: ``%h %l %u %t "%r" %>s %b``.
@@ -231,7 +234,10 @@ def compile_log_format(log_format: str, *, trailing: bool = False) -> tuple[re.P
         raise LogFormatError(f"log_format compiles to an invalid regex: {e}") from e
 
 
-_TIMED_SUFFIX = (r' (?:rt=)?(?P<request_time>\S+)'
+# Labelled, the time may be anything (junk is a counted bad_time); plain, it must look like
+# nginx's $request_time (seconds with a fraction: "0.019"), so a log with other numbers after the
+# user agent (ingress-nginx's `$request_length $request_time [...]`) is not read as times.
+_TIMED_SUFFIX = (r' (?:rt=|(?=\d+\.\d+(?: |\Z)))(?P<request_time>\S+)'
                  rf'(?: (?:urt=)?(?P<uq>"?)(?P<upstream_response_time>{_TIMES})(?P=uq))?')
 
 

@@ -106,6 +106,21 @@ def test_oversized_line_counted_as_line_and_error(tmp_path: Path) -> None:
     exp.close()
 
 
+@pytest.mark.parametrize("fmt", ["nginx_combined", "nginx_timed"])
+def test_a_poll_of_only_an_oversized_line_is_counted_not_a_crash(tmp_path: Path, fmt: str) -> None:
+    """A stranger's review: a poll (or a backfill chunk) holding nothing but an over-long line
+    killed the exporter of every format with a latency histogram (an empty batch against the
+    histograms, zip(strict=True)); restarted, it resumed past the line, never counted."""
+    log = tmp_path / "a.log"
+    write(log, line(200, path="/" + "x" * 600))
+    exp, reg = make({"logs": [{"site": "a", "path": str(log), "format": fmt}], "from_start": True,
+                     "max_line_bytes": 256})
+    exp.poll()
+    assert reg.get_sample_value("promreflex_accesslog_parse_errors_total", {"site": "a", "reason": "oversized"}) == 1
+    assert reg.get_sample_value("promreflex_accesslog_lines_total", {"site": "a"}) == 1
+    exp.close()
+
+
 def test_many_distinct_paths_make_no_path_labels(tmp_path: Path) -> None:
     log = tmp_path / "a.log"
     write(log, "".join(line(200, path=f"/p/{i}?ref={i}", rt=0.01, n=i) for i in range(500)))

@@ -49,8 +49,9 @@ CORPUS_EXPECTED = [
     # combined plus a trailing "$http_x_forwarded_for": the trailing field is ignored ...
     ("nginx_combined", "nginx-combined/lnav_shop_access_log_zanbil_1000.log", 1000,
      {"2xx": 938, "3xx": 38, "4xx": 24}),
-    # ... and nginx_timed finds a non-time where $request_time goes
-    ("nginx_timed", "nginx-combined/lnav_shop_access_log_zanbil_1000.log", 1000, {"bad_time": 1000}),
+    # ... and nginx_timed finds no time where $request_time goes (a plain field must look like
+    # one: a quoted field, or ingress-nginx's $request_length, is not read as the time)
+    ("nginx_timed", "nginx-combined/lnav_shop_access_log_zanbil_1000.log", 1000, {"no_match": 1000}),
     # a timed format on a log without times matches nothing
     ("nginx_timed", "nginx-combined/duplex-dev_nginx_access.log", 78, {"no_match": 78}),
 ]
@@ -213,6 +214,17 @@ INGRESS_LINES = [
     '192.168.65.1 - - [10/Oct/2023:13:55:40 +0000] "GET /api HTTP/1.1" 503 0 "-" "curl/8.1.2" 80 0.020 '
     '[default-api-80] [] 10.1.0.7:80 : unix:/run/x.sock 0 : 12 0.004 : 0.010 502 : 503 af5d',
 ]
+
+
+def test_ingress_nginx_is_not_read_as_nginx_timed() -> None:
+    """nginx_timed took ingress-nginx's `$request_length $request_time` for its two plain time
+    fields: 80 s for a request of 10 ms, the request time read as the upstream's; no rejection,
+    no warning. A plain time must look like $request_time now (custom reads the log exactly,
+    above and below)."""
+    timed = build_parser("nginx_timed")
+    assert [timed.parse(x) for x in INGRESS_LINES] == ["no_match"] * len(INGRESS_LINES)
+    plain = INGRESS_LINES[0].split(' 80 0.010 ')[0] + " 0.010 0.009"  # the plain variant itself
+    assert timed.parse(plain).request_time == pytest.approx(0.010)
 
 
 def test_ingress_nginx_retries_with_upstream_lists_are_counted() -> None:
