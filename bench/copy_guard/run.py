@@ -525,7 +525,7 @@ class Bench:
             return 2
         try:
             # writing the copy's source (GiBs) is heavy I/O too: under the lock
-            self.lock.before(a.shop_warmup + a.cal_runs * a.cal_seconds + 7 * a.ramp_step + 90)  # (a last step measured twice)
+            self.lock.before(a.shop_warmup + a.cal_runs * a.cal_seconds + 12 * a.ramp_step + 90)  # (6 ramp steps, each maybe measured twice)
             self.prepare()
             if a.disk_mbps > 0:
                 self.disk = EmulatedDisk(self.work, a.disk_mbps).create()

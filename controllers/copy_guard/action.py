@@ -102,6 +102,7 @@ from promreflex.httpd import read_token_file
 log = logging.getLogger("promreflex.action.copy-guard")
 
 STATE_NAME = "copy-guard.state"
+WATCH_NOTE_EVERY = 60.0  # seconds between notes of the registries watched (see _note_watches)
 RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
 VERDICTS = ("below", "severe", "hold", "above", "light", "quiet", "crowd", "max_pause")
 HTTP_TIMEOUT = 2.0
@@ -440,10 +441,7 @@ class CopyGuardAction(Action):
         for params in mine:
             check_dir(params.registry_dir, create=True)
             self._token(params)
-            try:  # (what `promreflex copy` reads to tell a registry no guard watches)
-                note_watched(params.registry_dir)
-            except OSError as e:
-                log.warning("cannot note the watch in %s: %r", params.registry_dir, e)
+        self._note_watches()
         await self.recover(mine)
         self._task = asyncio.get_running_loop().create_task(self._supervise())
 
@@ -639,8 +637,21 @@ class CopyGuardAction(Action):
                              ep.holders.pop(fp)["alertname"], fp)
 
     # ------------------------------------------------------------------ the supervisor
+    def _note_watches(self) -> None:
+        """Note this controller in every registry its routes watch (``copy-guard.watch``: what
+        ``promreflex copy`` reads to tell a registry no guard watches), at the start and then
+        every WATCH_NOTE_EVERY: a reload that adds a route on another registry is noted too."""
+        self._watch_noted = time.monotonic()
+        for reg_dir in {Path(p.registry_dir) for p in self.route_params if isinstance(p, CopyGuardParams)}:
+            try:
+                note_watched(reg_dir)
+            except OSError as e:
+                log.warning("cannot note the watch in %s: %r", reg_dir, e)
+
     async def _supervise(self) -> None:
         while True:
+            if time.monotonic() - getattr(self, "_watch_noted", 0.0) > WATCH_NOTE_EVERY:
+                await asyncio.to_thread(self._note_watches)
             try:
                 signals = None
                 adaptive = tuple(site for site, ep in self.episodes.items() if ep.adaptive())

@@ -299,7 +299,11 @@ def check_access_log(t: Target, wait_s: float = 3.0) -> list[Check]:
     else:
         out.append(Check(OK, "log format", f"the last {len(lines)} lines of {p} are in the promreflex format"))
     stub_path = urllib.parse.urlsplit(t.stub_status_url).path or "/stub_status"
-    own = [ln for ln in lines if (f" {stub_path} " in ln or f" {stub_path}?" in ln or any(a in ln for a in OWN_AGENTS))
+    # by its path, unless that is "/" (a stub_status on a port of its own, whose location is the
+    # root: every visitor's `GET /` of the shop would look like a scrape), else by the exporter's agent
+    by_path = stub_path != "/"
+    own = [ln for ln in lines
+           if ((by_path and (f" {stub_path} " in ln or f" {stub_path}?" in ln)) or any(a in ln for a in OWN_AGENTS))
            and _SERVED.search(ln)]  # a 404 or 403 there is not counted as served
     if own:
         # a FAIL, not a warning: at the stack's 200 ms scrape that is 5 "served" requests a second

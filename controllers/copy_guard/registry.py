@@ -204,40 +204,56 @@ def _walk(path: Path, shown: Path) -> tuple[Path, list[str]] | None:
     return None
 
 
-#: Written by each copy-guard action that starts on a registry: which controller watches it.
+#: Written by each copy-guard action on the registries it watches: which controllers do.
 WATCH_NAME = "copy-guard.watch"
 
 
+def _watchers(directory: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads((directory / WATCH_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    watchers = data.get("watchers") if isinstance(data, dict) else None
+    return {k: v for k, v in watchers.items() if isinstance(v, dict)} if isinstance(watchers, dict) else {}
+
+
 def note_watched(directory: str | Path) -> None:
-    """Say in ``directory`` that this process's copy guard watches it (at the action's start)."""
+    """Say in ``directory`` that this process's copy guard watches it: one entry per controller
+    (host and pid), so controllers sharing a registry (an agent and a central controller, a
+    pair) do not erase each other; entries of this host's controllers that are gone are dropped."""
     import socket
 
-    atomic_write_json(Path(directory) / WATCH_NAME,
-                      {"pid": os.getpid(), "pid_start": process_start(os.getpid()), "host": socket.gethostname(),
-                       "since": time.time()})
+    d, host, me = Path(directory), socket.gethostname(), os.getpid()
+    keep = {k: v for k, v in _watchers(d).items()
+            if v.get("host") != host or (isinstance(v.get("pid"), int) and v["pid"] != me
+                                         and same_process(v["pid"], v.get("pid_start")))}
+    keep[f"{host}:{me}"] = {"host": host, "pid": me, "pid_start": process_start(me), "since": time.time()}
+    atomic_write_json(d / WATCH_NAME, {"watchers": keep})
 
 
 def unwatched(directory: str | Path) -> str | None:
-    """Why no copy guard may watch ``directory`` (None: one started on it and, when it runs on
-    this host, still runs). A copy registered where no controller looks runs unguarded, silently:
+    """Why no copy guard may watch ``directory`` (None: one noted it and, when it runs on this
+    host, still runs). A copy registered where no controller looks runs unguarded, silently:
     another ``--registry.dir``, another user's default, ``PROMREFLEX_COPY_REGISTRY`` set in one
-    shell only. On another host or in another PID namespace (a container) the watcher cannot be
+    shell only. On another host or in another PID namespace (a container) a watcher cannot be
     checked and is taken as running."""
     import socket
 
     d = Path(directory)
-    try:
-        data = json.loads((d / WATCH_NAME).read_text())
-    except FileNotFoundError:
+    if not (d / WATCH_NAME).exists():
         return f"no copy guard has started on {d} (no {WATCH_NAME} there)"
-    except (OSError, ValueError):
+    watchers = _watchers(d)
+    if not watchers:
         return None  # unreadable: not ours to judge
-    if not isinstance(data, dict) or data.get("host") != socket.gethostname():
-        return None
-    pid, start = data.get("pid"), data.get("pid_start")
-    if isinstance(pid, int) and same_process(pid, start if isinstance(start, (int, float)) else None):
-        return None
-    return f"the copy guard that watched {d} (controller pid {pid}) is not running"
+    host = socket.gethostname()
+    for v in watchers.values():
+        if v.get("host") != host:
+            return None
+        pid, start = v.get("pid"), v.get("pid_start")
+        if isinstance(pid, int) and same_process(pid, start if isinstance(start, (int, float)) else None):
+            return None
+    pids = ", ".join(str(v.get("pid")) for v in watchers.values())
+    return f"the copy guard that watched {d} (controller pid {pids}) is not running"
 
 
 def new_id(prefix: str = "copy") -> str:

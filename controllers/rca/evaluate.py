@@ -99,8 +99,10 @@ def truth_folder(case: Path) -> str:
 
 
 #: A pod of a service: a StatefulSet ordinal (``-0``), a Deployment's ``-<hash>-<5>`` or a bare
-#: ``-<5>`` suffix.
-_POD_SUFFIX = r"-(\d+|[a-z0-9]{6,10}-[a-z0-9]{5}|[a-z0-9]{5})"
+#: ``-<5>`` suffix, in Kubernetes' alphabet for them (no vowels, no 0, 1, 3: so ``carts-redis``
+#: or ``user-cache`` is a service of its own, not a pod of ``carts`` or ``user``).
+_K8S = "[bcdfghjklmnpqrstvwxz2456789]"
+_POD_SUFFIX = rf"-(\d+|{_K8S}{{6,10}}-{_K8S}{{5}}|{_K8S}{{5}})"
 
 
 def pods_of(service: str, services: Sequence[str]) -> list[str]:

@@ -230,19 +230,20 @@ def shared_clock_notes(clocks: ClockModel, names: list[str]) -> list[str]:
     for pc in clocks.pairs.values():
         off, err = pc.estimated_offset, pc.estimated_error
         if pc.shared and len(pc.offset) and abs(off) > max(SHARED_CLOCK_ERRORS * err, SHARED_CLOCK_SLACK_NS):
-            out.append(f"{names[pc.a]} and {names[pc.b]} share a clock by the roles (one host), but their captures "
-                       f"say {names[pc.b]}'s runs {off / 1e9:+.6f} s from {names[pc.a]}'s (error {err / 1e9:.6f} s): "
-                       "the transits between them are off by that much; if they are two machines, give each its "
-                       "own host in the roles")
+            out.append(f"clocks of {names[pc.a]} and {names[pc.b]}: one host (one clock) by the roles, but their "
+                       f"captures say {names[pc.b]}'s runs {off / 1e9:+.6f} s from {names[pc.a]}'s (error "
+                       f"{err / 1e9:.6f} s), so the transits between them are off by that much; if they are two "
+                       "machines, give each its own host in the roles")
     return out
 
 
 def capture_note(name: str, st: ReadStats) -> str | None:
     """Why a capture gave nothing to analyse (None: it gave segments): said, not silent."""
     if st.segments:
-        if st.rejected["corrupt"]:  # (a file that stops framing: the rest of it is dropped)
-            return (f"capture of {name}: a damaged record ended its reading after {st.packets} packets, the rest of "
-                    "the file is not read (rotated files joined with cat? join them with mergecap -F pcap -w)")
+        if st.rejected["corrupt"]:  # (a pcap's framing stops there; a pcapng block is skipped)
+            return (f"capture of {name}: {st.rejected['corrupt']} damaged record(s) (corrupt) after {st.packets} "
+                    "packets read; in a pcap file the first one ends the reading and the rest of the file is not "
+                    "read (rotated files joined with cat? join them with mergecap -F pcap -w)")
         return None
     if not st.packets:
         return (f"capture of {name}: no packet in it (an empty file, or a header only: a capture "

@@ -132,6 +132,7 @@ class LiveAnalyzer:
         self.buffers: dict[str, list[Segments]] = {n: [] for n in nodes}
         self.latest: dict[str, int] = {}
         self.cut: int | None = None
+        self._noted: set[str] = set()  # the analysis' notes already logged (see tick)
         self._reported = {n: ReadStats() for n in nodes}
         self._ended = {n: ReadStats() for n in nodes}  # the counts of the parsers of restarted streams
         self._shift = dict.fromkeys(nodes, 0)  # ns added to a node's stamps: its clock's steps back
@@ -217,6 +218,11 @@ class LiveAnalyzer:
         read = {n: ReadStats() for n in self.nodes}  # published by _publish_read
         b = analyze(merged, self.roles, window_s=self.window_s, read_stats=read, publish=(start, new_cut))
         self.collector.add(b, time.perf_counter() - t0)
+        for note in b.notes:  # (a shared clock the captures contradict, a guessed address): once
+            key = note.split(":")[0]  # per subject ("capture of X", "A and B share a clock ..."),
+            if key not in self._noted and len(self._noted) < 1000:  # whatever its figures
+                self._noted.add(key)
+                log.warning("%s", note)
         self.cut = new_cut
         floor = new_cut - self.keep
         for n, segs in merged.items():

@@ -502,11 +502,21 @@ async def test_a_copy_registered_where_no_guard_looks_is_said(tmp_path, capsys, 
     finally:
         await a.shutdown()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    data = json.loads((reg_dir / WATCH_NAME).read_text())
-    (reg_dir / WATCH_NAME).write_text(json.dumps({**data, "pid": int(gone.stdout), "pid_start": 1.0}))
+    (me,) = json.loads((reg_dir / WATCH_NAME).read_text())["watchers"].values()
+    dead = {**me, "pid": int(gone.stdout), "pid_start": 1.0}
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {"dead": dead}}))
     assert "is not running" in (unwatched(reg_dir) or "")
-    (reg_dir / WATCH_NAME).write_text(json.dumps({**data, "host": "another-host"}))
+    # two controllers on one registry: one gone, the other (this process) still guards it
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {"dead": dead, "me": me}}))
+    assert unwatched(reg_dir) is None
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {"other": {**dead, "host": "another-host"}}}))
     assert unwatched(reg_dir) is None  # (another host's guard cannot be checked from here)
+    # a reload that adds a route on another registry: noted at the supervisor's next note
+    later = tmp_path / "later"
+    later.mkdir(mode=0o700)
+    a.route_params = [*a.route_params, CopyGuardParams(registry_dir=later, watchdog=False)]
+    a._note_watches()
+    assert unwatched(later) is None and unwatched(reg_dir) is None
     other = tmp_path / "other"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

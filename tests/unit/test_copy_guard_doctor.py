@@ -220,6 +220,12 @@ def test_own_traffic_counts_only_stub_status_lines_that_are_served(tmp_path):
         checks = {c.link: c for c in doctor.check_access_log(
             target(url, other, stub_status_url=url + "/nginx_status"), wait_s=5)}
     assert checks["own traffic"].status == doctor.FAIL
+    root = tmp_path / "root.log"  # stub_status at the root of a port of its own: visitors' GET / are theirs
+    root.write_text(STUB.replace("/stub_status", "/").replace("NGINX-Prometheus-Exporter", "Mozilla/5.0") * 3)
+    with site(root) as url:
+        checks = {c.link: c for c in doctor.check_access_log(
+            target(url, root, stub_status_url="http://127.0.0.1:8081/"), wait_s=5)}
+    assert "own traffic" not in checks
 
 
 def _stack_target(tmp_path: Path, **kw: object) -> doctor.Target:

@@ -267,3 +267,8 @@ def test_pod_level_data_names_the_service_by_its_pods(tmp_path, capsys):
     assert main(["rca", "eval", str(tmp_path / "ds")]) == 0
     out = capsys.readouterr().out
     assert "1 case(s) name a truth that is not a service in the data" in out
+    from controllers.rca.evaluate import pods_of
+
+    # Kubernetes' suffixes have no vowels: a sibling service is not a pod
+    assert pods_of("carts", ["carts-redis", "carts-mongo", "carts-0", "carts-7d9fbc6b8d-x2k4p", "carts-bx9lq"]) == [
+        "carts-0", "carts-7d9fbc6b8d-x2k4p", "carts-bx9lq"]

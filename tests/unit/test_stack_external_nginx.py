@@ -169,7 +169,7 @@ def test_stack_reload_refuses_a_route_the_controller_would_refuse_before_touchin
                                                                                           monkeypatch):
     """A newcomer's review: `stack reload` of a file with `min_pause: 5 seconds` SIGHUPed
     Prometheus and Alertmanager, said "reloaded", exited 0 (the controller kept its routes).
-    Now it checks what check-config checks first: exit 2 naming the param, nothing signalled."""
+    Now it checks the routes as check-config does, first: exit 1 naming the param, nothing signalled."""
     from promreflex.cli import main
 
     f = tmp_path / "promreflex.yml"
@@ -183,3 +183,20 @@ def test_stack_reload_refuses_a_route_the_controller_would_refuse_before_touchin
     assert main(["stack", "reload", "--config.file", str(f)]) == 1
     err = capsys.readouterr().err
     assert "nothing reloaded" in err and "min_pause" in err and signalled == []
+
+
+def test_stack_reload_does_not_check_the_webhook_token_file_the_stack_replaces(tmp_path, capsys, monkeypatch):
+    """The stack runs its controller with a token file of its own: the user's controller.token_file
+    (missing here) must not refuse every reload (a stranger's review of the check above)."""
+    from promreflex.cli import main
+
+    f = tmp_path / "promreflex.yml"
+    f.write_text(yaml.safe_dump({"stack": {"state_dir": str(tmp_path / "state")},
+                                 "controller": {"token_file": str(tmp_path / "missing-token")}}))
+    signalled: list[object] = []
+    monkeypatch.setattr(Stack, "running", lambda self: {"prometheus": 1, "alertmanager": 2, "controller": 3})
+    monkeypatch.setattr(Stack, "render", lambda self: signalled.append("render"))
+    monkeypatch.setattr(Stack, "_reload_outcome", lambda self, offset, timeout=10.0: "  controller routes: -")
+    monkeypatch.setattr("os.kill", lambda pid, sig: signalled.append((pid, sig)))
+    assert main(["stack", "reload", "--config.file", str(f)]) == 0, capsys.readouterr().err
+    assert signalled[0] == "render" and len(signalled) == 4

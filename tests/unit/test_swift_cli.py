@@ -153,4 +153,4 @@ def test_a_shared_clock_the_captures_contradict_is_said(tmp_path: Path, capsys, 
     roles.write_text(json.dumps(roles_mapping(shared_clock=True)))
     assert main(["analyze", *(f"--capture={n}={p}" for n, p in paths.items()), f"--roles={roles}"]) == 0
     err = capsys.readouterr().err
-    assert ("share a clock by the roles" in err and "give each its own host" in err) is said, err
+    assert ("one host (one clock) by the roles" in err and "give each its own host" in err) is said, err

@@ -152,3 +152,26 @@ def test_live_quiet_streams_publish_the_last_requests(tmp_path: Path) -> None:
     newest = max(live.latest.values())
     live.tick(now_ns=newest + 11_000_000_000)
     assert reg.get_sample_value(*key) == 3
+
+
+def test_live_mode_logs_the_analysis_notes_once(tmp_path: Path, caplog) -> None:
+    """The notes the offline analysis prints (here: roles that put two nodes on one clock while
+    their captures run 2 ms apart) are logged in live mode too, once per subject, not per window."""
+    import logging
+
+    net = SynthNet(dict(NODES), clock_offset={"storage": 2 * MS})
+    t = T0
+    for i in range(12):
+        t = swift_put(net, t, f"tx{i}") + 400 * MS
+    paths = net.write(tmp_path)
+    live = LiveAnalyzer(list(paths), _roles(), SwiftTimingCollector(list(paths), registry=CollectorRegistry()),
+                        grace_s=0.2, keep_s=5)
+    data = {n: p.read_bytes() for n, p in paths.items()}
+    with caplog.at_level(logging.WARNING, logger="promreflex.exporter.swift"):
+        for i in range(0, max(len(v) for v in data.values()), 700):
+            for n, v in data.items():
+                live.feed(n, v[i:i + 700])
+            live.tick()
+        live.tick(final=True)
+    said = [r.getMessage() for r in caplog.records if "one host (one clock) by the roles" in r.getMessage()]
+    assert len(said) == 1, said
