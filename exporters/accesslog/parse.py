@@ -100,7 +100,10 @@ _SHAPED = {
 # cookie and trailer values.
 _LISTS = frozenset(
     {"upstream_addr", "upstream_response_length", "upstream_bytes_sent", "upstream_bytes_received",
-     "upstream_queue_time", "upstream_first_byte_time", "upstream_session_time"}
+     "upstream_queue_time", "upstream_first_byte_time", "upstream_session_time",
+     # the client's address and the proxies': "203.0.113.7, 10.0.0.2" (first in formats that log
+     # the real client where $remote_addr goes)
+     "http_x_forwarded_for", "proxy_add_x_forwarded_for"}
 )
 _LIST_SEP = "(?:, | : )"
 # Header, cookie and trailer values of the upstream's answer: free text ("no-cache,no-store"),
@@ -191,12 +194,14 @@ def _field_pattern(next_literal: str, quoted: str = _QUOTED) -> str:
     return f"(?:[^{sep}]|{sep}(?= ))*"
 
 
-def compile_log_format(log_format: str, *, trailing: bool = False) -> tuple[re.Pattern[str], list[str]]:
+def compile_log_format(log_format: str, *, trailing: bool = False,
+                       escapes: bool = False) -> tuple[re.Pattern[str], list[str]]:
     """Compile an nginx ``log_format`` string into an anchored regex; return it and its variables.
 
     Each variable's first occurrence is a named group (later ones are matched but not
     captured: regex group names must be unique). ``trailing=True`` accepts and ignores extra
-    space-separated text after the format.
+    space-separated text after the format. ``escapes=True``: quoted fields may hold ``\"``
+    (Apache's mod_log_config escapes a quote so, and a backslash as ``\\``).
     """
     if not isinstance(log_format, str) or not log_format.strip():
         raise LogFormatError("log_format is empty")
@@ -206,7 +211,7 @@ def compile_log_format(log_format: str, *, trailing: bool = False) -> tuple[re.P
     names = [a or b for a, b in zip(pieces[1::3], pieces[2::3], strict=True)]
     if not names:
         raise LogFormatError("log_format has no $variable")
-    quoted = _QUOTED_ESCAPES if log_format.lstrip().startswith("{") else _QUOTED
+    quoted = _QUOTED_ESCAPES if escapes or log_format.lstrip().startswith("{") else _QUOTED
     out = [re.escape(literals[0])]
     seen: list[str] = []
     for i, name in enumerate(names):
@@ -249,8 +254,9 @@ def _timed_pattern() -> re.Pattern[str]:
 
 def apache_combined_pattern() -> re.Pattern[str]:
     """Apache ``combined`` whose referer/user-agent part may be absent (``common`` lines)."""
-    common, _ = compile_log_format(COMMON)
-    return re.compile(common.pattern.removesuffix(r"\Z") + r'(?: "(?P<http_referer>[^"]*)" "(?P<http_user_agent>[^"]*)")?(?: .*)?\Z')
+    common, _ = compile_log_format(COMMON, escapes=True)  # (Apache writes a quote in a field as \")
+    return re.compile(common.pattern.removesuffix(r"\Z") + rf'(?: "(?P<http_referer>{_QUOTED_ESCAPES})" '
+                      rf'"(?P<http_user_agent>{_QUOTED_ESCAPES})")?(?: .*)?\Z')
 
 
 def apache_vhost_pattern() -> re.Pattern[str]:
@@ -385,7 +391,7 @@ class LineParser:
     """
 
     __slots__ = ("name", "regex", "batch", "batch_without_path", "_status", "_bytes", "_rt", "_urt", "_request",
-                 "_uri", "time_divisor")
+                 "_uri", "time_divisor", "raw_bytes")
 
     @property
     def groups(self) -> tuple[int, int | None, int | None, int | None, int | None, int | None]:
@@ -393,8 +399,11 @@ class LineParser:
         (None: not in the format), for callers that run the regex themselves in a hot loop."""
         return self._status, self._bytes, self._rt, self._urt, self._request, self._uri
 
-    def __init__(self, name: str, regex: re.Pattern[str]) -> None:
+    def __init__(self, name: str, regex: re.Pattern[str], raw_bytes: bool = False) -> None:
         self.name = name
+        # escape=json (a JSON log_format) leaves bytes above 0x7F as they came: a request line of
+        # raw bytes (a TLS handshake on the plain port, a binary URI) is such a log's, not damage
+        self.raw_bytes = raw_bytes
         self.regex = _lean(regex)
         self.batch = _batch_pattern(self.regex)
         # without routes the path is not read: one group fewer to capture per line
@@ -429,8 +438,9 @@ class LineParser:
     def parse(self, line: str, want_path: bool = False) -> Parsed | str:
         # nginx and Apache escape every byte outside printable ASCII (\xNN), so a replacement
         # character (undecodable bytes) or a NUL (zero-filled blocks after a crash) means the
-        # line is damaged, whatever the regex would make of it.
-        if "\ufffd" in line or "\x00" in line:
+        # line is damaged, whatever the regex would make of it; escape=json does not escape them
+        # (raw_bytes), so there only a NUL is.
+        if "\x00" in line or ("\ufffd" in line and not self.raw_bytes):
             return "bad_encoding"
         m = self.regex.match(line)
         if m is None:
@@ -510,11 +520,11 @@ def build_parser(fmt: str, log_format: str | None = None) -> LineParser:
     if fmt == "apache_combined":
         return LineParser(fmt, apache_combined_pattern())
     if fmt == "apache_common":
-        return LineParser(fmt, compile_log_format(COMMON, trailing=True)[0])
+        return LineParser(fmt, compile_log_format(COMMON, trailing=True, escapes=True)[0])
     if fmt == "apache_vhost_combined":
         return LineParser(fmt, apache_vhost_pattern())
     if fmt == "custom":
         if not log_format:
             raise LogFormatError("format 'custom' needs log_format")
-        return LineParser(fmt, compile_log_format(log_format)[0])
+        return LineParser(fmt, compile_log_format(log_format)[0], raw_bytes=log_format.lstrip().startswith("{"))
     raise LogFormatError(f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")

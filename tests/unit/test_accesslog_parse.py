@@ -327,3 +327,28 @@ def test_the_upstreams_header_values_are_free_text_not_lists(var: str) -> None:
     fmt = f"$status ${var} $request_time"
     m = compile_log_format(fmt)[0].match("200 no-cache,no-store 0.5")
     assert m is not None and m[var] == "no-cache,no-store"
+
+
+def test_what_other_servers_write_inside_quotes_and_lists() -> None:
+    """A stranger's review with real output: Apache writes a quote inside a field as \\" (probes
+    with quotes in the request line were no_match in every Apache format); nginx's escape=json
+    leaves bytes above 0x7F raw (a TLS handshake on the plain port, a binary URI: bad_encoding);
+    an unquoted $proxy_add_x_forwarded_for list first in the line (no_match for every proxied
+    request, a biased sample)."""
+    apache = '127.0.0.1 - - [28/Nov/2026:01:36:38 +0000] "GET /q?x=\\"quoted\\" HTTP/1.1" 404 416 "-" "agent \\"q\\" \\\\ back"'
+    for fmt, ln in (("apache_combined", apache), ("apache_common", apache), ("apache_vhost_combined", "h:80 " + apache)):
+        got = build_parser(fmt).parse(ln)
+        assert not isinstance(got, str) and (got.status, got.body_bytes) == (404, 416), (fmt, got)
+    json_fmt = ('{"time":"$time_iso8601","request":"$request","status":$status,"body_bytes_sent":$body_bytes_sent,'
+                '"request_time":$request_time}')
+    raw = b'{"time":"2026-11-28T01:35:56+00:00","request":"GET /\xff\xfe HTTP/1.1","status":404,"body_bytes_sent":153,' \
+          b'"request_time":0.000}'.decode("utf-8", errors="replace")
+    got = build_parser("custom", json_fmt).parse(raw)
+    assert not isinstance(got, str) and got.status == 404
+    assert build_parser("nginx_combined").parse("\ufffd" + apache) == "bad_encoding"  # (nginx escapes: damage)
+    assert build_parser("custom", json_fmt).parse(raw.replace("GET", "G\x00T")) == "bad_encoding"
+    xff = build_parser("custom", '$proxy_add_x_forwarded_for - $remote_user [$time_local] "$request" $status '
+                                 '$body_bytes_sent "$http_referer" "$http_user_agent"')
+    for first in ("203.0.113.7, 10.0.0.2", "198.51.100.9"):
+        got = xff.parse(f'{first} - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200 612 "-" "Mozilla/5.0"')
+        assert not isinstance(got, str) and got.status == 200, (first, got)
