@@ -240,7 +240,11 @@ def unwatched(directory: str | Path) -> str | None:
     import socket
 
     d = Path(directory)
-    if not (d / WATCH_NAME).exists():
+    try:
+        present = (d / WATCH_NAME).exists()
+    except OSError:  # (a registry this user cannot read: registering there fails on its own)
+        return None
+    if not present:
         return f"no copy guard has started on {d} (no {WATCH_NAME} there)"
     watchers = _watchers(d)
     if not watchers:

@@ -517,6 +517,22 @@ async def test_a_copy_registered_where_no_guard_looks_is_said(tmp_path, capsys, 
     a.route_params = [*a.route_params, CopyGuardParams(registry_dir=later, watchdog=False)]
     a._note_watches()
     assert unwatched(later) is None and unwatched(reg_dir) is None
+    # a user who cannot read the registry gets no traceback from the check (registering fails on its own)
+    if os.geteuid() != 0:
+        pytest.fail("needs root to drop to another user (this suite runs as root)")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setuid(65534)
+            os.write(w, repr(unwatched(reg_dir)).encode())
+        except BaseException as e:  # noqa: BLE001
+            os.write(w, type(e).__name__.encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(w)
+    assert os.read(r, 1000) == b"None"
+    os.close(r)
     other = tmp_path / "other"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
