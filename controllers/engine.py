@@ -10,7 +10,10 @@ webhook is made good by the next reconciliation, and a restart resumes from the 
 
 Ordering: per alert fingerprint the engine remembers the newest (startsAt, status) seen. A
 firing notification for an episode already resolved (same startsAt), or for an older episode,
-is stale and ignored: late deliveries cannot re-fire an action. A notification whose
+is stale and ignored: late deliveries cannot re-fire an action. A resolve with an older startsAt
+that ends after the held firing episode began is that episode's end (Alertmanager merges the
+copies of an alert from a Prometheus HA pair and keeps the earliest startsAt, so the resolve of
+what was notified firing with one replica's startsAt can carry the other's). A notification whose
 (fingerprint, status, startsAt) was seen within ``dedupe_window`` is a duplicate. startsAt is
 compared at millisecond precision (what Alertmanager's API keeps; notifications carry more).
 
@@ -614,6 +617,15 @@ class Engine:
         counts = {"accepted": 0, "duplicate": 0, "stale": 0, "conflict": 0, "future": 0}
         now = self.clock()
         self._expire(now)
+        if payload.truncatedAlerts:
+            # Alertmanager's max_alerts left these out: only the reconciliation (with an
+            # Alertmanager configured) can act on them. Said, counted, audited.
+            self.metrics.truncated_alerts.inc(payload.truncatedAlerts)
+            self.audit.write("truncated", groupKey=payload.groupKey, truncatedAlerts=payload.truncatedAlerts)
+            log.warning("notification of group %s left out %d alert(s) (truncatedAlerts: the receiver's max_alerts): "
+                        "%s", payload.groupKey[:200], payload.truncatedAlerts,
+                        "the reconciliation acts on them" if self.services.get("alertmanager") is not None
+                        else "no Alertmanager is configured to reconcile with, so they are not acted on")
         horizon = datetime.now(UTC) + timedelta(seconds=FUTURE_MARGIN)
         added: list[tuple[str, str, str]] = []
         try:
@@ -681,7 +693,14 @@ class Engine:
         episode = episode_start(alert)
         if latest is not None:
             starts, status, _ = latest
-            if episode < starts or (episode == starts and status == RESOLVED and alert.status == FIRING):
+            if (episode < starts and alert.status == RESOLVED and status == FIRING
+                    and alert.endsAt is not None and alert.endsAt > starts):
+                # The end of the episode held, not of an older one: Alertmanager merges the
+                # copies of one alert from a Prometheus HA pair and keeps the EARLIEST startsAt, so
+                # after a firing notification with one replica's startsAt the resolve comes with
+                # the other's, earlier one. An older episode ended before the held one began.
+                episode = starts
+            elif episode < starts or (episode == starts and status == RESOLVED and alert.status == FIRING):
                 return "stale"
         new = latest is None or latest[:2] != (episode, alert.status)
         if new:

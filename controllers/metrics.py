@@ -63,6 +63,12 @@ class ControllerMetrics:
             "Alerts whose fingerprint was not one (16 lowercase hex digits): replaced by the one computed "
             "from their labels.", registry=registry,
         )
+        self.truncated_alerts = Counter(
+            "promreflex_controller_truncated_alerts_total",
+            "Alerts Alertmanager left out of notifications (truncatedAlerts: its receiver's max_alerts): "
+            "acted on only by the reconciliation, never when no Alertmanager is configured.",
+            registry=registry,
+        )
         self.last_notification = Gauge(
             "promreflex_controller_last_notification_timestamp_seconds",
             "Unix time of the last accepted webhook notification.", registry=registry,

@@ -330,3 +330,43 @@ async def test_an_action_removed_by_a_reload_and_added_again_keeps_its_instance(
     await deliver(engine, FIRING)
     assert RUNS == [("test-bind-counted", "fire", "r", "t1")]
     await engine.shutdown()
+
+
+async def test_the_resolve_of_a_merged_ha_episode_ends_it_a_late_older_one_does_not(tmp_path):
+    """A stranger's review with a real Alertmanager 0.25: two Prometheus replicas send one alert
+    with startsAt 10 s apart; Alertmanager notified the first copy (group_wait 0s), merged the
+    other and kept the EARLIEST startsAt, so the resolve came with a startsAt older than the one
+    held, was "stale", answered 200: the action stayed applied (for good without an
+    Alertmanager to reconcile with). A resolve that ends after the held episode began is its end;
+    one of an older episode (it ended before the held one began) still changes nothing."""
+    engine, _ = make_engine(tmp_path, route("r"))
+    await engine.start()
+    await deliver(engine, alert("Overload", starts="2026-11-23T10:00:10Z", instance="a"))
+    assert applied_now() == {("test-bind-pause", "t1")}
+    late = alert("Overload", status="resolved", starts="2026-11-23T09:50:00Z", ends="2026-11-23T09:55:00Z",
+                 instance="a")  # an older episode's end, delivered late
+    await deliver(engine, late)
+    assert applied_now() == {("test-bind-pause", "t1")}
+    merged = alert("Overload", status="resolved", starts="2026-11-23T10:00:00Z", ends="2026-11-23T10:05:00Z",
+                   instance="a")
+    await deliver(engine, merged)
+    assert applied_now() == set() and RUNS[-1] == ("test-bind-pause", "resolve", "r", "t1")
+    # the episode ended: a late firing copy of it (either startsAt) does not fire again
+    await deliver(engine, alert("Overload", starts="2026-11-23T10:00:00Z", instance="a"),
+                  alert("Overload", starts="2026-11-23T10:00:10Z", instance="a"))
+    assert applied_now() == set()
+    await engine.shutdown()
+
+
+async def test_truncated_alerts_are_said_counted_and_audited(tmp_path, caplog):
+    engine, registry = make_engine(tmp_path, route("r"))
+    await engine.start()
+    body = payload(FIRING)
+    body["truncatedAlerts"] = 17
+    with caplog.at_level("WARNING"):
+        await engine.handle_payload(WebhookPayload.model_validate(body))
+    assert registry.get_sample_value("promreflex_controller_truncated_alerts_total") == 17
+    assert any(r.get("event") == "truncated" and r.get("truncatedAlerts") == 17
+               for r in read_audit(tmp_path / "audit.jsonl"))
+    assert any("left out 17 alert(s)" in r.getMessage() and "not acted on" in r.getMessage() for r in caplog.records)
+    await engine.shutdown()
