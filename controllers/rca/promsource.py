@@ -25,6 +25,7 @@ import aiohttp
 from pydantic import Field, field_validator, model_validator
 
 from controllers.rca.engine import analyse
+from controllers.rca.presets import EDGES_QUERY
 from controllers.rca.models import (
     AnalysisConfig,
     AnalysisInput,
@@ -127,7 +128,7 @@ def render(template: str, *, service: str | None = None, window: float = 0.0, sp
 
 
 class PromQueries(Strict):
-    edges: str = "group by (source, destination) (last_over_time(promreflex_mesh_edge_info[$span]))"
+    edges: str = EDGES_QUERY
     edge_caller_label: str = "source"
     edge_callee_label: str = "destination"
     # Range query, one series per service: the p99 the mesh exporter's histogram gives.
