@@ -290,6 +290,14 @@ async def collect(
             notes.append(f"alerts query failed ({e}); deciding on latencies only.")
 
     services = sorted({n for e in edges for n in e} | set(by_service) | set(signals) | alerting)
+    if not by_service and not edges:
+        # Raw Istio or cAdvisor metrics alone give nothing to these queries: say what they read
+        notes.append(
+            f"No latency series and no call edge in {client.base_url}: the queries read the recorded series of "
+            "rules/mesh.rules.yml (service:promreflex_mesh_request_duration_seconds:p99_1m, "
+            "source_destination:promreflex_mesh_edge_info:max), from the mesh exporter or, for Istio's standard "
+            "metrics, the mesh-istio.rules group of docs/mesh.md: are those rules loaded in this Prometheus, "
+            "and does the range hold their series?")
     limit = asyncio.Semaphore(cfg.concurrency)
     failures: list[str] = []
 

@@ -43,6 +43,7 @@ class FakePrometheus:
         self.queries: list[str] = []
         self.fail_latency = False
         self.fail_cpu_for: set[str] = set()
+        self.empty = False  # a Prometheus without the recording rules: no edges, no latency
 
     def vector(self, metrics: list[dict[str, str]], value: str = "1") -> dict:
         return {"status": "success", "data": {"resultType": "vector",
@@ -51,6 +52,8 @@ class FakePrometheus:
     async def query(self, request: web.Request) -> web.Response:
         q = request.query["query"]
         self.queries.append(q)
+        if self.empty:
+            return web.json_response(self.vector([]))
         if "promreflex_mesh_edge_info" in q:
             return web.json_response(self.vector([
                 {"source": "front", "destination": "orders"},
@@ -68,6 +71,8 @@ class FakePrometheus:
     async def query_range(self, request: web.Request) -> web.Response:
         q = request.query["query"]
         self.queries.append(q)
+        if self.empty:
+            return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": []}})
         end, step = float(request.query["end"]), float(request.query["step"])
         n = int((end - float(request.query["start"])) / step) + 1
         quiet = [1.0 + 0.01 * (i % 3) for i in range(n)]
@@ -159,6 +164,18 @@ async def test_failed_latency_query_is_an_error(prom):
     async with aiohttp.ClientSession() as session:
         with pytest.raises(PromSourceError, match="too slow"):
             await collect(PrometheusClient(url, session), CFG, end=END)
+
+
+async def test_a_prometheus_without_the_rules_is_said(prom):
+    """Raw Istio and cAdvisor metrics alone: the queries read recorded series, so the analysis
+    found 0 services and said only "No service is slow" (a stranger's review): it names what it
+    reads and where the rules are."""
+    fake, url = prom
+    fake.empty = True
+    async with aiohttp.ClientSession() as session:
+        data = await collect(PrometheusClient(url, session), CFG, end=END)
+    assert not data.services
+    assert any("rules/mesh.rules.yml" in n and "mesh-istio.rules" in n for n in data.notes), data.notes
 
 
 def test_render_quotes_and_escapes():
