@@ -61,7 +61,7 @@ def _signed_duration(value: str) -> float:
 def _common(p: argparse.ArgumentParser, live: bool = False) -> None:
     p.add_argument("--capture", dest="captures", action="append", type=_capture, default=[], metavar="NODE=FILE",
                    help="a node's capture (pcap/pcapng); repeat per node, and per file of a node's rotated capture "
-                        "(tcpdump -C/-G: read in the order of their packets)")
+                        "(tcpdump -C/-G: read in the order of their first packets)")
     p.add_argument("--roles", type=Path, default=None, help="role mapping (YAML/JSON): nodes, services, hosts")
     p.add_argument("--swift-dir", type=Path, default=None, help="Swift's directory: *.ring.gz and proxy-server.conf")
     p.add_argument("--proxy-config", type=Path, default=None, help="the proxy-server.conf (bind_ip/bind_port)")
@@ -125,7 +125,7 @@ def _roles(args: argparse.Namespace) -> RoleMap:
 
 def _check_captures(args: argparse.Namespace) -> dict[str, list[Path]]:
     """Each node's capture files: a node given again is another file of its capture (``tcpdump
-    -C``/``-G`` rotation, a ring buffer), read in the order of its packets."""
+    -C``/``-G`` rotation, a ring buffer), read in the order of their first packets."""
     if not args.captures:
         raise UserError("give at least one --capture NODE=FILE")
     caps: dict[str, list[Path]] = {}
@@ -145,10 +145,9 @@ def _check_captures(args: argparse.Namespace) -> dict[str, list[Path]]:
 
 
 def _read_rotated(node: str, paths: list[Path]) -> tuple[Any, Any]:
-    """One node's capture from several files (a rotated capture): their segments in time order,
-    their counts summed. Files may be given in any order; each is read as a capture of its own."""
-    import numpy as np
-
+    """One node's capture from several files (a rotated capture): the files in the order of their
+    first packets, their counts summed. Files may be given in any order; each is read as a
+    capture of its own."""
     from exporters.swift.pcap import CaptureError, ReadStats, Segments, read_capture
 
     parts, total = [], ReadStats()
@@ -164,10 +163,9 @@ def _read_rotated(node: str, paths: list[Path]) -> tuple[Any, Any]:
             print(f"promreflex {COMMAND}: {note}", file=sys.stderr)
         if len(segs):
             parts.append(segs)
-    segs = Segments.concat(sorted(parts, key=lambda x: int(x.ts.min())))
-    if len(segs) and np.any(np.diff(segs.ts) < 0):  # files that overlap in time: interleaved
-        segs = segs.take(np.argsort(segs.ts, kind="stable"))
-    return segs, total
+    # Files in the order of their first packets; each file's own order is kept (the packets'
+    # capture order is what tells a clock stepped back from reordered packets: not sorted)
+    return Segments.concat(sorted(parts, key=lambda x: int(x.ts[0]))), total
 
 
 def _capture_note(name: str, stats: Any) -> str | None:
