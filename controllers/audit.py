@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,9 @@ class AuditLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._file = path.open("a", buffering=1)
+        # created private (0600): alert labels and routes are in it; an existing file keeps its mode
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._file = os.fdopen(fd, "a", buffering=1)
 
     def write(self, event: str, **fields: Any) -> None:
         record = {"ts": round(time.time(), 6), "event": event, **fields}

@@ -191,6 +191,8 @@ async def webhook(request: web.Request) -> web.Response:
     if data.get("version") not in WEBHOOK_VERSIONS:
         version = data.get("version")
         shown = repr(version) if isinstance(version, (str, int, float, bool, type(None))) else type(version).__name__
+        if isinstance(version, (int, float)) and not isinstance(version, bool) and f"{version:g}" in WEBHOOK_VERSIONS:
+            shown = f"{shown} (a JSON number; the version is a string)"
         return _reject(
             app, 422, "invalid_payload",
             f"unsupported webhook version {shown[:40]}: only Alertmanager's version \"4\" (and Grafana's \"1\", "

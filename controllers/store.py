@@ -134,6 +134,9 @@ class StateStore:
     def _open(self) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # created private (0600; SQLite gives its -wal and -shm files the database's mode):
+            # alert labels are in it; an existing file keeps its mode
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
             conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         except (OSError, sqlite3.Error) as e:
             raise _unusable(self.path, str(e)) from e

@@ -370,3 +370,15 @@ async def test_truncated_alerts_are_said_counted_and_audited(tmp_path, caplog):
                for r in read_audit(tmp_path / "audit.jsonl"))
     assert any("left out 17 alert(s)" in r.getMessage() and "not acted on" in r.getMessage() for r in caplog.records)
     await engine.shutdown()
+
+
+async def test_the_audit_log_and_the_state_are_created_private(tmp_path):
+    """Alert labels and routes are in them: created 0600 (a stranger found 0644)."""
+    import stat
+
+    engine, _ = make_engine(tmp_path, route("r"))
+    await engine.start()
+    await deliver(engine, FIRING)
+    await engine.shutdown()
+    for name in ("audit.jsonl", "state.db"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
