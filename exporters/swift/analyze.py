@@ -215,6 +215,23 @@ def guessed_address_note(node: str, segs: Segments, own: set[int]) -> str | None
             f"its addresses under nodes: in the roles")
 
 
+def both_ends_note(node: str, segs: Segments, own: set[int]) -> str | None:
+    """A capture whose segments are nearly all between the node's own addresses (``tcpdump -i
+    lo`` on an all-in-one host, Swift's SAIO): the analysis times a segment between two nodes'
+    captures and a request at the node that serves it, so such a capture gives no hop and no
+    processing. Said, not silent."""
+    if len(segs) < 10 or not own:
+        return None
+    mine = list(own)
+    local = np.isin(segs.src, mine) & np.isin(segs.dst, mine)
+    if np.count_nonzero(local) < 0.9 * len(segs):
+        return None
+    return (f"capture of {node}: {np.count_nonzero(local) / len(segs):.0%} of its segments are between its own addresses "
+            f"({', '.join(ip_str(a) for a in sorted(own))}: a loopback capture of an all-in-one host?): the analysis "
+            "times what crosses between nodes' captures, one capture per node, each node on addresses of its own, so "
+            "one capture holding both ends of every connection gives no hop and no processing")
+
+
 #: A shared clock the captures contradict: their offset beyond this many times its error, and
 #: beyond SHARED_CLOCK_SLACK_NS (a transit's scale on one host).
 SHARED_CLOCK_ERRORS = 5
@@ -287,6 +304,8 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         given = roles.nodes.get(name)
         own = _own_addresses(name, segs_by[name], roles)
         if not (given and given.addresses) and (note := guessed_address_note(name, segs_by[name], own)):
+            address_notes.append(note)
+        if note := both_ends_note(name, segs_by[name], own):
             address_notes.append(note)
         directed.append(direct(i, segs_by[name], own))
     m = match(directed)

@@ -551,3 +551,20 @@ def test_a_guessed_address_that_leaves_much_of_the_capture_foreign_is_said(tmp_p
     note = guessed_address_note("proxy", segs, {ip_int("10.0.0.20")})
     assert note and "40% of its segments are between other addresses" in note and "nodes:" in note
     assert guessed_address_note("proxy", segs.take(np.arange(6)), {ip_int("10.0.0.20")}) is None
+
+
+def test_a_capture_holding_both_ends_of_every_connection_is_said(tmp_path: Path) -> None:
+    """tcpdump -i lo on an all-in-one host (Swift's SAIO): no hop, no processing, no word (a
+    stranger's review). Said; a node's ordinary capture (its peers elsewhere) is not."""
+    from exporters.swift.analyze import both_ends_note
+    from exporters.swift.pcap import ip_int
+
+    lo = [tcp_packet("127.0.0.1", "127.0.0.1", 40000 + i, 8080, i, 1, ACK) for i in range(20)]
+    write_pcap(tmp_path / "lo.pcap", [(T0 + i, p) for i, p in enumerate(lo)])
+    segs, _ = read_capture(tmp_path / "lo.pcap")
+    note = both_ends_note("saio", segs, {ip_int("127.0.0.1")})
+    assert note and "100% of its segments are between its own addresses" in note
+    ordinary = [tcp_packet("10.0.0.9", "10.0.0.20", 40000 + i, 8080, i, 1, ACK) for i in range(20)]
+    write_pcap(tmp_path / "n.pcap", [(T0 + i, p) for i, p in enumerate(ordinary)])
+    segs, _ = read_capture(tmp_path / "n.pcap")
+    assert both_ends_note("proxy", segs, {ip_int("10.0.0.20")}) is None
