@@ -619,13 +619,14 @@ class Engine:
         self._expire(now)
         if payload.truncatedAlerts:
             # Alertmanager's max_alerts left these out: only the reconciliation (with an
-            # Alertmanager configured) can act on them. Said, counted, audited.
-            self.metrics.truncated_alerts.inc(payload.truncatedAlerts)
-            self.audit.write("truncated", groupKey=payload.groupKey, truncatedAlerts=payload.truncatedAlerts)
+            # Alertmanager configured; never for Grafana's) can act on them. Said, counted, audited.
+            left = min(payload.truncatedAlerts, 2**53)  # (a hand-made 10**400 is no float: counted as 2**53)
+            self.metrics.truncated_alerts.inc(left)
+            self.audit.write("truncated", groupKey=payload.groupKey, truncatedAlerts=left)
+            reconciled = self.services.get("alertmanager") is not None and payload.version == "4"
             log.warning("notification of group %s left out %d alert(s) (truncatedAlerts: the receiver's max_alerts): "
-                        "%s", payload.groupKey[:200], payload.truncatedAlerts,
-                        "the reconciliation acts on them" if self.services.get("alertmanager") is not None
-                        else "no Alertmanager is configured to reconcile with, so they are not acted on")
+                        "%s", payload.groupKey[:200], left, "the reconciliation acts on them" if reconciled else
+                        "nothing reconciles them (no Alertmanager configured, or Grafana's alerts): not acted on")
         horizon = datetime.now(UTC) + timedelta(seconds=FUTURE_MARGIN)
         added: list[tuple[str, str, str]] = []
         try:
@@ -761,12 +762,14 @@ class Engine:
         if latest is None:
             return
         starts, status, at = latest
-        if status != RESOLVED or starts != episode_start(alert) or at > asked - REOPEN_AFTER:
+        # (an earlier startsAt too: after a Prometheus HA pair's merged resolve the ordering memory
+        # holds one replica's start, and Alertmanager lists the alert with the earliest)
+        if status != RESOLVED or episode_start(alert) > starts or at > asked - REOPEN_AFTER:
             return
         log.info("alert %s is active again in Alertmanager after its resolved notification: a new generation",
                  alert.fingerprint)
         self._forget_episode(alert)
-        self._set_latest(alert.fingerprint, starts, ABSENT, now)
+        self._set_latest(alert.fingerprint, episode_start(alert), ABSENT, now)
 
     def _forget_episode(self, alert: Alert) -> None:
         for status in (FIRING, RESOLVED):

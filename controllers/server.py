@@ -190,8 +190,9 @@ async def webhook(request: web.Request) -> web.Response:
         return _reject(app, 422, "invalid_payload", "the payload must be a JSON object")
     if data.get("version") not in WEBHOOK_VERSIONS:
         version = data.get("version")
-        shown = repr(version) if isinstance(version, (str, int, float, bool, type(None))) else type(version).__name__
-        if isinstance(version, (int, float)) and not isinstance(version, bool) and f"{version:g}" in WEBHOOK_VERSIONS:
+        shown = (repr(version) if isinstance(version, (str, float, bool, type(None))) or (
+            isinstance(version, int) and abs(version) < 10**40) else type(version).__name__)
+        if isinstance(version, (int, float)) and not isinstance(version, bool) and version in (1, 4):
             shown = f"{shown} (a JSON number; the version is a string)"
         return _reject(
             app, 422, "invalid_payload",

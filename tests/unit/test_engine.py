@@ -705,3 +705,39 @@ async def test_a_notification_whose_commit_failed_is_taken_again(tmp_path, monke
     await engine.drain()
     assert kinds() == ["fire"]
     await engine.shutdown()
+
+
+R1 = "2026-11-23T10:00:00Z"  # replica 1's startsAt (the earliest: what Alertmanager keeps after the merge)
+R2 = "2026-11-23T10:00:10Z"  # replica 2's startsAt (notified first, group_wait 0s)
+
+
+async def test_ha_merged_resolve_then_alertmanager_lists_it_again(tmp_path, am_api):
+    """A stranger's review of 065b0d5. R1 resolves at 10:00:20 while R2 still fires: Alertmanager's merge resolves the alert
+    (endsAt 10:00:20), notifies resolved (startsAt R1), then R2's re-send overlaps and is merged
+    into the same alert: active again, startsAt R1. The single-replica version of this is
+    test_an_episode_alertmanager_lists_again_after_its_resolve_fires_again (fires again)."""
+    clock = Clock()
+    engine, _ = make_engine(tmp_path, am_api.client, clock=clock)
+    r2 = alert("Overload", starts=R2, instance="a")
+    fp = r2["fingerprint"]
+    am_api.fire(r2)
+    await deliver(engine, r2)
+    await engine.drain()
+    assert kinds() == ["fire"]
+    merged_resolve = alert("Overload", status="resolved", starts=R1, ends="2026-11-23T10:00:20Z", instance="a")
+    am_api.end(fp)
+    await deliver(engine, merged_resolve)
+    await engine.drain()
+    assert kinds() == ["fire", "resolve"]  # the change under review: the resolve ends it
+    am_api.gc()
+    clock.t += 1.0
+    await converge(engine)
+    r1_active = alert("Overload", starts=R1, instance="a")
+    am_api.fire(r1_active)  # R2's re-send merged: active again, with the earliest startsAt
+    await deliver(engine, r1_active)
+    clock.t += 10.0
+    await converge(engine)
+    clock.t += 60.0
+    await converge(engine)
+    assert kinds() == ["fire", "resolve", "fire"], f"Alertmanager lists it active, the action stays resolved: {kinds()}"
+    await engine.shutdown()

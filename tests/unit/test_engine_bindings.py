@@ -369,6 +369,9 @@ async def test_truncated_alerts_are_said_counted_and_audited(tmp_path, caplog):
     assert any(r.get("event") == "truncated" and r.get("truncatedAlerts") == 17
                for r in read_audit(tmp_path / "audit.jsonl"))
     assert any("left out 17 alert(s)" in r.getMessage() and "not acted on" in r.getMessage() for r in caplog.records)
+    body["truncatedAlerts"] = 10**400  # a hand-made one: no float (was an OverflowError, a 500 at every retry)
+    assert (await engine.handle_payload(WebhookPayload.model_validate(body)))["duplicate"] == 1
+    assert registry.get_sample_value("promreflex_controller_truncated_alerts_total") == pytest.approx(17 + 2**53)
     await engine.shutdown()
 
 

@@ -180,12 +180,13 @@ def _no_status(**fields):
          "invalid_payload", "endsAt"),
         (json.dumps({**payload(), "version": [[["4"]]]}).encode(), 422, "invalid_payload", "version list"),
         (json.dumps({**payload(), "version": 4}).encode(), 422, "invalid_payload", "a JSON number"),
+        (b'{"version": ' + b"9" * 400 + b"}", 422, "invalid_payload", "unsupported webhook version int"),
         (b'{"version": NaN}', 400, "not_json", "NaN is not a JSON number"),
         (json.dumps(payload()).encode().replace(b'"truncatedAlerts": 0', b'"truncatedAlerts": -Infinity'), 400,
          "not_json", "-Infinity is not a JSON number"),
     ],
     ids=["deep", "deep-inside", "huge-int", "starts-before-year-1", "ends-after-9999", "derived-status-overflow",
-         "version-list", "version-number", "nan", "infinity"],
+         "version-list", "version-number", "version-huge", "nan", "infinity"],
 )
 async def test_hostile_bodies_are_classified_counted_and_audited(client, body, code, reason, words):
     resp = await client.post("/webhook", data=body, headers=AUTH)
