@@ -334,6 +334,12 @@ class Engine:
     def actions(self) -> dict[str, Action]:
         return {b.action.name: b.action for b in self.routes.values()}
 
+    @property
+    def known_actions(self) -> dict[str, Action]:
+        """The routes' actions and every other instance this process started (a reload removed
+        its routes): the instances a reload reuses and a shutdown stops."""
+        return {**self.started_actions, **self.actions}
+
     def _load_state(self) -> None:
         now = self.clock()
         loaded = self.store.load(seen_since=now - self.cfg.dedupe_window)
@@ -533,7 +539,7 @@ class Engine:
         with the running ones), keeping the state; start the actions that are new. See
         :meth:`_rebind` for what happens to the entries. Returns what changed."""
         previous = self.routes
-        running = {**self.started_actions, **self.actions}
+        running = self.known_actions
         configured_before = {n for n, b in previous.items() if not b.lingering}
         new = {b.route.name: b for b in bound}
         changed = sorted(n for n in new if n in configured_before and new[n].route != previous[n].route)
@@ -1251,7 +1257,7 @@ class Engine:
             if entry.retry is not None:
                 entry.retry.cancel()
         await self.drain()
-        for action in {**self.started_actions, **self.actions}.values():  # (those a reload removed too)
+        for action in self.known_actions.values():  # (those a reload removed too)
             try:
                 await action.shutdown()
             except Exception:  # noqa: BLE001

@@ -252,7 +252,7 @@ async def apply_routes(engine: Engine, cfg: ControllerConfig) -> dict[str, Any]:
     new binding starts fresh, its fire after that resolve (``retired`` in the answer).
     ``transitions_failing`` is recomputed from the entries. Returns what changed."""
     bound = bind_routes(cfg)
-    running = {**engine.started_actions, **engine.actions}  # (a removed action's instance too)
+    running = engine.known_actions  # (a removed action's instance too)
     for b in bound:
         if b.action.name in running:
             b.action = running[b.action.name]

@@ -147,31 +147,21 @@ def _check_captures(args: argparse.Namespace) -> dict[str, list[Path]]:
 def _read_rotated(node: str, paths: list[Path]) -> tuple[Any, Any]:
     """One node's capture from several files (a rotated capture): the files in the order of their
     first packets, their counts summed. Files may be given in any order; each is read as a
-    capture of its own."""
-    from exporters.swift.pcap import CaptureError, ReadStats, Segments, read_capture
+    capture of its own (a file that is none raises, and the caller names its --capture)."""
+    from exporters.swift.analyze import capture_note
+    from exporters.swift.pcap import ReadStats, Segments, read_capture
 
     parts, total = [], ReadStats()
     for path in paths:
-        try:
-            segs, stats = read_capture(path)
-        except CaptureError as e:
-            raise UserError(f"--capture {node}={path}: not a pcap or pcapng capture ({e.reason})") from e
-        except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror or e}") from e
+        segs, stats = read_capture(path)
         total.add(stats)
-        if note := _capture_note(f"{node} ({path.name})", stats):
+        if note := capture_note(f"{node} ({path.name})", stats):
             print(f"promreflex {COMMAND}: {note}", file=sys.stderr)
         if len(segs):
             parts.append(segs)
     # Files in the order of their first packets; each file's own order is kept (the packets'
     # capture order is what tells a clock stepped back from reordered packets: not sorted)
     return Segments.concat(sorted(parts, key=lambda x: int(x.ts[0]))), total
-
-
-def _capture_note(name: str, stats: Any) -> str | None:
-    from exporters.swift.analyze import capture_note
-
-    return capture_note(name, stats)
 
 
 def _analyze(args: argparse.Namespace) -> Any:
@@ -183,15 +173,16 @@ def _analyze(args: argparse.Namespace) -> Any:
     for log in args.swift_logs:
         if not log.is_file():
             raise UserError(f"--swift-log {log}: " + ("no such file" if not log.exists() else "not a regular file"))
-    captures: dict[str, Any] = {node: paths[0] for node, paths in caps.items() if len(paths) == 1}
+    captures: dict[str, Any] = {}
     read_stats = {}
-    for node, paths in caps.items():
-        if len(paths) > 1:
+    try:
+        for node, paths in caps.items():  # (in the order given)
+            if len(paths) == 1:
+                captures[node] = paths[0]
+                continue
             captures[node], read_stats[node] = _read_rotated(node, paths)
             if not read_stats[node].segments:
                 print(f"promreflex {COMMAND}: capture of {node}: 0 TCP segments in its {len(paths)} files", file=sys.stderr)
-    captures = {node: captures[node] for node in caps}  # the order given
-    try:
         b = analyze(captures, _roles(args), window_s=args.clock_window, logs=args.swift_logs, read_stats=read_stats)
     except SwiftLogError as e:
         raise UserError(f"--swift-log {e.path}: {e.reason}") from None
