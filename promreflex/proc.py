@@ -6,6 +6,7 @@ deadline (never a fixed sleep), and starting/stopping child processes by PID.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import signal
@@ -24,6 +25,17 @@ from typing import TypeVar
 import psutil
 
 T = TypeVar("T")
+
+
+def die_with_parent() -> None:
+    """A ``preexec_fn``: in the child, before exec, have Linux SIGKILL it when the thread that
+    forked it ends (``PR_SET_PDEATHSIG``; a SIGKILLed parent included). Fork from a thread that
+    outlives the child (the main one, or one that waits for it), or it dies with that thread."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux
 
 
 class Timeout(Exception):

@@ -119,7 +119,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import hashlib
 import json
 import math
@@ -145,6 +144,7 @@ from typing import Any, BinaryIO
 
 from promreflex import fsutil
 from promreflex.config import parse_duration
+from promreflex.proc import die_with_parent
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_QUERY = 'site:promreflex_http_requests_served:rate1s{{site="{site}"}}'
@@ -778,15 +778,6 @@ _LIVE: set[ShopLoad] = set()
 LOADS_STARTED = 0  # loads this process started (calibrate notes its last one: LAST_LOAD)
 
 
-def _die_with_parent() -> None:
-    """In the Locust child, before exec: SIGKILL me when my parent dies (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the locustfile's --parent-pid watch still ends it
-
-
 class ShopLoad:
     """A bounded Locust run in a child process (own process group); ``start`` then ``wait``.
 
@@ -829,7 +820,7 @@ class ShopLoad:
         main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,  # noqa: S603
                                      stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent if main else None)  # noqa: PLW1509 - prctl only
+                                     preexec_fn=die_with_parent if main else None)  # noqa: PLW1509 - prctl only
         _LIVE.add(self)
         return self
 

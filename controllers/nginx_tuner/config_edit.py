@@ -334,6 +334,11 @@ def _check_shared(configs: list[dict], file: str, directive: str, server_name: s
         )
 
 
+def config_files(conf_path: str | os.PathLike) -> list[Path]:
+    """Every file the configuration reads as configuration (``conf_path`` and its ``include``s)."""
+    return [Path(c["file"]) for c in _parse(Path(conf_path))]
+
+
 def target_file(conf_path: str | os.PathLike, directive: str, server_name: str | None = None) -> Path:
     """The one file :func:`set_directive` would write: the file holding the directive in the
     scope, else the file holding the scope's block (where it would be inserted)."""
@@ -701,16 +706,24 @@ def save_backup(file: Path, backup_dir: Path) -> Path:
     """Copy ``file`` into ``backup_dir`` atomically (same mode/owner); return the copy's path."""
     backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     dest = backup_path(file, backup_dir)
+    st = file.stat()
     atomic_write(dest, read_text(file), like=file)
+    os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))  # (restore_backup gives it back)
     return dest
 
 
 def restore_backup(file: Path, backup_dir: Path) -> None:
-    """Put the backed-up content of ``file`` back, atomically, keeping the live file's mode/owner."""
+    """Put the backed-up content of ``file`` back, atomically, keeping the live file's mode/owner
+    and giving it back its modification time from before the edit."""
     src = backup_path(file, backup_dir)
     if not src.exists():
         raise ConfigEditError(f"no backup of {file} in {backup_dir}")
     atomic_write(file, read_text(src))
+    # The file's time as well as its text: a rollback that nginx never needed to reload (the
+    # edit failed nginx -t) leaves the file as nginx last read it, not an edit pending a reload
+    # (NginxControl.pending_files).
+    st = src.stat()
+    os.utime(file.resolve() if file.is_symlink() else file, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def _indent(line: str) -> str:

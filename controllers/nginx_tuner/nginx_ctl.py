@@ -59,6 +59,7 @@ writes ``30 30`` and a later 75 writes ``75 60``, whatever the order of the tria
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import json
 import os
@@ -78,7 +79,7 @@ from typing import Literal
 from controllers.nginx_tuner import config_edit
 from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, nginx_seconds
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.procfs import children, cmdline
+from controllers.nginx_tuner.procfs import children, cmdline, start_time
 from promreflex.fsutil import atomic_write_text
 from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
 
@@ -90,6 +91,10 @@ NGINX_DEFAULT_KEEPALIVE_S = 75.0
 #: How :meth:`NginxControl.restore_original` ends when the file is back but no nginx serves it:
 #: a sweep that kept its value then has not ended well (nginx is down), whatever the file says.
 NOT_RUNNING = "nginx is not running"
+
+#: A configuration file written this soon after nginx's newest process started counts as read by
+#: it (a process's start time has the kernel's clock tick, 10 ms, as its resolution).
+PENDING_SLACK_S = 0.05
 
 Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
 
@@ -121,6 +126,19 @@ class ApplyResult:
     reload: ReloadResult | None = None
     rollback_reload: ReloadResult | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def edit_only_differs(before: str, after: str, directive: str) -> bool:
+    """Whether ``after`` differs from ``before`` by no more than one edit of ``directive``
+    leaves (:func:`config_edit.set_directive`): one line replaced by a line that names it, or
+    one line inserted that names it."""
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if len(ops) != 1:
+        return False
+    tag, i1, i2, j1, j2 = ops[0]
+    names = re.compile(rf"(^|[\s;{{}}]){re.escape(directive)}(\s|;|$)")
+    return j2 - j1 == 1 and (tag == "insert" or (tag == "replace" and i2 - i1 == 1)) and bool(names.search(b[j1]))
 
 
 def _run(argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -235,6 +253,36 @@ class NginxControl:
         traffic), or the directive lives in a snippet that other blocks include too."""
         config_edit.check_tunable(self.conf_path, self.directive, self.server_name)
 
+    def loaded_at(self) -> float:
+        """When nginx last read its configuration (Unix time): the start of its newest child
+        (a reload starts new workers; workers draining after one are older), else of the master."""
+        master = self.master_pid()
+        times = [t for t in map(start_time, children(master) or [master]) if t is not None]
+        if not times:
+            raise NginxError(f"cannot read the start time of nginx master {master}'s processes")
+        return max(times)
+
+    def pending_files(self) -> list[Path]:
+        """The configuration's files (``include``d ones too) modified after nginx last read its
+        configuration: a reload, ours included, would make their changes live. By modification
+        time, so a deployment that keeps its files' old times (``rsync -t``, ``cp -p``) is not
+        seen, and a file written within :data:`PENDING_SLACK_S` after a reload counts as loaded."""
+        loaded = self.loaded_at()
+        out = []
+        for f in config_edit.config_files(self.conf_path):
+            try:
+                if f.stat().st_mtime > loaded + PENDING_SLACK_S:
+                    out.append(f.absolute())
+            except OSError:
+                continue
+        return out
+
+    def _pending_message(self, pending: Sequence[Path]) -> str:
+        names = ", ".join(str(f) for f in pending[:3]) + (f" and {len(pending) - 3} more" if len(pending) > 3 else "")
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.loaded_at()))
+        return (f"{names} changed on disk after nginx last loaded its configuration ({at}); a reload would make "
+                "that live too: reload nginx yourself once it is meant to be live (or put the files back), then tune")
+
     # ------------------------------------------------------------------ test & reload
 
     def test(self) -> tuple[bool, str]:
@@ -340,9 +388,15 @@ class NginxControl:
         """Before a sweep's first change: put back what an interrupted sweep left (its
         original, see :meth:`recover`), then record the file the sweep will edit and its text
         now. Returns what was recovered ('' when nothing). Raises NginxError when an
-        interrupted sweep's original cannot be made live (nothing new starts then)."""
+        interrupted sweep's original cannot be made live, or when :meth:`apply` would refuse
+        any value now (:meth:`_precheck`): nothing new starts then, and no journal is written
+        (the journal of a sweep that changed nothing would later be "recovered" over a newer
+        deployment)."""
         with self._exclusive():
             recovered = self._recover()
+            why = self._precheck()  # (each trial checks again; this one writes no journal when it fails)
+            if why:
+                raise NginxError(f"not starting the sweep, nothing changed: {why}")
             file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
             if self._rest is None:  # (known already when this control edited before the sweep)
                 self._rest = self._file_rest()
@@ -423,6 +477,13 @@ class NginxControl:
             self._rest = rest if rest is not None else self._file_rest()
         return self._rest
 
+    def _aside(self, file: Path, what: str, text: str) -> Path:
+        """Keep ``text`` beside the backups under a name of its own (never one another's)."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 1_000_000_000:09d}Z"
+        aside = Path(f"{config_edit.backup_path(file, self.backup_dir)}.{what}-{stamp}")
+        atomic_write_text(aside, text, mode=0o600)
+        return aside
+
     def _recover(self) -> str:
         found = self._read_journal()
         if found is None:
@@ -432,12 +493,18 @@ class NginxControl:
             now = config_edit.read_text(file)
         except (OSError, ConfigEditError):
             now = None
+        if now is not None and now != content and not edit_only_differs(content, now, self.directive):
+            # Not what a trial leaves (one line of the directive): someone deployed since. Their
+            # file stays as it is; the pre-sweep text is kept for them to compare.
+            aside = self._aside(file, "pre-sweep", content)
+            self.journal_path.unlink(missing_ok=True)
+            return (f"{file} changed since the interrupted sweep began beyond its {self.directive} line (a newer "
+                    f"deployment?): left as it is, not reloaded; the pre-sweep text is kept in {aside} (check the "
+                    f"file's {self.directive}: a trial's value may have come with the deployment)")
         changed = now != content
         kept = ""
-        if changed and now is not None:  # (a trial's, or a newer deployment's: kept beside the backups)
-            aside = Path(f"{config_edit.backup_path(file, self.backup_dir)}.at-recovery")
-            atomic_write_text(aside, now, mode=0o600)
-            kept = f" (what it held is kept in {aside})"
+        if changed and now is not None:  # (a trial's: kept beside the backups)
+            kept = f" (what it held is kept in {self._aside(file, 'at-recovery', now)})"
         if changed:
             config_edit.atomic_write(file, content)
         what = f"the pre-sweep {file} " + (f"put back{kept}" if changed else "already on disk")
@@ -446,6 +513,18 @@ class NginxControl:
         except NginxError:  # nginx does not run: it starts on the original
             self.journal_path.unlink(missing_ok=True)
             return f"{what}; {NOT_RUNNING}"
+        try:
+            pending = self.pending_files()
+        except ConfigEditError as e:
+            raise NginxError(f"{what}, but the config cannot be read ({e}); the journal {self.journal_path} is kept") from None
+        if not changed and file.absolute() not in pending:
+            # nginx loaded the file after it was last written: what runs is the original
+            self.journal_path.unlink(missing_ok=True)
+            return f"{what} and loaded"
+        others = [f for f in pending if f != file.absolute()]
+        if others:
+            raise NginxError(f"{what}, but not reloaded: {self._pending_message(others)}; the journal "
+                             f"{self.journal_path} is kept (the next start puts the file back live once nginx has loaded those)")
         ok, msg = self.test()
         if not ok:
             raise NginxError(f"{what}, but it fails nginx -t ({msg}); the journal {self.journal_path} is kept")
@@ -492,28 +571,42 @@ class NginxControl:
                     res.notes.append(f"cannot read the applied value back ({e}); gauge not updated")
         return res
 
-    def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:
+    def _precheck(self) -> str:
+        """Why nothing may be changed now ('' when it may): no master, a config that already
+        fails ``nginx -t`` (the backup taken next would not be a *good* config), a layout the
+        edit would not reach (:meth:`check_tunable`), edits on disk that nginx has not loaded
+        (a reload would make them live with ours: :meth:`pending_files`), or a health check
+        that already fails (a rollback could not bring back a health that was never there)."""
         try:
             self.master_pid()
         except NginxError as e:
-            res.message = f"not touching the config: {e}"
-            return
+            return str(e)
         except ConfigEditError as e:  # (the pid file's path comes from the config)
             ok, msg = self.test()
-            res.message = f"not touching the config: it already fails nginx -t: {msg}" if not ok else f"not touching the config: {e}"
-            return
+            return f"it already fails nginx -t: {msg}" if not ok else str(e)
         ok, msg = self.test()
         if not ok:
-            res.message = f"not touching the config: it already fails nginx -t: {msg}"
-            return
+            return f"it already fails nginx -t: {msg}"
         try:  # an override below the tuned scope, an ambiguous server, a shared snippet
             self.check_tunable()
-            rest = self._original_rest() if isinstance(value, (str, int)) else None
+            pending = self.pending_files()
         except ConfigEditError as e:
-            res.message = f"not touching the config: {e}"
-            return
-        if not self._healthy_within():  # a rollback could not bring back a health that was never there
-            res.message = "not touching the config: the health check already fails"
+            return str(e)
+        if pending:
+            return self._pending_message(pending)
+        if not self._healthy_within():
+            return "the health check already fails"
+        return ""
+
+    def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:
+        why = self._precheck()
+        if not why:
+            try:
+                rest = self._original_rest() if isinstance(value, (str, int)) else None
+            except ConfigEditError as e:
+                why = str(e)
+        if why:
+            res.message = f"not touching the config: {why}"
             return
         res.stage = "edit"
         try:

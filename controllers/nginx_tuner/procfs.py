@@ -8,6 +8,10 @@ frozen. Zombies are left out everywhere: they serve nothing.
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import psutil
 
 
@@ -53,3 +57,17 @@ def cmdline(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline()).strip()
     except (psutil.Error, ValueError):
         return ""
+
+
+def start_time(pid: int) -> float | None:
+    """When ``pid`` started (Unix time, to the kernel's clock tick), or None when it is gone.
+    From ``/proc/PID/stat``'s start time (ticks since boot, the boot-time clock) and the boot
+    moment read from the clocks themselves: psutil adds /proc/stat's ``btime``, whole seconds,
+    which puts a start up to a second early."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        ticks = int(data[data.rindex(b")") + 2 :].split()[19])  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

@@ -343,15 +343,15 @@ class Sweep:
         early = EarlyStop(s, self.current)
         stopped_after: int | None = None
         n_rounds = max(t.round for t in self.plan) + 1
+        broken = False
+        if self.journal is not None:  # (raises, before anything is planned or changed, when no value could be applied)
+            recovered = await asyncio.to_thread(self.journal.begin_sweep)
+            if recovered:
+                self.progress(f"an interrupted sweep's original was recovered first: {recovered}")
         self.progress(
             f"sweep: {len(s.candidates)} candidates x {s.repeats} repeats = {len(self.plan)} trials planned"
             f"{' (early stopping on)' if s.early_stop else ''}; current value {self.current}"
         )
-        broken = False
-        if self.journal is not None:
-            recovered = await asyncio.to_thread(self.journal.begin_sweep)
-            if recovered:
-                self.progress(f"an interrupted sweep's original was recovered first: {recovered}")
         self._state("sweeping")
         try:
             for rnd in range(n_rounds):
@@ -384,14 +384,20 @@ class Sweep:
             # every candidate that was measured (pruned ones too). Without a measurement of the
             # current value there is nothing to test a change against: keep it.
             current_lost = self.current is not None and self.current in dropped and not dropped[self.current].startswith("pruned")
-            _, choice = (None, None) if current_lost else decide([r for r in records if r.value in active], self.current, s)
+            # Nor when no other value was measured (every one failed to apply or to load: an
+            # unwritable config, a load generator that cannot run): keeping the current value
+            # would then be no decision, not a result of the sweep.
+            alone = self.current is not None and len(s.candidates) > 1 and not any(
+                r.value != self.current and r.result in ("ok", "errors") for r in records)
+            _, choice = (None, None) if current_lost or alone else decide([r for r in records if r.value in active], self.current, s)
             points = points_of(records, s.confidence)
             result = SweepResult(s, self.current, records, points, choice, len(records), len(self.plan), dropped, stopped_after)
             if broken:
                 restored = await self._restore_last_good()
                 result.final, result.final_ok = f"sweep stopped: nginx did not return to health after a trial; {restored}", False
             elif choice is None:
-                why = "the current value's own trial failed, no decision" if current_lost else "nothing was measured"
+                why = ("the current value's own trial failed, no decision" if current_lost else
+                       "no value but the current one could be measured, no decision" if alone else "nothing was measured")
                 restored = await self._restore_last_good()
                 result.final, result.final_ok = f"{why}; {restored}", False
             elif choice.kept_current and self.journal is not None:

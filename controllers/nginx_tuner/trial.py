@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from promreflex.proc import die_with_parent
+
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 
@@ -153,7 +155,10 @@ def run_load(
     """Run the thinking-client profile against ``url`` for ``duration_s`` seconds in a child process."""
     argv = locust_argv(url, users, spawn_rate, duration_s, think_min, think_max, reset_stats, paths)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env, start_new_session=True)  # noqa: S603
+    # Its own process group (a timeout kills the group), and it dies with this thread, which
+    # waits for it below, so a SIGKILLed tuner or controller leaves no load running.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,  # noqa: S603
+                            env=env, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl only
     try:
         out, err = proc.communicate(timeout=duration_s + margin_s)
     except subprocess.TimeoutExpired:

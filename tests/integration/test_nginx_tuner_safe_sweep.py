@@ -5,15 +5,21 @@ Reuses the ``live`` nginx fixture of test_nginx_tuner_nginx.py (2 workers, keepa
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.nginx_ctl import NginxControl
+from controllers.nginx_tuner.nginx_ctl import NginxControl, NginxError
+from controllers.nginx_tuner.procfs import children
 from controllers.nginx_tuner.sweep import LoadMeasurer, Measurement, Sweep, SweepSettings, write_results
-from promreflex.proc import http_ok, wait_until
+from promreflex.proc import free_port, http_ok, pid_alive, wait_until
 from tests.integration.test_nginx_tuner_nginx import NGINX, BackgroundGets, Live, live, port_conflict  # noqa: F401 - live: the fixture
 
 pytestmark = pytest.mark.integration
@@ -94,8 +100,7 @@ async def test_a_sweep_killed_mid_way_is_undone_before_the_next_reads_the_curren
     it live; the current value read after that is the original, not the trial's."""
     ctl = live.control()
     live.conf.write_text(live.conf.read_text().replace("keepalive_timeout 65;", "keepalive_timeout 1m5s;"))
-    assert ctl.apply(65).ok  # (reload with the respelled file: same value)
-    live.conf.write_text(live.conf.read_text().replace("keepalive_timeout 65;", "keepalive_timeout 1m5s;"))
+    assert ctl.reload().ok  # (the same value respelled; a file nginx has not loaded is a pending deployment: refused)
     original = live.conf.read_text()
     ctl.begin_sweep()
     assert ctl.apply(7).ok and ctl.current_value() == ("7",)  # a trial, then the controller dies
@@ -165,3 +170,119 @@ async def test_a_kept_value_is_not_a_good_end_when_nginx_stopped_during_the_swee
     assert len(calls) == 3 and result.choice is not None and result.choice.kept_current
     assert not result.final_ok and result.final.endswith("nginx is not running"), result.final
     assert live.conf.read_text() == original and not ctl.journal_path.exists()
+
+
+def _control(live: Live, **kw: str) -> NginxControl:  # noqa: F811
+    """A control of the live nginx without metrics (several in one test: a restarted controller)."""
+    kw.setdefault("health_url", live.url)
+    return NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0, health_timeout=5.0, **kw)  # type: ignore[arg-type]
+
+
+def _staged(live: Live) -> tuple[Path, str]:  # noqa: F811
+    """Another team's change, written to disk and not reloaded (waiting for its window): a
+    server on a port of its own, so whether nginx runs it shows from outside."""
+    port = free_port()
+    staged = live.prefix / "conf.d" / "staged.conf"
+    staged.write_text(f"server {{ listen 127.0.0.1:{port}; return 200 staged; }}\n")
+    return staged, f"http://127.0.0.1:{port}/"
+
+
+async def test_a_pending_deployment_is_never_made_live_by_a_trial(live: Live) -> None:  # noqa: F811
+    """A stranger's review: every reload of a sweep made live whatever else waited on disk (an
+    edit not reloaded yet), "kept 75" and all. Now a file changed after nginx last read its
+    configuration stops the apply and the sweep before anything is written; once the operator
+    reloads, tuning goes on."""
+    ctl = _control(live)
+    original = live.conf.read_text()
+    staged, staged_url = _staged(live)
+    workers = ctl.workers()
+    res = ctl.apply(30)
+    assert (res.ok, res.stage) == (False, "precheck") and str(staged) in res.message and "reload" in res.message, res
+    settings = SweepSettings(candidates=(30.0, 40.0), repeats=1, seed=3)
+
+    async def measure(value: float) -> Measurement:
+        raise AssertionError("nothing may be measured")
+
+    with pytest.raises(NginxError, match="not starting the sweep, nothing changed: .*staged.conf"):
+        await Sweep(settings, ctl.apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert live.conf.read_text() == original and not ctl.journal_path.exists()
+    assert ctl.workers() == workers and not http_ok(staged_url)  # no reload: the staged server is not live
+    assert ctl.reload().ok and http_ok(staged_url)  # the operator deploys it
+    assert ctl.apply(30).ok and ctl.current_value() == ("30",)
+
+
+async def test_a_sweep_that_cannot_start_writes_no_journal_and_reloads_nothing(live: Live) -> None:  # noqa: F811
+    """A stranger's review: with the health URL already failing (a typo in --load.url), the
+    sweep planned its trials, wrote its journal, reloaded nginx, said "could NOT restore the
+    pre-sweep config" and left a journal that stopped every later run."""
+    ctl = _control(live, health_url=f"http://127.0.0.1:{free_port()}/")
+    ctl.health_timeout = 0.5
+    workers = ctl.workers()
+    lines: list[str] = []
+
+    async def measure(value: float) -> Measurement:
+        raise AssertionError("nothing may be measured")
+
+    settings = SweepSettings(candidates=(1.0, 2.0), repeats=1, seed=3)
+    with pytest.raises(NginxError, match="not starting the sweep, nothing changed: the health check already fails"):
+        await Sweep(settings, ctl.apply, measure, 65.0, progress=lines.append, journal=ctl).run()
+    assert not ctl.journal_path.exists() and ctl.workers() == workers and lines == []
+    assert _control(live).recover() == ""  # the next run starts clean
+
+
+async def test_recovery_leaves_a_newer_deployment_as_it_is(live: Live) -> None:  # noqa: F811
+    """A stranger's review: a journal left behind, then the operator deploys a new nginx.conf;
+    the next start put the pre-sweep text back over it and reloaded (the deployment reverted
+    live), and its own restore overwrote the one copy it had kept. A file that differs from
+    the pre-sweep one by more than the tuned line is someone's deployment: left as it is."""
+    ctl = _control(live)
+    original = live.conf.read_text()
+    ctl.begin_sweep()
+    assert ctl.apply(7).ok  # a trial, then the controller dies
+    deployed = live.conf.read_text().replace("server_name tuner.test;", 'server_name tuner.test;\n        add_header X-Deployed "v2" always;')
+    live.conf.write_text(deployed)
+    assert ctl.reload().ok  # the operator's deployment, live
+    again = NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0, health_url=live.url)  # restarted
+    workers = again.workers()
+    said = again.recover()
+    assert "left as it is, not reloaded" in said, said
+    assert live.conf.read_text() == deployed and again.workers() == workers and not again.journal_path.exists()
+    kept = list(again.backup_dir.glob("*.pre-sweep-*"))
+    assert len(kept) == 1 and kept[0].read_text() == original and str(kept[0]) in said
+    assert again.recover() == ""
+
+
+async def test_two_recoveries_keep_two_copies(live: Live) -> None:  # noqa: F811
+    """What a recovery keeps aside gets a name of its own: a second one never overwrites it."""
+    for value in (7, 9):
+        ctl = _control(live)
+        ctl.begin_sweep()
+        assert ctl.apply(value).ok
+        assert "put back" in _control(live).recover()
+    kept = sorted(p.read_text() for p in _control(live).backup_dir.glob("*.at-recovery-*"))
+    assert len(kept) == 2 and any("keepalive_timeout 7;" in k for k in kept) and any("keepalive_timeout 9;" in k for k in kept)
+
+
+def test_a_killed_tuner_leaves_no_load_running(live: Live, tmp_path: Path) -> None:  # noqa: F811
+    """A stranger's review: SIGKILL of tune-nginx (or the controller) left its Locust child
+    loading the site for the rest of its run. The child now dies with the thread that waits for
+    it (as in a sweep: run_load in a worker thread)."""
+    script = tmp_path / "load.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from controllers.nginx_tuner.trial import run_load
+        async def main():
+            await asyncio.to_thread(run_load, {live.url!r}, 2, 10, 60, 0.5, 1.0)
+        asyncio.run(main())
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[2])
+    try:
+        wait_until(lambda: bool(children(proc.pid)), timeout=30, what="the load generator to start")
+        load = children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        wait_until(lambda: not any(pid_alive(p) for p in load), timeout=20, what="the load generator to end with its parent")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

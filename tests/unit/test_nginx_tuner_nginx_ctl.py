@@ -92,6 +92,7 @@ def test_recovery_keeps_what_the_file_held_beside_the_backups(tmp_path: Path) ->
     shutil.copytree(FIXTURES / "simple", tmp_path / "simple")
     conf = tmp_path / "simple" / "nginx.conf"
     ctl = NginxControl(conf, tmp_path / "simple", pid_path=tmp_path / "none.pid")
+    ctl._precheck = lambda: ""  # type: ignore[method-assign]  # (no nginx here: the journal is what is tested)
     original = conf.read_text()
     ctl.begin_sweep()
     newer = original.replace("keepalive_timeout 65 60;", "keepalive_timeout 33 60;  # deployed")
@@ -100,5 +101,21 @@ def test_recovery_keeps_what_the_file_held_beside_the_backups(tmp_path: Path) ->
     said = ctl.recover()
     assert "put back" in said and "nginx is not running" in said
     assert conf.read_text() == original
-    kept = next(ctl.backup_dir.glob("*.at-recovery"))
+    kept = next(ctl.backup_dir.glob("*.at-recovery-*"))
     assert kept.read_text() == newer and str(kept) in said
+
+
+@pytest.mark.parametrize(("after", "trial"), [
+    ("http {\n    keepalive_timeout 7;\n}\n", True),  # a trial's value
+    ("http {\n    keepalive_timeout 7 7;  # kept\n}\n", True),
+    ("http {\n    keepalive_timeout 65;\n    keepalive_timeout 7;  # inserted\n}\n", True),
+    ("http { keepalive_timeout 7; }\n", False),  # more than the line (two lines joined)
+    ("http {\n    keepalive_timeout 7;\n    gzip on;\n}\n", False),  # and a deployment
+    ("http {\n    keepalive_timeout 65;\n    gzip on;\n}\n", False),  # a deployment alone
+    ("http {\n    send_timeout 7;\n}\n", False),  # another directive's line
+    ("http {\n    keepalive_timeout_x 7;\n}\n", False),
+])
+def test_what_a_trial_leaves_is_told_from_a_deployment(after: str, trial: bool) -> None:
+    from controllers.nginx_tuner.nginx_ctl import edit_only_differs
+
+    assert edit_only_differs("http {\n    keepalive_timeout 65;\n}\n", after, "keepalive_timeout") is trial

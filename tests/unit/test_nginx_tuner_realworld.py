@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from controllers.nginx_tuner.action import RetuneNginx, RetuneParams
 from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, Location, get_directive, set_directive
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
-from controllers.nginx_tuner.procfs import cmdline
+from controllers.nginx_tuner.procfs import children, cmdline
 from controllers.nginx_tuner.sweep import Measurement, Sweep, SweepSettings
 from promreflex.proc import wait_until
 
@@ -99,26 +100,55 @@ def nginx_t(conf: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([NGINX, "-t", "-q", "-c", str(conf), "-p", f"{conf.parent}/"], capture_output=True, text=True, check=False)
 
 
+#: A stand-in for nginx's master, as far as the control sees one: its title, one worker, and a
+#: reload (SIGHUP) that starts a new worker, then ends the old one; nginx reads its
+#: configuration when a worker generation starts (NginxControl.loaded_at).
+FAKE_MASTER = """
+import os, signal, time
+def worker():
+    pid = os.fork()
+    if pid == 0:
+        os.execvp("bash", ["bash", "-c", 'exec -a "nginx: worker process" sleep 120'])
+    return pid
+current = [worker()]
+def reload(*_):
+    old, current[0] = current[0], worker()
+    os.kill(old, signal.SIGKILL)
+    os.waitpid(old, 0)
+signal.signal(signal.SIGHUP, reload)
+signal.signal(signal.SIGTERM, lambda *_: (os.kill(current[0], signal.SIGKILL), os._exit(0)))
+end = time.monotonic() + 120
+while time.monotonic() < end:
+    time.sleep(1)
+os.kill(current[0], signal.SIGKILL)
+"""
+
+
 @pytest.fixture
 def fake_master(tmp_path: Path) -> Iterator[Path]:
-    """A pid file naming a process that looks like an nginx master (and ignores SIGHUP)."""
-    proc = subprocess.Popen(["bash", "-c", 'trap "" HUP; exec -a "nginx: master process" sleep 60'])
+    """A pid file naming a process that looks like an nginx master (see FAKE_MASTER)."""
+    proc = subprocess.Popen(["bash", "-c", f'exec -a "nginx: master process" {sys.executable} -c "$0"', FAKE_MASTER])
     try:
         # startswith, not "in": bash's own command line (before its exec) holds the words too, and
         # a pid read mid-exec had an empty cmdline (a clean-clone CI run: "not a running nginx master").
-        wait_until(lambda: cmdline(proc.pid).startswith("nginx: master process"), timeout=10, what="the fake master")
+        wait_until(lambda: cmdline(proc.pid).startswith("nginx: master process") and len(children(proc.pid)) == 1,
+                   timeout=10, what="the fake master")
         pid_file = tmp_path / "fake.pid"
         pid_file.write_text(f"{proc.pid}\n")
         yield pid_file
     finally:
-        proc.kill()
+        proc.terminate()
         proc.wait()
 
 
 def control(conf: Path, pid_file: Path, **kw: object) -> NginxControl:
-    """A control whose ``nginx -t`` always passes (/bin/true) and whose health is fine."""
-    return NginxControl(conf, conf.parent, "/bin/true", pid_path=pid_file, health_check=lambda: True,
-                        reload_timeout=0.5, emerg_grace=0.1, health_timeout=0.5, **kw)  # type: ignore[arg-type]
+    """A control whose ``nginx -t`` always passes (/bin/true) and whose health is fine, of a
+    master that has just read ``conf`` as it is now (reloaded once: nginx reads its files when it
+    starts, and a file changed after that is an edit a reload would make live)."""
+    ctl = NginxControl(conf, conf.parent, "/bin/true", pid_path=pid_file, health_check=lambda: True,
+                       reload_timeout=5.0, emerg_grace=0.1, health_timeout=0.5, **kw)  # type: ignore[arg-type]
+    assert ctl.reload().ok
+    return ctl
 
 
 # ------------------------------------------------------------------ H2: the value in force
@@ -431,15 +461,7 @@ def _line(conf: Path) -> str:
     return next(ln.strip() for ln in conf.read_text().splitlines() if "keepalive_timeout" in ln)
 
 
-@pytest.fixture
-def reloads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reload that succeeds at once (the fake master ignores SIGHUP): nginx -t is /bin/true."""
-    from controllers.nginx_tuner.nginx_ctl import ReloadResult
-
-    monkeypatch.setattr(NginxControl, "reload", lambda self, timeout=None: ReloadResult(True, "reloaded", (), (1,), True))
-
-
-def test_a_lowered_header_comes_back_with_a_later_higher_value(tmp_path: Path, fake_master: Path, reloads: None) -> None:
+def test_a_lowered_header_comes_back_with_a_later_higher_value(tmp_path: Path, fake_master: Path) -> None:
     """65 60 -> 30 -> 75 ends 75 60 (it ended 75 30: the admin's 60 was lost for good), and
     going back to 65 writes the original line again."""
     conf = write(tmp_path, HEADER_CONF)
@@ -482,7 +504,7 @@ def _steady(values: dict[float, tuple[float, float]], seen: dict[float, list[str
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 async def test_sweep_without_journal_measures_each_value_with_its_own_header_and_restores_65_60(
-    tmp_path: Path, fake_master: Path, reloads: None, seed: int
+    tmp_path: Path, fake_master: Path, seed: int
 ) -> None:
     """Whatever the trial order, 75 runs with 75 60 (not 75 30 after a trial at 30), and the
     restore after 30's errors (no journal: the last good value applied again) writes 65 60."""
@@ -501,7 +523,7 @@ async def test_sweep_without_journal_measures_each_value_with_its_own_header_and
 
 @pytest.mark.parametrize("seed", [0, 1])
 async def test_sweep_with_journal_applies_its_choice_with_the_original_header(
-    tmp_path: Path, fake_master: Path, reloads: None, seed: int
+    tmp_path: Path, fake_master: Path, seed: int
 ) -> None:
     conf = write(tmp_path, HEADER_CONF)
     seen: dict[float, list[str]] = {}
@@ -515,7 +537,7 @@ async def test_sweep_with_journal_applies_its_choice_with_the_original_header(
     assert _line(conf) == "keepalive_timeout 75 60;" and not ctl.journal_path.exists()
 
 
-def test_a_control_restarted_mid_sweep_takes_the_header_from_the_journal(tmp_path: Path, fake_master: Path, reloads: None) -> None:
+def test_a_control_restarted_mid_sweep_takes_the_header_from_the_journal(tmp_path: Path, fake_master: Path) -> None:
     """Killed after a trial at 30 (the file holds 30 30): the restarted controller's next value
     gets the admin's 60 from the journal, not the trial's 30, and the restore is the original text."""
     import json

@@ -258,3 +258,18 @@ def test_cli_registers_both_subcommands_and_rejects_missing_load_url(tmp_path: P
     assert "--load.url" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["tune-nginx", "--nginx.config", "x", "--candidates", "abc"])
+
+
+async def test_no_decision_when_no_other_value_could_be_applied() -> None:
+    """A stranger's review: with the config immutable (chattr +i) every candidate failed to
+    apply, only the current value was measured, and the run ended "the current value 65 is
+    already the rule's pick", exit 0: a tuning that measured nothing to compare."""
+    nginx = FakeNginx(65, broken=(5, 10))
+    s = SweepSettings(candidates=(5.0, 10.0), repeats=2, seed=1)
+    res = await Sweep(s, nginx.apply, tradeoff_measure(nginx), 65.0, progress=lambda _: None).run()
+    assert res.choice is None and not res.final_ok, res.final
+    assert res.final.startswith("no value but the current one could be measured, no decision"), res.final
+    # one value measured beside the current one is a sweep: it decides
+    nginx = FakeNginx(65, broken=(5,))
+    res = await Sweep(s, nginx.apply, tradeoff_measure(nginx), 65.0, progress=lambda _: None).run()
+    assert res.choice is not None and res.final_ok, res.final
