@@ -89,6 +89,7 @@ import gc
 import json
 import logging
 import random
+import re
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -104,7 +105,7 @@ from controllers.metrics import ControllerMetrics
 from controllers.models import FINGERPRINT, Alert, WebhookPayload, alert_from_api, fingerprint
 from controllers.store import StateStore
 from promreflex.clients import PeerAlerts, why
-from promreflex.config import ConfigError, ControllerConfig, Route, validation_problems
+from promreflex.config import ConfigError, ControllerConfig, Owner, Route, validation_problems
 from promreflex.matchers import Matcher, matches_all, parse_matcher
 
 log = logging.getLogger("promreflex.controller")
@@ -176,12 +177,20 @@ class Entry:
     retry: asyncio.TimerHandle | None = None
 
 
+def _owner_matcher(owner: Owner) -> Matcher:
+    """Its own value; with ``match_absent`` also no value (Alertmanager's absent label is "")."""
+    if not owner.match_absent:
+        return Matcher(owner.label, "=", owner.resolved())
+    pattern = f"(?:{re.escape(owner.resolved())})?"
+    return Matcher(owner.label, "=~", pattern, re.compile(pattern))
+
+
 def bind_routes(cfg: ControllerConfig) -> list[BoundRoute]:
     """Check every route's action and parameters; report every problem at once."""
     actions = registry()
     instances: dict[str, Action] = {}
     # A host agent's routes see only its own targets' alerts: one more matcher on every route.
-    owned = [Matcher(cfg.owner.label, "=", cfg.owner.resolved())] if cfg.owner is not None else []
+    owned = [_owner_matcher(cfg.owner)] if cfg.owner is not None else []
     bound, problems = [], []
     for i, route in enumerate(cfg.routes):
         cls = actions.get(route.action)

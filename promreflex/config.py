@@ -126,13 +126,18 @@ class Route(Strict):
 
 class Owner(Strict):
     """A host agent's targets: it acts only on alerts whose ``label`` equals its value (a fleet:
-    one agent per host, each pausing only its own host's copies). ``value_from_env`` names an
+    one agent per host, each pausing only its own host's copies), and with ``match_absent`` on
+    alerts that do not carry the label at all. ``value_from_env`` names an
     environment variable to read the value from at start (``NODE_NAME`` from the Kubernetes
     downward API, or the host name), so one configuration file serves every host."""
 
     label: str = Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
     value: str | None = Field(default=None, min_length=1)
     value_from_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # An alert without the label is every agent's too: the copy guard's alerts are per site
+    # (summed over the site's nginx targets, their node labels dropped), and each node's agent
+    # then pauses the copies registered on its own node for that site (the Kubernetes agents).
+    match_absent: bool = False
 
     @model_validator(mode="after")
     def _one_value(self) -> Owner:

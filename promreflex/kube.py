@@ -135,7 +135,10 @@ def controller_config(routes: list[dict[str, Any]], owner: bool) -> dict[str, An
         "routes": routes,
     }
     if owner:
-        c.update(owner={"label": OWNER_LABEL, "value_from_env": "NODE_NAME"}, reconcile_interval="2s")
+        # Alerts without a node are every agent's: the copy guard's are per site (their rules sum
+        # over the site's targets and drop any node label), and an agent pauses only the copies
+        # registered on its own node.
+        c.update(owner={"label": OWNER_LABEL, "value_from_env": "NODE_NAME", "match_absent": True}, reconcile_interval="2s")
     return {"controller": c}
 
 
@@ -172,8 +175,14 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
             "selector": {"matchLabels": _selector("agent")},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {"metadata": {"labels": {**LABELS, **_selector("agent")}}, "spec": {
-                # The host's processes (the copies it pauses, nginx it retunes) and signals to them.
-                "hostPID": True,
+                # The host's processes (the copies it pauses, nginx it retunes) and signals to them,
+                # and the host's network: a copy's control endpoint listens on the node's 127.0.0.1.
+                # Its own port is then the node's: beyond loopback, so behind the token.
+                "hostPID": True, "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet",
+                # Root: the state directory on the node is root's (the kubelet creates it 0755),
+                # and a capability added to a container is effective only for uid 0
+                # (kubernetes/kubernetes#56374).
+                "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False},
                 "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{
                     **_container("agent", "agent.yml", [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]),
@@ -195,7 +204,9 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
                       "repeatInterval": "1h",
                       "routes": [{"receiver": receiver, "matchers": [_am_matcher(m)], "continue": True} for m in matchers]},
             "receivers": [{"name": receiver, "webhookConfigs": [{
-                "url": f"http://promreflex-controller:{CONTROLLER_PORT}/webhook", "sendResolved": True, "maxAlerts": 0,
+                # Fully qualified: Alertmanager resolves it from its own namespace (a patched
+                # namespace must patch this URL too: deploy/kubernetes/README.md).
+                "url": f"http://promreflex-controller.{NAMESPACE}.svc:{CONTROLLER_PORT}/webhook", "sendResolved": True, "maxAlerts": 0,
                 "httpConfig": {"authorization": {"type": "Bearer", "credentials": {"name": TOKEN_SECRET, "key": "token"}}},
             }]}],
         },

@@ -77,7 +77,17 @@ class Shop:
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=60)
+    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=60)
+    if check and proc.returncode != 0:  # what `ip` said, not a CalledProcessError's traceback
+        raise UserError(f"{' '.join(argv)}: {(proc.stderr or proc.stdout).strip() or f'exit {proc.returncode}'}")
+    return proc
+
+
+def foreign_namespaces(state: dict[str, Any]) -> list[str]:
+    """The fleet's namespaces (``prxf-N``) that exist and ``state`` does not name."""
+    listed = run("ip", "netns", "list", check=False).stdout.split("\n")
+    names = {line.split()[0] for line in listed if line.strip()}
+    return sorted(n for n in names if n.startswith(f"{PREFIX}-") and n not in state.get("namespaces", []))
 
 
 def _nginx_conf(shop: Shop, d: Path) -> str:
@@ -139,6 +149,8 @@ class Fleet:
                 raise UserError(f"{binary} is missing: run `make system` (scripts/install-system.sh base)")
         if self.state().get("pids"):
             raise UserError(f"a fleet is already up (state in {self.state_file}); `promreflex fleet down` first")
+        if others := foreign_namespaces(self.state()):
+            raise UserError(self._foreign_note(others))
         shops = [Shop(k) for k in range(1, n + 1)]
         state: dict[str, Any] = {"shops": [s.name for s in shops], "namespaces": [], "links": [], "pids": [],
                                  "interval": interval}
@@ -224,6 +236,7 @@ class Fleet:
             "prometheus_url": None, "reconcile_interval": "5s",
             "state_file": str(d / "agent-state.db"), "audit_log": str(d / "agent-audit.jsonl"),
             "owner": {"label": "site", "value": s.name},
+            "alertmanager_receiver": f"agent-{s.name}",  # (the receiver the fleet's Alertmanager routes it)
             "routes": [{"name": "copy-guard", "matchers": ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted"'],
                         "action": "copy-guard", "params": {"mode": "pause", "registry_dir": str(d / "copies"), "max_pause": "2m"}}],
         }}
@@ -287,29 +300,54 @@ class Fleet:
             wait_until(partial(http_ok, f"{url}/-/ready"), timeout=60, what=f"{url} ready")
 
     # ------------------------------------------------------------------ status / down
+    def _foreign_note(self, names: list[str]) -> str:
+        return (f"network namespaces {', '.join(names)} exist but no fleet state in {self.dir} names them: a fleet "
+                "started with another --dir (the default, .promreflex/fleet, is relative to the directory it was "
+                "started from) is up; run `promreflex fleet --dir DIR down` with its directory")
+
     def status(self) -> list[str]:
         st = self.state()
         if not st.get("pids"):
-            return ["no fleet is up"]
+            others = foreign_namespaces(st)
+            return ["no fleet is up" + (f" in {self.dir}; but {self._foreign_note(others)}" if others else "")]
         lines = [f"{e['name']:<24} pid {e['pid']:<8} {'running' if pid_alive(e['pid']) else 'EXITED (see ' + e['log'] + ')'}"
                  for e in st["pids"]]
         return lines + [f"Prometheus: {' '.join(st.get('prometheus', []))}", f"Alertmanager: {' '.join(st.get('alertmanager', []))}"]
 
     def down(self, progress=print) -> None:  # noqa: ANN001
         st = self.state()
+        if not st and (others := foreign_namespaces(st)):
+            progress(f"fleet down: nothing to do in {self.dir}; {self._foreign_note(others)}")
+            return
         for entry in reversed(st.get("pids", [])):
             terminate(entry["pid"], grace=10)
+        stray = 0
         for ns in st.get("namespaces", []):
+            # What still runs inside (a process restarted by hand after a drill, the workers of
+            # a SIGKILLed nginx master): deleting the name would leave it running, unlisted.
+            for _ in range(3):
+                pids = [int(p) for p in run("ip", "netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
+                if not pids:
+                    break
+                for pid in pids:
+                    stray += terminate(pid, grace=5)
             run("ip", "netns", "del", ns, check=False)
         for link in reversed(st.get("links", [])):
             run("ip", "link", "del", link, check=False)
         if self.state_file.exists():
             self.state_file.unlink()
-        progress(f"fleet down: {len(st.get('pids', []))} process(es), {len(st.get('namespaces', []))} namespace(s) removed")
+        progress(f"fleet down: {len(st.get('pids', []))} process(es), {len(st.get('namespaces', []))} namespace(s) removed"
+                 + (f" ({stray} more process(es) found running inside them, stopped)" if stray else "")
+                 + (f"; the copies' data stays in {self.dir} (delete it to free the disk)" if self.dir.exists() else ""))
 
     def load(self, index: int, seconds: float, rate: float) -> int:
         """Offer ``rate`` requests per second to shop ``index`` for ``seconds`` (from the host);
         returns how many were answered."""
+        if not rate > 0 or not seconds > 0:
+            raise UserError(f"--rate and --seconds must be above 0 (got {rate:g} and {seconds:g})")
+        shops = self.state().get("shops", [])
+        if Shop(index).name not in shops:
+            raise UserError(f"no shop{index} in the fleet up in {self.dir}" + (f" (its shops: {', '.join(shops)})" if shops else " (none is up)"))
         url = Shop(index).url("shop")
         answered, sent, start = 0, 0, time.monotonic()
         while time.monotonic() - start < seconds:

@@ -72,3 +72,37 @@ def test_an_overload_on_one_shop_pauses_only_that_shops_copy(fleet, kill):
     for s in shops[1:]:
         audit = (fleet.dir / s.name / "agent-audit.jsonl").read_text()
         assert "copy paused" not in audit, f"{s.name}'s agent paused its copy"
+
+
+def test_down_stops_what_runs_inside_and_a_second_fleet_is_told_where_the_first_is(tmp_path):
+    """A stranger's review: a SIGKILLed nginx master left its worker serving, and `fleet down`
+    deleted the namespace's name with the worker still in it (running, unlisted); a second
+    `fleet up` from another directory died with a CalledProcessError traceback, and `status` or
+    `down` there said "no fleet is up"; `fleet load` on a shop that is not up said it answered."""
+    from controllers.fleet.lab import UserError
+    from controllers.nginx_tuner.procfs import children
+
+    first, second = Fleet(tmp_path / "first"), Fleet(tmp_path / "second")
+    try:
+        first.up(1, copy_mib=8, copy_rate="1M", progress=lambda _: None)
+        master = next(e["pid"] for e in first.state()["pids"] if e["name"] == "shop1-nginx")
+        workers = children(master)
+        assert workers
+        os.kill(master, signal.SIGKILL)
+        with pytest.raises(UserError, match="prxf-1 exist but no fleet state .* names them"):
+            second.up(1, copy_mib=8, progress=lambda _: None)
+        assert "prxf-1" in second.status()[0]
+        said: list[str] = []
+        second.down(progress=said.append)
+        assert "prxf-1" in said[0] and os.path.exists(f"/run/netns/{Shop(1).ns}")  # not the other fleet's to remove
+        with pytest.raises(UserError, match="no shop2"):
+            first.load(2, 1.0, 5.0)
+        with pytest.raises(UserError, match="above 0"):
+            first.load(1, 1.0, 0.0)
+        agent_log = next(e["log"] for e in first.state()["pids"] if e["name"] == "shop1-agent")
+        assert "has no receiver named" not in open(agent_log).read()
+    finally:
+        said = []
+        first.down(progress=said.append)
+    assert not [p for p in workers if pid_alive(p)], f"fleet down left nginx workers {workers}: {said}"
+    assert "more process(es) found running inside them" in said[0], said
