@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
     from controllers.nginx_tuner.metrics import TunerMetrics
     from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
     from controllers.nginx_tuner.sweep import Measure, LoadMeasurer, Sweep, SweepSettings, summary_table, write_results
+    from controllers.nginx_tuner.trial import LoadError
 
     prefix = args.nginx_prefix or args.nginx_config.parent
     if args.mode == "active" and not args.load_url:
@@ -160,7 +162,19 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
 
     async def go(measure: Measure) -> int:
         sweep = Sweep(settings, apply, measure, current, metrics=metrics, progress=progress, journal=ctl)
-        result = await sweep.run()
+        # SIGTERM (systemctl stop, timeout, kill) cancels like Ctrl-C: the sweep puts the
+        # pre-sweep file back and makes it live before the process ends.
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            result = await sweep.run()
+        except LoadError as e:  # (the measurement's preflight: nothing was changed)
+            progress(f"promreflex {TUNE}: not starting the sweep, nothing changed: {e}")
+            return 1
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
         result.load_average = os.getloadavg()
         paths = write_results(result, args.results_dir, title=f"keepalive_timeout sweep ({args.mode})")
         progress("\n" + summary_table(result))
@@ -196,6 +210,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(run_tune(args))
+    except asyncio.CancelledError:  # SIGTERM: the sweep restored what it had changed
+        return 128 + signal.SIGTERM
     except (ConfigEditError, NginxError) as e:  # a config it cannot work with: one line, no traceback
         print(f"promreflex {TUNE}: {e}", file=sys.stderr)
         return 1

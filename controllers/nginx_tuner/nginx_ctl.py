@@ -66,9 +66,12 @@ import os
 import stat
 import re
 import signal
+import ssl
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -81,7 +84,7 @@ from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, ngi
 from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.procfs import children, cmdline, start_time
 from promreflex.fsutil import atomic_write_text
-from promreflex.proc import Timeout, http_ok, pid_alive, wait_until
+from promreflex.proc import Timeout, pid_alive, wait_until
 
 __all__ = ["NOT_RUNNING", "ApplyResult", "NginxControl", "NginxError", "ReloadResult", "nginx_seconds"]
 
@@ -141,6 +144,25 @@ def edit_only_differs(before: str, after: str, directive: str) -> bool:
     return j2 - j1 == 1 and (tag == "insert" or (tag == "replace" and i2 - i1 == 1)) and bool(names.search(b[j1]))
 
 
+def probe(url: str, timeout: float = 2.0) -> str:
+    """'' when GET ``url`` answers 2xx, else why not. A certificate is not verified: the probe asks
+    whether nginx serves, as the load generator (which does not verify either) will send to it; a
+    staging site's self-signed certificate, or a real one reached as https://127.0.0.1, is no
+    reason to call nginx unhealthy."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as resp:  # noqa: S310 - the operator's health URL
+            return "" if 200 <= resp.status < 300 else f"{url} answered HTTP {resp.status}"
+    except urllib.error.HTTPError as e:
+        return f"{url} answered HTTP {e.code}"
+    except urllib.error.URLError as e:
+        return f"{url}: {e.reason}"
+    except (OSError, ValueError) as e:
+        return f"{url}: {e}"
+
+
 def _run(argv: Sequence[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)  # noqa: S603
 
@@ -181,6 +203,7 @@ class NginxControl:
         self.health_timeout = health_timeout
         self.metrics = metrics
         self._lock = threading.Lock()
+        self._health_why = ""  # why the last probe of health_url failed
         # the arguments after the first (the Keep-Alive header timeout) as configured before
         # this control's first edit; None until read (see _original_rest)
         self._rest: tuple[str, ...] | None = None
@@ -349,11 +372,13 @@ class NginxControl:
             time.sleep(0.05)
 
     def health(self) -> bool:
-        """One health probe: the injected check, else a 2xx GET of ``health_url``, else True."""
+        """One health probe: the injected check, else a 2xx GET of ``health_url`` (why not is
+        kept for the messages), else True."""
         if self._health_check is not None:
             return bool(self._health_check())
         if self.health_url is not None:
-            return http_ok(self.health_url, timeout=2.0)
+            self._health_why = probe(self.health_url, timeout=2.0)
+            return not self._health_why
         return True
 
     def _healthy_within(self) -> bool:
@@ -595,7 +620,7 @@ class NginxControl:
         if pending:
             return self._pending_message(pending)
         if not self._healthy_within():
-            return "the health check already fails"
+            return "the health check already fails" + (f" ({self._health_why})" if self._health_why else "")
         return ""
 
     def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:

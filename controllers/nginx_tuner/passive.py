@@ -80,6 +80,23 @@ class PassiveMeasurer:
         v = float(res[0]["value"][1])
         return v if math.isfinite(v) else None
 
+    async def preflight(self) -> None:
+        """Before the sweep changes anything: Prometheus answers, and the series a trial reads
+        have data now (the site's requests over the last dwell, the memory query). Raises
+        :class:`LoadError` saying which: a wrong ``site``, a Prometheus that is not there, would
+        otherwise be found only after a first trial held production on a candidate for a dwell."""
+        q = self.queries(self.dwell_s)
+        try:
+            reqs = await self._value(q["requests"])
+            mem = await self._value(q["memory"])
+        except QUERY_ERRORS as e:
+            raise LoadError(f"Prometheus query failed: {type(e).__name__}: {e}") from e
+        if reqs is None:
+            raise LoadError(f"no requests of site {self.site!r} in Prometheus over the last {self.dwell_s:.0f}s "
+                            f"(promreflex_http_request_duration_seconds_count{{site={_label_value(self.site)}}}): check --passive.site")
+        if mem is None:
+            raise LoadError(f"no memory series from {self.memory_query!r} over the last {self.dwell_s:.0f}s")
+
     async def __call__(self, value: float) -> Measurement:
         await self.sleep(self.settle_s)
         start = self.clock()
@@ -112,7 +129,7 @@ class PassiveMeasurer:
             p95 = await self._value(q["p95"], at)
             mem = await self._value(q["memory"], at)
         except QUERY_ERRORS as e:
-            raise LoadError(f"Prometheus query failed: {e!r}") from e
+            raise LoadError(f"Prometheus query failed: {type(e).__name__}: {e}") from e
         if aborted:
             return Measurement(mean or math.nan, p95 or math.nan, mem or math.nan, "prometheus", round(reqs), round(errs), aborted=aborted)
         if reqs < self.min_requests or mean is None:

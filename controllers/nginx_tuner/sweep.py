@@ -67,7 +67,7 @@ from controllers.nginx_tuner.metrics import TunerMetrics
 from controllers.nginx_tuner.config_edit import ConfigEditError
 from controllers.nginx_tuner.nginx_ctl import NOT_RUNNING, ApplyResult, NginxControl, NginxError
 from controllers.nginx_tuner.pareto import Choice, Point, Rule, choose, prune
-from controllers.nginx_tuner.trial import LoadError, Trial, run_load, trial_plan
+from controllers.nginx_tuner.trial import LoadError, Trial, run_load, stop_loads, trial_plan
 from promreflex.fsutil import atomic_write_json, atomic_write_text
 
 PAPER_GRID = tuple(range(5, 101, 5))
@@ -344,6 +344,9 @@ class Sweep:
         stopped_after: int | None = None
         n_rounds = max(t.round for t in self.plan) + 1
         broken = False
+        preflight = getattr(self.measure, "preflight", None)
+        if preflight is not None:  # (raises LoadError, before anything is changed, when nothing could be measured)
+            await preflight()
         if self.journal is not None:  # (raises, before anything is planned or changed, when no value could be applied)
             recovered = await asyncio.to_thread(self.journal.begin_sweep)
             if recovered:
@@ -594,7 +597,11 @@ class LoadMeasurer:
         )
 
     async def __call__(self, value: float) -> Measurement:
-        return await asyncio.to_thread(self._measure, value)
+        try:
+            return await asyncio.to_thread(self._measure, value)
+        except asyncio.CancelledError:  # (Ctrl-C, SIGTERM): end the load the thread waits for
+            stop_loads()
+            raise
 
 
 # ------------------------------------------------------------------------------ output

@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,24 @@ def locust_argv(
     return argv
 
 
+#: Loads running now (each in its own process group), for :func:`stop_loads`.
+_RUNNING: set[subprocess.Popen[str]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_loads() -> None:
+    """Kill every load :func:`run_load` is waiting for (a cancelled sweep: the thread waiting
+    for its Locust would otherwise hold the process for the rest of the load's run time)."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def run_load(
     url: str,
     users: int,
@@ -159,12 +178,17 @@ def run_load(
     # waits for it below, so a SIGKILLed tuner or controller leaves no load running.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,  # noqa: S603
                             env=env, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - prctl only
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     try:
         out, err = proc.communicate(timeout=duration_s + margin_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise LoadError(f"locust did not finish within {duration_s + margin_s:.0f}s; killed") from None
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     if proc.returncode != 0:
         raise LoadError(f"locust exited {proc.returncode}: {err.strip()[-2000:]}")
     try:

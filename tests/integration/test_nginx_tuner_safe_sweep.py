@@ -286,3 +286,30 @@ def test_a_killed_tuner_leaves_no_load_running(live: Live, tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_mid_sweep_puts_the_pre_sweep_file_back_live(live: Live, tmp_path: Path) -> None:  # noqa: F811
+    """A stranger's review: SIGTERM (systemctl stop, timeout, kill) ended tune-nginx at once, the
+    trial's value left in the file and in the running nginx; only Ctrl-C restored."""
+    original = live.conf.read_text()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "promreflex", "tune-nginx", "--nginx.config", str(live.conf), "--nginx.prefix", str(live.prefix),
+         "--mode", "active", "--load.url", live.url, "--candidates", "3,4", "--repeats", "1", "--load.users", "2",
+         "--load.duration", "60s", "--results.dir", str(tmp_path / "results")],
+        cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ctl = _control(live)
+        wait_until(lambda: live.conf.read_text() != original and bool(children(proc.pid)), timeout=60,
+                   what="a trial's value written and its load running")
+        load = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert live.conf.read_text() == original and not ctl.journal_path.exists(), out
+    assert "restored" in out and ctl.effective_seconds() == 65.0
+    assert not ctl.pending_files()  # and live: reloaded after it was put back
+    wait_until(lambda: not any(pid_alive(p) for p in load), timeout=20, what="the load to end")

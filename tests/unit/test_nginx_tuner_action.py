@@ -18,7 +18,9 @@ from controllers.actions.base import ActionContext, Deferred, registry
 from controllers.models import Alert
 from controllers.nginx_tuner.action import RetuneNginx, RetuneParams, in_window
 from controllers.nginx_tuner.memory import NginxMemoryCollector
+from controllers.nginx_tuner.nginx_ctl import ApplyResult
 from controllers.nginx_tuner.passive import PassiveMeasurer
+from controllers.nginx_tuner.sweep import Sweep, SweepSettings
 from controllers.nginx_tuner.procfs import children, cmdline
 from controllers.nginx_tuner.trial import LoadError
 from promreflex.proc import wait_until
@@ -235,3 +237,31 @@ async def test_the_value_in_force_is_published_at_start(tmp_path: Path) -> None:
                            RetuneParams.model_validate({"nginx_config": str(tmp_path / "missing.conf")})]
     await action.start({"registry": reg})  # the unreadable one is logged, not fatal
     assert reg.get_sample_value("promreflex_nginx_tuner_applied_keepalive_timeout_seconds") == 65
+
+
+async def test_passive_sweep_refuses_before_any_change_when_it_could_measure_nothing() -> None:
+    """A stranger's review: with Prometheus unreachable, or a wrong --passive.site, every
+    candidate was applied to production and held for a whole dwell (five minutes by default)
+    before the sweep found it could measure nothing. Now a preflight reads the series first."""
+    import aiohttp
+
+    class Down(FakeProm):
+        async def query(self, expr: str, time: float | None = None) -> list[dict]:
+            raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1:9090")
+
+    cases = [(Down({}), "Prometheus query failed: ClientConnectionError: Cannot connect"),
+             (FakeProm({"memory": 5e6}), "no requests of site 'shop'.*check --passive.site"),
+             (FakeProm({"requests": 600}), "no memory series")]
+    for prom, said in cases:
+        applied: list[int] = []
+
+        def apply(value: int) -> ApplyResult:
+            applied.append(value)
+            return ApplyResult(True, str(value), "done", "")
+
+        clock = Clock()
+        m = PassiveMeasurer(prom, site="shop", dwell_s=300, settle_s=15, sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+        settings = SweepSettings(candidates=(5.0, 10.0), repeats=1)
+        with pytest.raises(LoadError, match=said):
+            await Sweep(settings, apply, m, 65.0, progress=lambda _: None).run()
+        assert applied == [] and clock.t == 1000.0

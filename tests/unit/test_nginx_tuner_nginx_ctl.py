@@ -119,3 +119,44 @@ def test_what_a_trial_leaves_is_told_from_a_deployment(after: str, trial: bool) 
     from controllers.nginx_tuner.nginx_ctl import edit_only_differs
 
     assert edit_only_differs("http {\n    keepalive_timeout 65;\n}\n", after, "keepalive_timeout") is trial
+
+
+def test_the_health_probe_says_why_and_takes_a_self_signed_certificate(tmp_path: Path) -> None:
+    """A stranger's review: an https:// health URL with a self-signed certificate (or a real one
+    reached as https://127.0.0.1) made every trial "the health check already fails", the reason
+    (certificate verify failed) never shown, while the load generator, which does not verify,
+    would have worked."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    from controllers.nginx_tuner.nginx_ctl import probe
+    from promreflex.proc import free_port
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=shop.example"], check=True, capture_output=True)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200 if self.path == "/" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}"
+        assert probe(url + "/") == ""
+        assert probe(url + "/missing") == f"{url}/missing answered HTTP 404"
+        refused = f"http://127.0.0.1:{free_port()}/"
+        assert probe(refused).startswith(refused) and "refused" in probe(refused).lower()
+    finally:
+        server.shutdown()
+        server.server_close()
