@@ -18,8 +18,9 @@ How each situation is recognised, on every :meth:`LogFollower.poll`:
 * **rename rotation** (logrotate ``create``, ``mv`` + reopen, with or without an immediate
   ``gzip``): ``stat(path)`` names another inode than the one we hold open. The old handle (still
   readable through our descriptor, even when gzip already unlinked it) is read to its end first,
-  then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds, because
-  nginx keeps writing to the old inode until it gets ``USR1``. Then the new file is read from 0.
+  then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds (5 minutes),
+  because nginx keeps writing to the old inode until it gets ``USR1``, and an old worker of a
+  ``reload`` until its last request ends. The new file is read from 0 meanwhile.
 * **two rotations between polls** (a writer that rotates faster than we poll, or a reader that
   was stopped, e.g. by ``SIGSTOP`` or a starved CPU): the path names a file two rotations newer
   than the one held, and the file between was rotated away, maybe gzipped, without a line read
@@ -400,7 +401,9 @@ class LogFollower:
     are dropped and counted in ``stats.oversized_lines`` (never returned, never held in memory
     beyond the bound). ``rotated`` is a glob naming the rotated copies when they are not
     beside the log with the usual names. ``drain_grace``: seconds a rotated-away file must stay
-    quiet before it is closed (a writer reopens its log a moment after the rename).
+    quiet before it is closed: nginx writes to it until its workers reopen their logs (``USR1``),
+    and after a ``reload`` in a ``postrotate`` (a common recipe) an old worker writes each request
+    it was serving when it ends, seconds or minutes later (1 s lost those: a stranger's review).
     """
 
     def __init__(
@@ -412,7 +415,7 @@ class LogFollower:
         max_line_bytes: int = 64 * 1024,
         max_poll_bytes: int = 8 * 1024 * 1024,
         rotated: str | None = None,
-        drain_grace: float = 1.0,
+        drain_grace: float = 300.0,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError("max_line_bytes must be positive")
@@ -753,14 +756,24 @@ class LogFollower:
             return
         self.stats.truncations += 1
         entry = _Saved(h.ino, h.line_start, h.fp_offset, h.fp)
-        copy = None
+        copy, found = None, None
         if h.line_start:
-            found = self._find_content(entry, [p for p in self._siblings() if _inode(p) != h.ino], exclude=set())
+            siblings = [p for p in self._siblings() if _inode(p) != h.ino]
+            found = self._find_content(entry, siblings, exclude=set())
             copy = found[1] if found else None
         if copy is not None:
             log.info("%s truncated (copytruncate); reading the rest from its copy %s from offset %d, then it from 0",
                      h.name, copy.name, h.line_start)
             self._draining.append(copy)
+            # Truncated twice between two polls (a stopped or starved reader): the copies made
+            # after the one holding our offset hold what was written between the truncations.
+            assert found is not None
+            held = {d.ino for d in self._draining} | {h.ino}
+            for whole in self._later_unseen(found[0], siblings, held):
+                self.stats.truncations += 1
+                log.info("%s: %s was copied and truncated too before this poll saw it; reading it from offset 0",
+                         h.name, whole.name)
+                self._draining.append(whole)
         elif h.line_start:
             self.stats.unrecovered += 1
             log.warning("%s truncated, and no rotated copy holds what it had at offset %d: lines written "
@@ -833,9 +846,20 @@ class LogFollower:
                             "it cannot be placed, so lines of a file between may not be counted", self.path, cur.ino,
                             ", ".join(p.name for _, p in written_after))
             return []
+        return self._later_unseen(idx, siblings, held, cur_written)
+
+    def _later_unseen(self, anchor: int, siblings: list[Path], held: set[int], written_ns: int = 0) -> list[_Handle]:
+        """The siblings whose names say they were rotated after ``siblings[anchor]``, written at
+        or after ``written_ns``, that no handle holds and that do not start like a file this
+        process held as current: opened at 0, oldest first."""
         out = []
-        for _, p in written_after:
-            if self._named_later(p, siblings[idx]):
+        for i, p in enumerate(siblings):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if (i != anchor and st.st_ino not in held and st.st_mtime_ns >= written_ns and not self._head_known(p)
+                    and self._named_later(p, siblings[anchor])):
                 whole = self._open_whole(p)
                 if whole is not None:
                     self._remember_head(whole)

@@ -93,6 +93,10 @@ def check_followable(path: Path) -> None:
     """Refuse, at start, a path that cannot be a followed text log (UserError says why)."""
     if path.is_dir():
         raise UserError(f"{path} is a directory: give the access log file itself")
+    if path.exists() and not path.is_file():  # (exists() and is_file() follow a symbolic link)
+        target = f" (a link to {path.resolve()})" if path.is_symlink() else ""
+        raise UserError(f"{path}{target} is not a regular file (a FIFO, a device, /dev/stdout as in the official "
+                        "nginx image): the exporter follows a log file; have nginx write one (access_log with a file path)")
     if not path.is_file():
         return  # not there yet: followed from its start when it appears
     try:

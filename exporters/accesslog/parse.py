@@ -188,10 +188,15 @@ def _field_pattern(next_literal: str, quoted: str = _QUOTED) -> str:
     # not followed by a space, so lists nginx writes with ", " ($http_x_forwarded_for,
     # $upstream_addr) stay one value. A lazy `.*?` here let a value hold its separator anywhere, at
     # the cost of trying every split of a line that does not match: O(n^3) for a few fields (a
-    # 4 KB line of a drifted format took 37 s); this form decides at each character, so it is
-    # linear. A value holding its separator otherwise is ambiguous: counted as a format mismatch.
+    # 4 KB line of a drifted format took 37 s). Possessive (`*+`): a value never gives back a
+    # separator-and-space it took, as that rule says; greedy alone still let a line that does not
+    # match try every "; " of one field against every one of the next (a client's User-Agent and
+    # Referer of 8 KB each: 1 s of CPU per line, a stranger's review). A value holding its separator
+    # otherwise is ambiguous: counted as a format mismatch. Where the format's own separator is
+    # followed by a space (`$a; $b`) a value holding "; " is ambiguous with the separator itself:
+    # there the value may give it back (greedy, not possessive: the split found last), as before.
     sep = re.escape(c)
-    return f"(?:[^{sep}]|{sep}(?= ))*"
+    return f"(?:[^{sep}]|{sep}(?= ))*" + ("" if next_literal[1:2] == " " else "+")
 
 
 def compile_log_format(log_format: str, *, trailing: bool = False,
@@ -242,7 +247,11 @@ def compile_log_format(log_format: str, *, trailing: bool = False,
 # Labelled, the time may be anything (junk is a counted bad_time); plain, it must look like
 # nginx's $request_time (seconds with a fraction: "0.019"), so a log with other numbers after the
 # user agent (ingress-nginx's `$request_length $request_time [...]`) is not read as times.
-_TIMED_SUFFIX = (r' (?:rt=|(?=\d+\.\d+(?: |\Z)))(?P<request_time>\S+)'
+# Labelled fields between the two (NGINX's "Using NGINX Logging for APM" format, much copied:
+# `rt=$request_time uct="$upstream_connect_time" uht="$upstream_header_time" urt="..."`) are
+# skipped; they made the upstream time optional-and-absent, an empty histogram (a stranger's review).
+_OTHER_LABELLED = r'(?: (?!urt=)\w+=(?:"[^"]*"|\S*))*+'
+_TIMED_SUFFIX = (r' (?:rt=|(?=\d+\.\d+(?: |\Z)))(?P<request_time>\S+)' + _OTHER_LABELLED +
                  rf'(?: (?:urt=)?(?P<uq>"?)(?P<upstream_response_time>{_TIMES})(?P=uq))?')
 
 
@@ -313,7 +322,7 @@ _STRICT = {
 # of the reference cost a backreference and backtracking on every line; the plain-fields variant
 # falls to the catch-all and is counted by the line parser.
 # (its groups are made strict with the others below)
-_TIMED_STRICT_SUFFIX = r' rt=(?P<request_time>\S+) urt="(?P<upstream_response_time>[^"]*)"'
+_TIMED_STRICT_SUFFIX = r' rt=(?P<request_time>\S+)(?: (?!urt=)\w+="[^"]*")*+ urt="(?P<upstream_response_time>[^"]*)"'
 
 
 

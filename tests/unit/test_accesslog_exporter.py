@@ -315,3 +315,21 @@ def test_apache_microseconds_are_seconds_in_the_histogram(tmp_path: Path, routes
     assert total(reg, "promreflex_http_request_duration_seconds_count", site="apache") == 100
     want = 60 * 0.002345 + 39 * 0.345678 + 0.001
     assert total(reg, "promreflex_http_request_duration_seconds_sum", site="apache") == pytest.approx(want)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/null"])
+def test_a_log_that_is_no_regular_file_is_refused_at_start(tmp_path: Path, kind: str) -> None:
+    """A stranger's review: the official nginx image links its access log to /dev/stdout; given
+    such a path (or a FIFO) the exporter started, said the file did not exist yet, and exported
+    zeros for good."""
+    from exporters.accesslog.exporter import check_followable
+    from promreflex.errors import UserError
+
+    log = tmp_path / "access.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        log.symlink_to("/dev/null")
+    with pytest.raises(UserError, match="is not a regular file"):
+        check_followable(log)
+    check_followable(tmp_path / "not-yet.log")  # a file that does not exist yet is still followed

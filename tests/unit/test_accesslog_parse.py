@@ -185,6 +185,28 @@ def test_a_custom_separator_splits_without_trying_every_split() -> None:
     assert m is not None and m.group("http_x_forwarded_for") == "1.2.3.4, 5.6.7.8" and m.group("status") == "200"
 
 
+def test_a_value_never_gives_back_a_separator_and_space() -> None:
+    """The rule above, held: a value runs to the first separator NOT followed by a space, so
+    "x; y" is one value and never "x" then " y". Greedy alone gave such pairs back when the rest
+    of the line failed, trying every "; " of one field against every one of the next: a client's
+    User-Agent and Referer of 8 KB each cost 1 s of CPU per line (a stranger's review; here the
+    split is checked, not timed)."""
+    from exporters.accesslog.parse import compile_log_format
+
+    rx, _ = compile_log_format("$http_referer;$http_user_agent;$status")
+    assert rx.fullmatch("a; b; c;200") is None  # only "a" then " b; c" would split it: giving back "; "
+    m = rx.fullmatch("a; b;Mozilla/5.0 (X11; Linux x86_64);200")
+    assert m is not None and m.group("http_referer") == "a; b" and m.group("http_user_agent") == "Mozilla/5.0 (X11; Linux x86_64)"
+    p = build_parser("custom", "$remote_addr;$time_iso8601;$request;$status;$body_bytes_sent;$http_referer;$http_user_agent;$request_time")
+    ref, ua = "a" + "; a" * 2600, "b" + "; b" * 2600 + ";x; c"
+    line = ";".join(["1.2.3.4", "2026-11-28T00:00:00+00:00", "GET / HTTP/1.1", "200", "3", ref, ua, "0.001"])
+    assert p.parse(line) == "no_match"
+    # a format whose own separator is followed by a space keeps giving back (the split found last)
+    rx, _ = compile_log_format("$http_user_agent; $status")
+    m = rx.fullmatch("Mozilla/5.0 (X11; Linux x86_64); 200")
+    assert m is not None and m.group("http_user_agent") == "Mozilla/5.0 (X11; Linux x86_64)"
+
+
 def batch_statuses(p, lines: list[str]) -> list[str]:
     """What the batch path (one findall over many lines) makes of each line: its status, or
     "bad" when it falls to the catch-all (then the line parser judges it)."""
@@ -352,3 +374,19 @@ def test_what_other_servers_write_inside_quotes_and_lists() -> None:
     for first in ("203.0.113.7, 10.0.0.2", "198.51.100.9"):
         got = xff.parse(f'{first} - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200 612 "-" "Mozilla/5.0"')
         assert not isinstance(got, str) and got.status == 200, (first, got)
+
+
+def test_nginx_timed_reads_urt_after_other_labelled_fields() -> None:
+    """A stranger's review: NGINX's much-copied APM format puts `uct="..." uht="..."` between
+    `rt=` and `urt=`; every line was accepted and the upstream histogram stayed empty."""
+    p = build_parser("nginx_timed")
+    line = ('203.0.113.9 - - [27/Nov/2026:01:00:00 +0000] "GET /app/ HTTP/1.1" 200 5 "-" "curl/8" '
+            'rt=0.105 uct="0.001" uht="0.100" urt="0.102, 0.003"')
+    r = p.parse(line)
+    assert r.request_time == 0.105 and r.upstream_time == pytest.approx(0.105), r
+    assert batch_statuses(p, [line, line]) == ["200", "200"]
+    rows = p.batch.regex.findall(line + "\n")
+    assert rows[0][p.batch.upstream_time] == "0.102, 0.003"
+    # no upstream: the labelled fields alone are no upstream time
+    r = p.parse(line.replace(' urt="0.102, 0.003"', ""))
+    assert r.request_time == 0.105 and r.upstream_time is None, r
