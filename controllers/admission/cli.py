@@ -64,17 +64,21 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
     limits = Limits(max_connections=max(1024, min(nofile - 256, 16384)))
     stop = stop_on_signals(stop)
     loop = asyncio.get_running_loop()
-    if cfg.session.key_file is not None:
-        def reload() -> None:
-            try:
-                proxy.reload_keys(load_ring(cfg.session.key_file))
-                log.info("session keys reloaded from %s", cfg.session.key_file)
-            except UserError as e:
-                log.error("keeping the old keys: %s", e)
+    def reload() -> None:
+        # Always handled: SIGHUP is what `systemctl reload` and logrotate send, and its default
+        # action ended a proxy without a key file (every queued and in-flight request cut).
+        if cfg.session.key_file is None:
+            log.info("SIGHUP: no session.key_file to reload (signing with this run's ephemeral key)")
+            return
         try:
-            loop.add_signal_handler(signal.SIGHUP, reload)
-        except (NotImplementedError, RuntimeError):
-            pass
+            proxy.reload_keys(load_ring(cfg.session.key_file))
+            log.info("session keys reloaded from %s", cfg.session.key_file)
+        except UserError as e:
+            log.error("keeping the old keys: %s", e)
+    try:
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    except (NotImplementedError, RuntimeError):
+        pass
     await proxy.start()
     # Fewer, later collections: the proxy allocates per request and keeps little; a full
     # collection of a big heap in the middle of a request is the p99's worst enemy.

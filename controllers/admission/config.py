@@ -128,6 +128,11 @@ class Session(Strict):
     cookie_name: str = Field(default="promreflex_session", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     key_file: Path | None = None
     cookie_secure: bool = False
+    # Lax: the browser sends the cookie on a top-level GET from another site, not on a cross-site
+    # POST. A shop whose buyers come back by a cross-site POST (3-D Secure, a payment page, SAML,
+    # OIDC form_post) sets None (with cookie_secure: browsers refuse SameSite=None otherwise) or
+    # lists those return paths in `exempt`: else the return is a new session, queued in a crowd.
+    cookie_samesite: Literal["Lax", "Strict", "None"] = "Lax"
     idle_timeout: Duration = Field(default=120.0, gt=0)
     max_age: Duration = Field(default=4 * 3600.0, gt=0)
     max_in_flight: int = Field(default=8, ge=1)
@@ -140,6 +145,13 @@ class Session(Strict):
                                                  "gets the waiting-room page (default client_timeout / 2)")
     readmit_after_restart: bool = True
     max_sessions: int = Field(default=100_000, ge=1, description="tracked sessions at most (memory bound)")
+
+    @model_validator(mode="after")
+    def _samesite_none_needs_secure(self) -> Session:
+        if self.cookie_samesite == "None" and not self.cookie_secure:
+            raise ValueError("cookie_samesite None needs cookie_secure: true (browsers drop a SameSite=None cookie "
+                             "that is not Secure)")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -198,6 +210,10 @@ class AdmissionSection(Strict):
                           description="the app: http://HOST:PORT")
     exempt: list[str] = Field(default_factory=list)
     pages: list[Page] = Field(default_factory=list)
+    # How long an idle connection to the app is kept for reuse: keep it below the app's own
+    # keep-alive timeout (gunicorn 2 s, Node and uvicorn 5 s), as with nginx's upstream
+    # keepalive_timeout, or a POST sent as the app closes the connection fails (502).
+    upstream_keepalive: Duration = Field(default=30.0, gt=0)
     default_page: str = Field(default="other", pattern=NAME)
     event_loop: Literal["uvloop", "asyncio"] = Field(
         default="uvloop", description="uvloop (libuv; 9-16 % less proxy CPU per request than asyncio's own loop, "

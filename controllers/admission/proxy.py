@@ -121,6 +121,8 @@ MEMO_KEY_CHARS = 1024
 #: Retry-After (s) of the waiting-room page while nobody is let in for an unknown time
 #: (waiting-room mode, a full shop with no session ending yet): what waiting rooms commonly use.
 CLOSED_RETRY = 30
+#: The longest Retry-After (and estimate) the waiting-room page gives.
+MAX_RETRY = 300
 #: Set on a request whose connection the proxy cut because the app broke off its streamed answer.
 UPSTREAM_BROKE = web.RequestKey("promreflex_upstream_broke", bool)
 #: How long a stopping proxy waits for the requests in progress (aiohttp's shutdown_timeout):
@@ -546,7 +548,7 @@ class AdmissionProxy:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.cfg.upstream_keepalive),
             auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0))
@@ -962,13 +964,18 @@ class AdmissionProxy:
                 rate = self.scheduler.departure_rate or 0.0
                 ahead = len(self.sessions.active) - limit + position
                 est = ahead / rate if rate > 0 else None
+                # The rate is smoothed per period and halves each period no session ends: after
+                # a quiet spell it said "about 9829876954 s" (a stranger's review). Beyond what
+                # Retry-After may say, no estimate is honest.
+                if est is not None and est > MAX_RETRY:
+                    est = None
             else:
                 est = self.scheduler.position_estimate(position)
             if est is None:
                 retry = CLOSED_RETRY
                 text = "The shop is full: a visitor is let in when another one leaves."
             else:
-                retry = max(1, min(300, math.ceil(est)))
+                retry = max(1, min(MAX_RETRY, math.ceil(est)))
                 text = (f"{queued} visitor{'' if queued == 1 else 's'} ahead of you; you would be let in in "
                         f"about {est:.0f} s.")
                 headers.update({"X-Queue-Position": str(position), "X-Queue-Estimate-Seconds": f"{est:.1f}"})
@@ -1066,7 +1073,7 @@ class AdmissionProxy:
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
-        return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite=Lax"
+        return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite={s.cookie_samesite}"
                 + ("; Secure" if s.cookie_secure else ""))
 
     def upstream_headers(self, request: web.Request) -> tuple[list[tuple[str, str]], bool]:

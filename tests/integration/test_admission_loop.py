@@ -185,3 +185,31 @@ def test_a_dead_controller_leaves_no_hold_behind(loop):
     assert "promreflex_admission_holds_expired_total 1.0" in metrics
     # The controller kept the hold in its state file: a new one would re-assert it at start.
     assert "flash-sale" in (tmp / "action" / "admission-holds.json").read_text()
+
+
+def test_sighup_without_a_key_file_keeps_the_proxy_serving(tmp_path):
+    """A stranger's review: without session.key_file (the ephemeral-key mode) SIGHUP kept its
+    default action: the proxy died (129), every queued and in-flight request cut. SIGHUP is what
+    `systemctl reload` and logrotate's postrotate send."""
+    import signal
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("shop\n")
+    app_port, proxy_port, control_port = free_port(), free_port(), free_port()
+    app = Child("app", [sys.executable, "-m", "http.server", str(app_port), "--bind", "127.0.0.1",
+                        "--directory", str(site)], tmp_path / "app.log", cwd=REPO).start()
+    proxy = Child("proxy", [sys.executable, "-m", "controllers.admission", "proxy", "--upstream", f"http://127.0.0.1:{app_port}",
+                            "--web.listen-address", f"127.0.0.1:{proxy_port}",
+                            "--control.listen-address", f"127.0.0.1:{control_port}"], tmp_path / "proxy.log", cwd=REPO).start()
+    try:
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{control_port}/-/ready"), timeout=30, what="the proxy")
+        assert http_ok(f"http://127.0.0.1:{proxy_port}/index.html")
+        os.kill(proxy.pid, signal.SIGHUP)
+        wait_until(lambda: "no session.key_file to reload" in proxy.tail(50) or not pid_alive(proxy.pid), timeout=20,
+                   what="the proxy to take the SIGHUP")
+        assert pid_alive(proxy.pid), proxy.tail(20)
+        assert http_ok(f"http://127.0.0.1:{proxy_port}/index.html")
+    finally:
+        proxy.stop()
+        app.stop()

@@ -632,14 +632,18 @@ async def test_waiting_room_mode_answers_those_already_queued():
         assert r.value("promreflex_admission_sessions_rejected_total", reason="waiting_room_mode") == 1
 
 
+async def one_session_and_a_cap_of_one(r: Rig, c: aiohttp.ClientSession) -> None:
+    async with c.get(f"{r.url}/login"):
+        pass
+    async with aiohttp.ClientSession() as ctl, ctl.put(f"{r.control}/api/v1/holds/cap",
+                                                       json={"mode": "session_cap", "session_cap": 1,
+                                                             "lease": 30}) as resp:
+        assert resp.status == 200
+
+
 async def test_session_cap_hold_admits_only_below_the_cap():
     async with rig() as r, client() as c:
-        async with c.get(f"{r.url}/login"):
-            pass
-        async with aiohttp.ClientSession() as ctl, ctl.put(f"{r.control}/api/v1/holds/cap",
-                                                           json={"mode": "session_cap", "session_cap": 1,
-                                                                 "lease": 30}) as resp:
-            assert resp.status == 200
+        await one_session_and_a_cap_of_one(r, c)
         async with aiohttp.ClientSession() as other:
             waiting = asyncio.ensure_future(other.get(f"{r.url}/login"))
             await until(lambda: len(r.proxy.scheduler.queue) == 1)
@@ -951,3 +955,46 @@ async def test_a_request_leaves_no_reference_cycle_for_the_garbage_collector():
             finally:
                 gc.enable()
             assert left < 100, f"{path}: {left} objects in reference cycles after 100 requests"
+
+
+# ---------------------------------------------------------------- a stranger's review (2026-11-28)
+
+
+async def test_a_capped_shop_after_a_quiet_spell_gives_no_absurd_estimate():
+    """The departure rate halves every period no session ends: under a session cap, a few quiet
+    seconds made the page say "let in in about 9829876954 s" with Retry-After 300. Past what
+    Retry-After may say there is no estimate: the page retries in CLOSED_RETRY."""
+    from controllers.admission.proxy import CLOSED_RETRY
+
+    async with rig() as r, client() as c:
+        await one_session_and_a_cap_of_one(r, c)
+        r.proxy.scheduler.departure_rate = 0.31 / 2 ** 25  # sessions ended once, then 25 quiet periods
+        page = r.proxy.waiting_room("sessions_full")
+        assert page.headers["Retry-After"] == str(CLOSED_RETRY) and "X-Queue-Estimate-Seconds" not in page.headers
+        assert "a visitor is let in when another one leaves" in page.text
+        r.proxy.scheduler.departure_rate = 0.5  # a rate that says something: said
+        page = r.proxy.waiting_room("sessions_full")
+        assert page.headers["Retry-After"] == "2" and page.headers["X-Queue-Estimate-Seconds"] == "2.0"
+
+
+async def test_the_cookie_samesite_is_the_shops_choice():
+    """Hard-wired Lax: a buyer's cross-site POST back from a 3-D Secure or SAML page came without
+    the cookie, a new session, queued or turned away in a crowd, the POST lost."""
+    async with rig(session__cookie_samesite="None", session__cookie_secure=True) as r, client() as c, \
+            c.get(f"{r.url}/login") as resp:
+        ours = next(v for v in resp.headers.getall("Set-Cookie") if v.startswith(f"{COOKIE}="))
+        assert "SameSite=None" in ours and ours.endswith("; Secure")
+    with pytest.raises(ValueError, match="cookie_samesite None needs cookie_secure"):
+        section("http://127.0.0.1:1", session__cookie_samesite="None")
+    assert "SameSite=Lax" in AdmissionProxy(section("http://127.0.0.1:1"))._cookie_header("v", 60)
+
+
+async def test_the_apps_keepalive_is_the_shops_choice():
+    """Fixed at 30 s, beyond an app that closes idle connections sooner (gunicorn 2 s): a POST
+    sent as the app closed its connection failed with 502."""
+    proxy = AdmissionProxy(section("http://127.0.0.1:1", upstream_keepalive=1.5))
+    await proxy.start()
+    try:
+        assert proxy.client.connector._keepalive_timeout == 1.5  # type: ignore[union-attr]
+    finally:
+        await proxy.close()
