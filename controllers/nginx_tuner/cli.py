@@ -109,6 +109,40 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--web.listen-address", dest="listen_address", default="", help="serve the tuner's /metrics here while it runs")
 
 
+def problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags, all at once, before nginx or its config is touched (a typo
+    found mid-sweep left a trial live or a journal behind: a stranger's review)."""
+    import shutil
+    from urllib.parse import urlsplit
+
+    from promreflex.proc import port_in_use
+
+    out = []
+    binary = args.nginx_binary
+    if not (shutil.which(binary) if "/" not in binary else (os.path.isfile(binary) and os.access(binary, os.X_OK))):
+        out.append(f"--nginx.binary {binary}: not an executable program")
+    if not 0 < args.confidence < 1:
+        out.append(f"--confidence {args.confidence:g}: give a level between 0 and 1 (0.95)")
+    if not args.reload_timeout > 0:
+        out.append(f"--nginx.reload-timeout {args.reload_timeout:g}s: must be above 0")
+    for flag, url in (("--load.url", args.load_url), ("--nginx.health-url", args.health_url),
+                      ("--nginx.stub-status-url", args.stub_status_url), ("--prometheus.url", args.prometheus_url)):
+        if url is not None and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+            out.append(f"{flag} {url}: not an http(s) URL")
+    if args.mode == "active":
+        if args.users < 1 or not args.spawn_rate > 0:
+            out.append(f"--load.users {args.users} / --load.spawn-rate {args.spawn_rate:g}: need at least 1 user started at a rate above 0")
+        if not args.duration > 0:
+            out.append(f"--load.duration {args.duration:g}s: must be above 0")
+        if args.think_min > args.think_max:
+            out.append(f"--load.think-min {args.think_min:g}s is above --load.think-max {args.think_max:g}s")
+    if args.listen_address:
+        host, _, port = args.listen_address.rpartition(":")
+        if not port.isdigit() or port_in_use(host.strip("[]") or "0.0.0.0", int(port)):
+            out.append(f"--web.listen-address {args.listen_address}: not a free HOST:PORT")
+    return out
+
+
 def _current(ctl) -> float | None:  # noqa: ANN001
     """The value in force for the tuned scope: the nearest definition going up (server, then
     http), else nginx's built-in 75 s; not merely what is written in the scope itself."""
@@ -127,6 +161,10 @@ async def run_tune(args: argparse.Namespace, progress=print) -> int:  # noqa: AN
     prefix = args.nginx_prefix or args.nginx_config.parent
     if args.mode == "active" and not args.load_url:
         print(f"promreflex {TUNE}: --mode active needs --load.url", file=sys.stderr)
+        return 2
+    if wrong := problems(args):
+        for line in wrong:
+            print(f"promreflex {TUNE}: {line}", file=sys.stderr)
         return 2
     settings = SweepSettings(
         candidates=args.candidates, repeats=args.repeats, seed=args.seed, confidence=args.confidence, rule=args.rule,

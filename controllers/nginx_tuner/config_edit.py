@@ -182,7 +182,9 @@ def _find_scope(configs: list[dict], server_name: str | None) -> tuple[str, dict
         (f, s)
         for f, s in _children(http["block"], http_file, configs)
         if s["directive"] == "server"
-        and any(c["directive"] == "server_name" and server_name in c["args"] for _, c in _children(s["block"], f, configs))
+        # (nginx compares host names without regard to case)
+        and any(c["directive"] == "server_name" and server_name.lower() in (a.lower() for a in c["args"])
+                for _, c in _children(s["block"], f, configs))
     ]
     if len(servers) != 1:
         where = " (" + ", ".join(f"{f}:{s['line']}" for f, s in servers) + ")" if servers else ""

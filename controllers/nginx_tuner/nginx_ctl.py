@@ -213,7 +213,10 @@ class NginxControl:
     @cached_property
     def _build_paths(self) -> dict[str, str]:
         """``--pid-path=`` etc. from ``nginx -V``: the defaults when the config names none."""
-        out = _run([self.nginx_bin, "-V"]).stderr
+        try:
+            out = _run([self.nginx_bin, "-V"]).stderr
+        except (OSError, subprocess.TimeoutExpired):  # (nginx -t says why, as a failed check)
+            return {}
         return {m[1]: m[2] for m in re.finditer(r"--([a-z-]+-path)=(\S+)", out)}
 
     def _in_prefix(self, path: str) -> Path:
@@ -314,6 +317,8 @@ class NginxControl:
             proc = _run([self.nginx_bin, "-t", "-q", "-c", str(self.conf_path), "-p", f"{self.prefix}/"])
         except subprocess.TimeoutExpired:
             return False, "nginx -t timed out"
+        except OSError as e:  # (a binary that is not there: said, never a traceback)
+            return False, f"cannot run {self.nginx_bin}: {e.strerror or e}"
         return proc.returncode == 0, (proc.stderr or proc.stdout).strip()
 
     @staticmethod

@@ -107,6 +107,16 @@ def test_named_server_only_changes_that_server(conf: Path) -> None:
 
 
 @pytest.mark.parametrize("conf", ["servers"], indirect=True)
+def test_a_server_name_is_found_whatever_its_case(conf: Path) -> None:
+    """nginx compares host names without regard to case; `--nginx.server-name` was exact (a
+    stranger's review: `server_name Shop.Example.COM;` was "found 0")."""
+    before = conf.read_text()
+    res = set_directive(conf, "keepalive_timeout", "12", server_name="WWW.Shop.Example")
+    assert res.changed and res.line == 9
+    assert changes(before, conf.read_text()) == (["        keepalive_timeout 30;"], ["        keepalive_timeout 12;"])
+
+
+@pytest.mark.parametrize("conf", ["servers"], indirect=True)
 def test_one_line_server_block_gets_the_statement_inline(conf: Path) -> None:
     before = conf.read_text()
     res = set_directive(conf, "keepalive_timeout", "7", server_name="api.example")

@@ -554,3 +554,37 @@ def test_a_control_restarted_mid_sweep_takes_the_header_from_the_journal(tmp_pat
     said = again.restore_original()
     assert said.endswith("and live") and conf.read_text() == original
     assert not again.journal_path.exists()
+
+
+def test_tune_nginx_names_every_bad_flag_before_touching_anything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's review: a typo'd --nginx.binary started the sweep, wrote its journal and
+    ended in a traceback; --confidence 2, --load.users 0, --nginx.reload-timeout 0 or an ftp://
+    URL started sweeps on the live nginx. All are named at once, exit 2, nothing touched."""
+    import asyncio
+    import socket
+
+    conf = write(tmp_path, SHADOW_SERVER)
+    before = conf.read_bytes()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    p = argparse.ArgumentParser()
+    cli.add_tune_arguments(p)
+    args = p.parse_args(["--nginx.config", str(conf), "--nginx.pid-file", str(tmp_path / "none.pid"), "--mode", "active",
+                         "--load.url", "ftp://127.0.0.1/", "--nginx.binary", "/nonexistent/nginx", "--confidence", "2",
+                         "--load.users", "0", "--nginx.reload-timeout", "0s", "--load.think-min", "10s", "--load.think-max", "8s",
+                         "--web.listen-address", f"127.0.0.1:{taken.getsockname()[1]}", "--results.dir", str(tmp_path / "results")])
+    try:
+        assert asyncio.run(cli.run_tune(args)) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    for flag in ("--nginx.binary", "--confidence", "--load.users", "--nginx.reload-timeout", "--load.url ftp://",
+                 "--load.think-min", "--web.listen-address"):
+        assert flag in err, (flag, err)
+    assert conf.read_bytes() == before and not (tmp_path / ".promreflex-backup").exists()
+    assert not (tmp_path / "results").exists()
+    from controllers.nginx_tuner.nginx_ctl import NginxControl
+
+    ok, msg = NginxControl(conf, tmp_path, "/nonexistent/nginx").test()  # never a traceback
+    assert not ok and "cannot run /nonexistent/nginx" in msg
