@@ -101,6 +101,15 @@ class Alert(BaseModel):
             data = {**data, "status": "resolved" if ended else "firing"}
         return data
 
+    @field_validator("startsAt", "endsAt", mode="before")
+    @classmethod
+    def _a_timestamp_is_text(cls, value: object) -> object:
+        """RFC 3339 text, as every sender writes it: pydantic would take a number as Unix seconds
+        (`"startsAt": 123`, 1970: 200 and "stale" where a malformed field earns its 422)."""
+        if value is not None and not isinstance(value, (str, datetime)):
+            raise ValueError("timestamps are RFC 3339 text")
+        return value
+
     @field_validator("startsAt", "endsAt")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:

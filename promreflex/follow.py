@@ -113,6 +113,7 @@ class FollowStats:
     open_errors: int = 0  # failed attempts to open an existing path (permissions, not a file)
     skipped_bytes: int = 0  # bytes already in the file at a first start at its end (from_start=False)
     unrecovered: int = 0  # truncations or restarts where what was written after our offset was not found
+    state_write_errors: int = 0  # polls whose state could not be saved (a full or read-only state directory)
 
     def snapshot(self) -> FollowStats:
         """A copy to diff against later (``follower.stats`` itself keeps changing)."""
@@ -431,6 +432,7 @@ class LogFollower:
         self._draining: list[_Handle] = []
         self._last_state: str | None = None
         self._open_error_logged = False
+        self._state_error = ""  # the last failure to write the state file ('' when the last write worked)
         # (n, hash of the first n bytes) of files this process held as current: a rotated file
         # whose head is one of these was read already (an older file compressed later).
         self._heads: collections.deque[tuple[int, str]] = collections.deque(maxlen=64)
@@ -592,8 +594,16 @@ class LogFollower:
             tmp.write_text(text)
             os.replace(tmp, self.state_file)
             self._last_state = text
+            if self._state_error:
+                log.info("follow state %s written again", self.state_file)
+                self._state_error = ""
         except OSError as e:
-            log.warning("cannot write follow state %s: %s", self.state_file, e)
+            self.stats.state_write_errors += 1
+            # Said once per kind of failure, not at every poll (a full disk: 4 lines a second per
+            # log, into a journal on the same full disk: a stranger's review).
+            if str(e) != self._state_error:
+                log.warning("cannot write follow state %s: %s (said again when it changes or recovers)", self.state_file, e)
+                self._state_error = str(e)
 
     def _refresh_fingerprints(self) -> None:
         """Identify each plain file by the content up to its last complete line (cheap: two

@@ -482,6 +482,12 @@ class NginxControl:
                 raise ValueError("rest is not a list of arguments")
             target = config_edit.target_file(self.conf_path, self.directive, self.server_name)
             if file.absolute() != target.absolute():
+                if file.absolute() in {f.absolute() for f in config_edit.config_files(self.conf_path)}:
+                    # Another scope's sweep of this same configuration did not end: its own
+                    # run puts it back; the journal is not ours to act on, nor to be removed.
+                    raise NginxError(f"a sweep of {file} (another scope of this configuration) did not end; its "
+                                     f"journal {self.journal_path} puts it back at the next tune-nginx or controller "
+                                     "start for that scope (--nginx.server-name); run that first")
                 raise ValueError(f"it names {file}, not {target}, the file this tuner edits")
         except (ValueError, KeyError, TypeError, ConfigEditError) as e:
             raise NginxError(f"sweep journal {self.journal_path} is not trusted ({e}); "

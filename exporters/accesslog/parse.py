@@ -224,7 +224,9 @@ def compile_log_format(log_format: str, *, trailing: bool = False,
         if following == "" and i + 1 < len(names):
             raise LogFormatError(
                 f"${name} is directly followed by ${names[i + 1]}: with no separator between them "
-                "the line cannot be split reliably"
+                "the line cannot be split reliably; when the exporter reads neither (it reads $status, the "
+                "times, the sizes and $request or $request_uri), describe the pair as one made-up variable "
+                f"(${name}_{names[i + 1]})"
             )
         # with trailing text allowed, a format-final variable ends at the next space
         body = _shape(name, following) or _field_pattern(following or (" " if trailing else ""), quoted)
@@ -514,6 +516,11 @@ def request_path(request: str) -> str | None:
         return None
     end = request.find(" ", first + 1)
     target = request[first + 1 :] if end < 0 else request[first + 1 : end]
+    if target[:8].lower().startswith(("http://", "https://")):
+        # The absolute form (`GET http://shop.example/checkout HTTP/1.1`: proxies, some bots):
+        # routed by its path, as nginx's $uri is.
+        slash = target.find("/", target.find("//") + 2)
+        target = target[slash:] if slash >= 0 else "/"
     return target or None
 
 

@@ -146,7 +146,10 @@ def test_unknown_format_name() -> None:
 
 @pytest.mark.parametrize(
     ("request_line", "path"),
-    [("GET /a?b=1 HTTP/1.1", "/a?b=1"), ("GET /x", "/x"), ("-", None), ("GET  HTTP/1.1", None)],
+    [("GET /a?b=1 HTTP/1.1", "/a?b=1"), ("GET /x", "/x"), ("-", None), ("GET  HTTP/1.1", None),
+     # the absolute form, by its path as nginx's $uri (a stranger's review: routed to "other")
+     ("GET http://shop.example/checkout/pay?x=1 HTTP/1.1", "/checkout/pay?x=1"),
+     ("GET HTTPS://shop.example:8443/a HTTP/1.1", "/a"), ("GET http://shop.example HTTP/1.1", "/")],
 )
 def test_request_path(request_line: str, path: str | None) -> None:
     assert request_path(request_line) == path

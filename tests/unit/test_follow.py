@@ -796,3 +796,21 @@ def test_two_copytruncates_between_polls_read_the_copy_between(tmp_path: Path) -
     assert f.poll() + f.poll() == []
     assert (f.stats.truncations, f.stats.unrecovered) == (2, 0)
     f.close()
+
+
+def test_a_state_file_that_cannot_be_written_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stranger's review: with the state directory's disk full, every poll of every log logged a
+    warning (4 a second per log), into a journal on that same full disk."""
+    import logging
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = tmp_path / "access.log"
+    f = LogFollower(log, state_file=blocker / "state.json")
+    with caplog.at_level(logging.WARNING, logger="promreflex.follow"):
+        for i in range(20):
+            append(log, f"{i}\n")
+            assert f.poll() == [str(i)]
+    warned = [r for r in caplog.records if "cannot write follow state" in r.getMessage()]
+    assert len(warned) == 1 and f.stats.state_write_errors >= 20
+    f.close()

@@ -160,3 +160,27 @@ def test_the_health_probe_says_why_and_takes_a_self_signed_certificate(tmp_path:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_another_scopes_unfinished_sweep_is_named_as_such(tmp_path: Path) -> None:
+    """A stranger's review: a journal left by a sweep of one server made a run for another scope
+    of the same configuration say the journal was "not trusted" and to remove it (which throws
+    that server's recovery away). It is that scope's to put back, and said so."""
+    import json
+    import os
+
+    (tmp_path / "conf.d").mkdir()
+    shop = tmp_path / "conf.d" / "shop.conf"
+    shop.write_text("server {\n    listen 8080;\n    server_name shop;\n    keepalive_timeout 7;\n}\n")
+    conf = tmp_path / "nginx.conf"
+    conf.write_text("events {}\nhttp {\n    keepalive_timeout 65;\n    include conf.d/*.conf;\n}\n")
+    ctl = NginxControl(conf, tmp_path, pid_path=tmp_path / "none.pid")
+    ctl.backup_dir.mkdir(mode=0o700)
+    original = shop.read_text().replace("keepalive_timeout 7;", "keepalive_timeout 30;")  # 7: a trial's
+    ctl.journal_path.write_text(json.dumps({"file": str(shop), "content": original, "started": 0}))
+    os.chmod(ctl.journal_path, 0o600)
+    with pytest.raises(NginxError, match=r"a sweep of .*shop.conf \(another scope of this configuration\) did not end"):
+        ctl.recover()
+    assert ctl.journal_path.exists() and "keepalive_timeout 7;" in shop.read_text()
+    said = NginxControl(conf, tmp_path, pid_path=tmp_path / "none.pid", server_name="shop").recover()
+    assert "put back" in said and shop.read_text() == original

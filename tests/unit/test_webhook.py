@@ -145,6 +145,9 @@ async def test_valid_payload_is_accepted_and_acted_on(client):
         (json.dumps({**payload(), "alerts": "x"}).encode(), 422, "invalid_payload", "alerts"),
         (json.dumps(payload(alert(starts="yesterday"))).encode(), 422, "invalid_payload", "startsAt"),
         (json.dumps(payload(alert(starts="2026-11-23T10:00:00"))).encode(), 422, "invalid_payload", "time zone"),
+        # a number was taken as Unix seconds (1970: 200 and "stale"; a stranger's review)
+        (json.dumps(payload(alert(starts=123))).encode(), 422, "invalid_payload", "RFC 3339 text"),
+        (json.dumps({**payload(), "alerts": [{**alert(), "endsAt": 1.5e9}]}).encode(), 422, "invalid_payload", "endsAt"),
         (json.dumps({**payload(), "alerts": [{**alert(), "labels": {"a": 1}}]}).encode(), 422, "invalid_payload", "labels"),
         (json.dumps({**payload(), "version": "3"}).encode(), 422, "invalid_payload", "version '3'"),
     ],
