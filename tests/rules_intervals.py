@@ -208,6 +208,7 @@ def concerns() -> list[Concern]:
              "instance:promreflex_admission_sessions_completed:rate2m": 1,
              "instance:promreflex_admission_sessions_abandoned:rate2m": 1,
              "instance:promreflex_admission_sessions_abandoned:ratio_rate2m": 1,
+             "instance:promreflex_admission_sessions_abandoned:ratio_calm": 1,
              "instance:promreflex_admission_sessions_abandoned:ratio_usual": 1,
              "instance:promreflex_admission_waiting_room_answers:rate2m": 1}), [
             Alert("AdmissionBacklog", {
@@ -351,9 +352,7 @@ FIRES: dict[tuple[str, str], dict[int, tuple[int, int] | None]] = {
     ("accesslog", "PromreflexAccessLogMostlyRejected"): {15: (1215, 2220), 30: (1230, 2220), 60: (1260, 2220)},
     ("accesslog", "PromreflexAccessLogNotGrowing"): {15: (1500, 2115), 30: (1500, 2130), 60: (1500, 2160)},
     ("admission", "AdmissionBacklog"): {15: (1035, 2160), 30: (1050, 2220), 60: (1080, 2400)},
-    # (ends before the fault does: the usual share is a median over the history, 15 minutes here,
-    # and the fault has become as long as it at about 32m)
-    ("admission", "AdmissionSessionsAbandoned"): {15: (1080, 1935), 30: (1080, 1920), 60: (1200, 1920)},
+    ("admission", "AdmissionSessionsAbandoned"): {15: (1080, 2175), 30: (1080, 2190), 60: (1200, 2280)},
     ("admission", "AdmissionWaitingRoomActive"): {15: (975, 2220), 30: (990, 2220), 60: (1020, 2400)},
     ("admission", "AdmissionHoldExpired"): {15: (915, 1500), 30: (930, 1500), 60: (960, 1500)},
     ("controller", "PromreflexControllerReconcileStale"): {15: (1095, 2115), 30: (1110, 2130), 60: (1140, 2160)},

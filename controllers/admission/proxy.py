@@ -957,6 +957,7 @@ class AdmissionProxy:
             text = "The shop lets no new visitors in for the moment."
         else:
             position = queued + 1
+            long_wait = False
             cap = self.holds.session_cap()
             limit = min(self.cfg.session.max_sessions, cap) if cap is not None else self.cfg.session.max_sessions
             full = len(self.sessions.active) >= limit
@@ -966,13 +967,14 @@ class AdmissionProxy:
                 est = ahead / rate if rate > 0 else None
                 # The rate is smoothed per period and halves each period no session ends: after
                 # a quiet spell it said "about 9829876954 s" (a stranger's review). Beyond what
-                # Retry-After may say, no estimate is honest.
+                # Retry-After may say no number is honest; the page still retries no sooner
+                # than Retry-After's longest (faster refreshes would only add load at the peak).
                 if est is not None and est > MAX_RETRY:
-                    est = None
+                    est, long_wait = None, True
             else:
                 est = self.scheduler.position_estimate(position)
             if est is None:
-                retry = CLOSED_RETRY
+                retry = MAX_RETRY if long_wait else CLOSED_RETRY
                 text = "The shop is full: a visitor is let in when another one leaves."
             else:
                 retry = max(1, min(MAX_RETRY, math.ceil(est)))

@@ -126,6 +126,10 @@ class EditResult:
     backup: Path | None
     shadowed_by: tuple[Location, ...] = field(default=())  # nested scopes redefining it
     message: str = ""
+    # (access, modification) times in ns of the folder the file was written in, before the edit
+    # made its temporary files there: a rollback nginx never had to reload gives them back
+    # (NginxControl.pending_files watches the folders of wildcard includes).
+    folder_times: tuple[int, int] | None = None
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -339,6 +343,23 @@ def _check_shared(configs: list[dict], file: str, directive: str, server_name: s
 def config_files(conf_path: str | os.PathLike) -> list[Path]:
     """Every file the configuration reads as configuration (``conf_path`` and its ``include``s)."""
     return [Path(c["file"]) for c in _parse(Path(conf_path))]
+
+
+def include_dirs(conf_path: str | os.PathLike) -> list[Path]:
+    """The folders of the configuration's wildcard ``include``s (``sites-enabled/*``): where a
+    file added or removed changes what nginx reads."""
+    conf = Path(conf_path)
+    out: dict[Path, None] = {}
+    for c in _parse(conf):
+        stack = list(c["parsed"])
+        while stack:
+            stmt = stack.pop()
+            stack.extend(stmt.get("block", ()))
+            if stmt["directive"] == "include" and stmt["args"] and any(ch in stmt["args"][0] for ch in "*?["):
+                pattern = Path(stmt["args"][0])
+                folder = (pattern if pattern.is_absolute() else conf.parent / pattern).parent
+                out.setdefault(folder, None)
+    return list(out)
 
 
 def target_file(conf_path: str | os.PathLike, directive: str, server_name: str | None = None) -> Path:
@@ -802,6 +823,8 @@ def set_directive(
         msg += "; note: redefined in nested blocks at " + ", ".join(f"{loc.file}:{loc.line}" for loc in shadowed)
 
     # Verify on a private copy, then back up and swap in atomically.
+    written = file.resolve() if file.is_symlink() else file
+    folder = os.stat(written.parent)
     fd, probe = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".verify")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
@@ -811,4 +834,5 @@ def set_directive(
         os.unlink(probe)
     backup = save_backup(file, bdir)
     atomic_write(file, new_text)
-    return EditResult(file, line, directive, old_args, new_args, inserted, True, backup, shadowed, msg)
+    return EditResult(file, line, directive, old_args, new_args, inserted, True, backup, shadowed, msg,
+                      (folder.st_atime_ns, folder.st_mtime_ns))

@@ -280,24 +280,32 @@ class NginxControl:
         config_edit.check_tunable(self.conf_path, self.directive, self.server_name)
 
     def loaded_at(self) -> float:
-        """When nginx last read its configuration (Unix time): the start of its newest child
-        (a reload starts new workers; workers draining after one are older), else of the master."""
+        """When nginx last read its configuration (Unix time): the start of the OLDEST worker of
+        the generation that serves (a reload starts all of them at once; the master also forks
+        one alone in place of a worker that died, which read nothing: the newest would say a
+        crash re-read the files), else of any child, else of the master. Workers of the previous
+        generation still draining are titled "is shutting down" and left out."""
         master = self.master_pid()
-        times = [t for t in map(start_time, children(master) or [master]) if t is not None]
+        kids = children(master)
+        serving = [k for k in kids if cmdline(k).endswith("worker process")]
+        times = [t for t in map(start_time, serving or kids or [master]) if t is not None]
         if not times:
             raise NginxError(f"cannot read the start time of nginx master {master}'s processes")
-        return max(times)
+        return min(times) if serving else max(times)
 
     def pending_files(self) -> list[Path]:
-        """The configuration's files (``include``d ones too) modified after nginx last read its
-        configuration: a reload, ours included, would make their changes live. By modification
-        time, so a deployment that keeps its files' old times (``rsync -t``, ``cp -p``) is not
-        seen, and a file written within :data:`PENDING_SLACK_S` after a reload counts as loaded."""
-        loaded = self.loaded_at()
+        """The configuration's files (``include``d ones too) changed after nginx last read its
+        configuration, and the folders of its wildcard ``include``s (a file added or removed
+        there: a site enabled or disabled): a reload, ours included, would make those changes
+        live. By modification time: a file's, and a link's own (``ln -s ../sites-available/x
+        sites-enabled/``: the link is new, the file it names old), so a deployment that keeps
+        its files' old times (``rsync -t``, ``cp -p``) is not seen, and a change within
+        :data:`PENDING_SLACK_S` after a reload counts as loaded."""
+        loaded = self.loaded_at() + PENDING_SLACK_S
         out = []
-        for f in config_edit.config_files(self.conf_path):
+        for f in [*config_edit.config_files(self.conf_path), *config_edit.include_dirs(self.conf_path)]:
             try:
-                if f.stat().st_mtime > loaded + PENDING_SLACK_S:
+                if max(f.stat().st_mtime, f.lstat().st_mtime) > loaded:
                     out.append(f.absolute())
             except OSError:
                 continue
@@ -446,11 +454,12 @@ class NginxControl:
         with self._exclusive():
             return self._recover()
 
-    def restore_original(self) -> str:
+    def restore_original(self, keep: bool = False) -> str:
         """Put back the file as it was before the sweep and make it live; says what it did.
-        The journal stays (and the next sweep or start tries again) until nginx serves it."""
+        The journal stays (and the next sweep or start tries again) until nginx serves it, and
+        with ``keep`` after that too (a sweep that goes on)."""
         with self._exclusive():
-            return self._recover() or "no sweep journal: nothing to restore"
+            return self._recover(keep) or "no sweep journal: nothing to restore"
 
     def _read_journal(self) -> tuple[Path, str, tuple[str, ...] | None] | None:
         """The journal's (file, text, the arguments after the first as configured before the
@@ -520,7 +529,7 @@ class NginxControl:
         atomic_write_text(aside, text, mode=0o600)
         return aside
 
-    def _recover(self) -> str:
+    def _recover(self, keep: bool = False) -> str:
         found = self._read_journal()
         if found is None:
             return ""
@@ -539,7 +548,7 @@ class NginxControl:
                     f"file's {self.directive}: a trial's value may have come with the deployment)")
         changed = now != content
         kept = ""
-        if changed and now is not None:  # (a trial's: kept beside the backups)
+        if changed and now is not None and not keep:  # (a trial's: kept beside the backups; mid-sweep it is this sweep's own)
             kept = f" (what it held is kept in {self._aside(file, 'at-recovery', now)})"
         if changed:
             config_edit.atomic_write(file, content)
@@ -555,7 +564,8 @@ class NginxControl:
             raise NginxError(f"{what}, but the config cannot be read ({e}); the journal {self.journal_path} is kept") from None
         if not changed and file.absolute() not in pending:
             # nginx loaded the file after it was last written: what runs is the original
-            self.journal_path.unlink(missing_ok=True)
+            if not keep:
+                self.journal_path.unlink(missing_ok=True)
             return f"{what} and loaded"
         others = [f for f in pending if f != file.absolute()]
         if others:
@@ -569,7 +579,8 @@ class NginxControl:
             raise NginxError(f"{what}, but the reload failed ({reload.message}); the journal {self.journal_path} is kept")
         if not self._healthy_within():
             raise NginxError(f"{what} and reloaded, but the health check fails; the journal {self.journal_path} is kept")
-        self.journal_path.unlink(missing_ok=True)
+        if not keep:
+            self.journal_path.unlink(missing_ok=True)
         return f"{what} and live"
 
     def _state(self, state: str) -> None:
@@ -701,6 +712,14 @@ class NginxControl:
         config_edit.restore_backup(res.edit.file, self.backup_dir)
         res.rolled_back = True
         if not reload:
+            # nginx never read the edit: the folder too as it last read it (its mtime is how a
+            # file added or removed there is seen as pending)
+            if res.edit.folder_times is not None:
+                edited = res.edit.file.resolve() if res.edit.file.is_symlink() else res.edit.file
+                try:
+                    os.utime(edited.parent, ns=res.edit.folder_times)
+                except OSError:
+                    pass
             return
         ok, msg = self.test()
         if not ok:

@@ -126,7 +126,7 @@ class Journal(Protocol):
 
     def begin_sweep(self) -> str: ...
 
-    def restore_original(self) -> str: ...
+    def restore_original(self, keep: bool = False) -> str: ...
 
     def end_sweep(self) -> None: ...
 
@@ -324,10 +324,13 @@ class Sweep:
     async def _apply(self, value: float) -> ApplyResult:
         return await asyncio.to_thread(self.apply, int(value))
 
-    async def _restore_last_good(self) -> str:
+    async def _restore_last_good(self, going_on: bool = False) -> str:
+        """``going_on``: the sweep continues after this (a trial's errors): the journal stays, so
+        the next trials' edits are still undone however the sweep ends (it was removed here, and
+        a sweep ended on a trial's value while saying "restored")."""
         if self.journal is not None:
             try:
-                return "restored: " + await asyncio.to_thread(self.journal.restore_original)
+                return "restored: " + await asyncio.to_thread(self.journal.restore_original, going_on)
             except Exception as e:  # noqa: BLE001 - said, and the journal stays for the next try
                 return f"could NOT restore the pre-sweep config: {e}"
         if self.current is None:
@@ -458,7 +461,7 @@ class Sweep:
                 if m.aborted or m.error_ratio > self.settings.max_error_ratio:
                     why = m.aborted or f"error ratio {m.error_ratio:.2%} > {self.settings.max_error_ratio:.2%}"
                     rec.result = "errors"
-                    rec.message = f"{why}; {await self._restore_last_good()}"
+                    rec.message = f"{why}; {await self._restore_last_good(going_on=True)}"
                     self._count(t.value, "errors")
                 else:
                     self._count(t.value, "ok", m)

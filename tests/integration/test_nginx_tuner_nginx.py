@@ -13,7 +13,6 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -146,16 +145,20 @@ def port_conflict(live: Live) -> Iterator[Path]:
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     other = live.prefix / "conf.d" / "other-team.conf"
-    other.write_text(f"server {{ listen 127.0.0.1:{blocker.getsockname()[1]}; }}\n")
-    # Deployed keeping an old time (rsync -t, cp -p): the control cannot see that nginx has not
-    # read it (a fresh one is refused before anything is touched: test_a_pending_deployment_...).
-    hour_ago = time.time() - 3600
-    os.utime(other, (hour_ago, hour_ago))
+    other.write_text("# another team's file, empty for now\n")
+    assert NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0).reload().ok  # nginx has read it
+    # Then rewritten in place keeping its old time (`cp -p` over it): the control cannot see
+    # that nginx has not read this (a change it can see is refused before anything is touched:
+    # test_a_pending_deployment_...).
+    st = other.stat()
+    other.write_text(f"server {{ listen 127.0.0.1:{blocker.getsockname()[1]}; }}\n")  # (same inode, truncated)
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
     try:
         yield other
     finally:
-        other.unlink()
+        other.unlink()  # the other team takes it back and reloads (a removal nginx has not seen is pending too)
         blocker.close()
+        assert NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0).reload().ok
 
 
 class BackgroundGets:

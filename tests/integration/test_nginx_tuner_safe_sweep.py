@@ -181,6 +181,12 @@ def _control(live: Live, **kw: str) -> NginxControl:  # noqa: F811
 def _staged(live: Live) -> tuple[Path, str]:  # noqa: F811
     """Another team's change, written to disk and not reloaded (waiting for its window): a
     server on a port of its own, so whether nginx runs it shows from outside."""
+    import time
+
+    from controllers.nginx_tuner.nginx_ctl import PENDING_SLACK_S
+
+    loaded = _control(live).loaded_at()  # (a change within the slack after nginx read its files counts as read)
+    wait_until(lambda: time.time() > loaded + PENDING_SLACK_S + 0.05, timeout=10, what="the slack to pass")
     port = free_port()
     staged = live.prefix / "conf.d" / "staged.conf"
     staged.write_text(f"server {{ listen 127.0.0.1:{port}; return 200 staged; }}\n")
@@ -313,3 +319,75 @@ def test_sigterm_mid_sweep_puts_the_pre_sweep_file_back_live(live: Live, tmp_pat
     assert "restored" in out and ctl.effective_seconds() == 65.0
     assert not ctl.pending_files()  # and live: reloaded after it was put back
     wait_until(lambda: not any(pid_alive(p) for p in load), timeout=20, what="the load to end")
+
+
+def test_a_site_enabled_or_disabled_by_a_link_is_a_pending_change(live: Live, tmp_path: Path) -> None:  # noqa: F811
+    """A stranger's review of this stop's diff: a site enabled the Debian way (a link into the
+    included folder to a file written days ago) was not seen (the file's time is old), nor one
+    disabled (`rm` of the link: no file left to look at); the tuner's reload made either live."""
+    import time
+
+    from controllers.nginx_tuner.nginx_ctl import PENDING_SLACK_S
+
+    ctl = _control(live)
+    loaded = ctl.loaded_at()
+    wait_until(lambda: time.time() > loaded + PENDING_SLACK_S + 0.05, timeout=10, what="the slack to pass")
+    site = tmp_path / "sites-available-newshop.conf"
+    site.write_text(f"server {{ listen 127.0.0.1:{free_port()}; return 200 new; }}\n")
+    days_ago = time.time() - 3 * 86400
+    os.utime(site, (days_ago, days_ago))
+    link = live.prefix / "conf.d" / "newshop.conf"
+    link.symlink_to(site)
+    res = ctl.apply(30)
+    assert (res.ok, res.stage) == (False, "precheck") and "newshop.conf" in res.message, res
+    assert ctl.reload().ok and ctl.apply(30).ok  # enabled on purpose: tuning goes on
+    loaded = ctl.loaded_at()
+    wait_until(lambda: time.time() > loaded + PENDING_SLACK_S + 0.05, timeout=10, what="the slack to pass")
+    link.unlink()  # disabled, for the next maintenance window
+    res = ctl.apply(40)
+    assert (res.ok, res.stage) == (False, "precheck") and "conf.d" in res.message, res
+    assert ctl.current_value() == ("30",)
+
+
+def test_a_worker_respawned_after_a_crash_is_not_a_reload(live: Live) -> None:  # noqa: F811
+    """A stranger's review of this stop's diff: the master forks a new worker in place of one
+    that died (a segfault, an OOM kill); its start time was taken for nginx reading its files,
+    so a staged edit stopped counting as pending and went live with the tuner's reload."""
+    import signal
+    import time
+
+    from controllers.nginx_tuner.nginx_ctl import PENDING_SLACK_S
+
+    ctl = _control(live)
+    loaded = ctl.loaded_at()
+    wait_until(lambda: time.time() > loaded + PENDING_SLACK_S + 0.05, timeout=10, what="the slack to pass")
+    staged, staged_url = _staged(live)
+    assert str(staged) in ctl.apply(30).message
+    workers = ctl.workers()
+    os.kill(workers[0], signal.SIGKILL)
+    wait_until(lambda: len(ctl.workers()) == len(workers) and workers[0] not in ctl.workers(), timeout=20,
+               what="the master to fork a worker in place of the dead one")
+    res = ctl.apply(30)
+    assert (res.ok, res.stage) == (False, "precheck") and str(staged) in res.message, res
+    assert not http_ok(staged_url)
+
+
+async def test_a_trial_with_errors_does_not_end_the_sweeps_protection(live: Live) -> None:  # noqa: F811
+    """A stranger's review of this stop's diff: a trial whose errors rose put the pre-sweep file
+    back and removed the journal; the next trials ran unprotected and the sweep ended on a
+    trial's value, live, every line saying "restored"."""
+    ctl = _control(live)
+    original = live.conf.read_text()
+    outage = {"on": True}
+
+    async def measure(value: float) -> Measurement:
+        if outage["on"]:  # an app outage while the sweep runs: as many 5xx as requests
+            return Measurement(0.001, 0.002, 1e6, "pss", 100, 100)
+        return Measurement(0.001, 0.002, 1e6, "pss", 100, 0)
+
+    settings = SweepSettings(candidates=(10.0, 20.0), repeats=1, seed=3)
+    result = await Sweep(settings, ctl.apply, measure, 65.0, progress=lambda _: None, journal=ctl).run()
+    assert [r.result for r in result.records] == ["errors"] * 3
+    assert not result.final_ok and live.conf.read_text() == original, result.final
+    assert ctl.current_value() == ("65",) and not ctl.pending_files() and not ctl.journal_path.exists()
+    assert http_ok(live.url)
