@@ -88,6 +88,35 @@ def _copy(args: argparse.Namespace) -> int:
                     max_lease=args.max_lease, fresh=args.fresh, linger=args.linger, copy_id=args.id)
 
 
+#: Programs never a copy: a PID of one of these given to `adopt` is a typo or a mix-up, and the
+#: guard would freeze it (the shop itself, at its busiest) with all its children.
+NOT_A_COPY = re.compile(r"^(?:nginx|php-fpm[\d.]*|php-cgi|apache2|httpd|mysqld|mariadbd|postgres|redis-server|memcached|"
+                        r"systemd(?:-.*)?|init|sshd|dbus-daemon|prometheus|alertmanager|node_exporter|"
+                        r"prometheus-.*|gunicorn|uwsgi|unicorn|puma|java|dockerd|containerd.*|kubelet)$")
+
+
+def _not_adoptable(pid: int) -> str:
+    """Why ``pid`` must not be adopted ('' when it may): PID 1, this command or one of its
+    parents (a shell, the terminal's session), a kernel thread, or a program that is never a
+    copy (a stranger's review: `adopt --pid 1` was accepted; its freeze takes every process)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if pid <= 1 or pid in {p.pid for p in [psutil.Process(), *psutil.Process().parents()]}:
+            return "it is PID 1 or this command's own process or one of its parents"
+        if proc.ppid() == 2 or not proc.cmdline():
+            return "it is a kernel thread"
+        name = Path(proc.cmdline()[0]).name.split(":")[0]
+        if NOT_A_COPY.match(name) or NOT_A_COPY.match(proc.name()):
+            return f"it is {proc.name()} ({' '.join(proc.cmdline())[:120]}), not a copy"
+        if "promreflex" in " ".join(proc.cmdline()[:4]) and "copy" not in proc.cmdline()[:4]:
+            return "it is a promreflex process"
+    except psutil.Error:
+        return ""  # (gone: said by the caller)
+    return ""
+
+
 def _adopt(args: argparse.Namespace) -> int:
     pid, pgid = args.pid, args.pgid
     if pgid is not None:
@@ -96,8 +125,15 @@ def _adopt(args: argparse.Namespace) -> int:
             print(f"copy-guard adopt: no process in group {pgid}", file=sys.stderr)
             return 1
         pid = pgid if pgid in members else members[0]
+        why = next((w for w in map(_not_adoptable, members) if w), "")
+    else:
+        why = _not_adoptable(pid) if pid is not None else ""
     if pid is None or not pid_alive(pid):
         print(f"copy-guard adopt: no process {pid}", file=sys.stderr)
+        return 1
+    if why and not (args.force and "PID 1" not in why and "kernel" not in why):
+        print(f"copy-guard adopt: not adopting {'group ' + str(pgid) if pgid is not None else 'pid ' + str(pid)}: {why}"
+              + ("" if "PID 1" in why or "kernel" in why else "; --force if it really is the copy"), file=sys.stderr)
         return 1
     entry = Entry(id=args.id or new_id("adopted"), kind="adopted", pid=pid, pid_start=process_start(pid),
                   pgid=pgid, site=args.site, src=args.src or "", dst=args.dst or "")
@@ -106,6 +142,25 @@ def _adopt(args: argparse.Namespace) -> int:
     how = f"process group {pgid}" if pgid is not None else f"pid {pid} and its children"
     print(f"adopted {how} as {entry.id} for site {args.site} ({path}); pause methods here: "
           f"{', '.join(freeze.detect())}")
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    registry = Registry(_registry(args))
+    entry = next((e for e in registry.entries(include_dead=True) if e.id == args.id), None)
+    if entry is None:
+        print(f"copy-guard forget: no copy {args.id!r} in {registry.dir} (`copy-guard list` shows them)", file=sys.stderr)
+        return 1
+    if entry.kind == "adopted":  # frozen now, maybe: thawed first (the record is how)
+        from controllers.copy_guard.action import release_adopted
+
+        try:
+            release_adopted(registry, entry.id)
+        except Exception as exc:  # noqa: BLE001 - said; the entry is removed all the same
+            print(f"copy-guard forget: could not resume {entry.id} first: {exc}", file=sys.stderr)
+    registry.remove(entry.id)
+    print(f"forgot {entry.id} ({entry.kind}, pid {entry.pid}): resumed if it was held, and never paused again"
+          + ("" if entry.kind == "adopted" else " (a `promreflex copy` resumes itself within its lease)"))
     return 0
 
 
@@ -205,7 +260,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cp.set_defaults(func=_copy)
 
     guard = subparsers.add_parser("copy-guard", help="copies the copy guard may pause: adopt, list, resume-all, doctor")
-    sub = guard.add_subparsers(dest="copy_guard_command", metavar="{adopt,list,resume-all,doctor}")
+    sub = guard.add_subparsers(dest="copy_guard_command", metavar="{adopt,forget,list,resume-all,doctor}")
     sub.required = True
     from controllers.copy_guard.doctor import add_doctor_parser
 
@@ -218,13 +273,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ad.add_argument("--src", help="for the listing only")
     ad.add_argument("--dst", help="for the listing only")
     ad.add_argument("--id")
+    ad.add_argument("--force", action="store_true",
+                    help="adopt a program that is never a copy by its name (nginx, a database...): never PID 1")
+    fg = sub.add_parser("forget", help="unregister a copy (an adoption made by mistake): the guard lets it be")
+    fg.add_argument("id", help="its id, as `copy-guard list` shows it")
     ra = sub.add_parser("resume-all", help="resume every registered copy now")
     ra.add_argument("--control.token-file", dest="token_file", type=Path,
                     help="bearer token for copies started with --web.token-file (the route's control_token_file)")
     ra.add_argument("--control.host", dest="control_hosts", action="append", default=[], metavar="HOST",
                     help="a host beyond loopback whose copies may be resumed (repeat; the route's control_hosts)")
-    for p in (ad, sub.add_parser("list", help="registered copies"), ra):
+    for p in (ad, sub.add_parser("list", help="registered copies"), ra, fg):
         p.add_argument("--registry.dir", dest="registry_dir", type=_abs_path, default=None, help=REGISTRY_HELP)
     ad.set_defaults(func=_adopt)
+    fg.set_defaults(func=_forget)
     sub.choices["list"].set_defaults(func=_list)
     sub.choices["resume-all"].set_defaults(func=_resume_all)

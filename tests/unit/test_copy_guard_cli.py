@@ -133,3 +133,43 @@ def test_list_shows_what_a_promreflex_copy_says_of_itself():
         assert _copy_state(url) == "no"
     assert _copy_state(url) == "?"  # it no longer answers
     assert _copy_state(None) == "-"
+
+
+def test_adopt_refuses_what_is_never_a_copy_and_forget_undoes_one(tmp_path, capsys):
+    """A stranger's review: `adopt --pid 1` was accepted (its freeze takes every process on the
+    host), as was the shop's own nginx or php-fpm, frozen at the shop's busiest; and nothing
+    undid an adoption but deleting its JSON by hand."""
+    import os
+    import sys
+
+    reg = tmp_path / "copies"
+    assert main(["copy-guard", "adopt", "--pid=1", f"--registry.dir={reg}"]) == 1
+    assert "PID 1" in capsys.readouterr().err
+    assert main(["copy-guard", "adopt", "--pid=1", "--force", f"--registry.dir={reg}"]) == 1  # never, even forced
+    assert main(["copy-guard", "adopt", f"--pid={os.getpid()}", f"--registry.dir={reg}"]) == 1  # this command itself
+    capsys.readouterr()
+    nginx = subprocess.Popen(["bash", "-c", 'exec -a nginx sleep 30'])
+    try:
+        from promreflex.proc import wait_until
+        from controllers.nginx_tuner.procfs import cmdline
+
+        wait_until(lambda: cmdline(nginx.pid).startswith("nginx"), timeout=10, what="the stand-in nginx")
+        assert main(["copy-guard", "adopt", f"--pid={nginx.pid}", f"--registry.dir={reg}"]) == 1
+        assert "not a copy; --force if it really is the copy" in capsys.readouterr().err
+        assert Registry(reg).entries() == []
+    finally:
+        nginx.kill()
+        nginx.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert main(["copy-guard", "adopt", f"--pid={sleeper.pid}", f"--registry.dir={reg}", "--id=mistake"]) == 0
+        entry = Registry(reg).get("mistake")
+        entry.pause = freeze.pause("mistake", pid=sleeper.pid, methods=["signal"])
+        Registry(reg).update(entry)
+        assert freeze.stopped(sleeper.pid) is True
+        assert main(["copy-guard", "forget", "mistake", f"--registry.dir={reg}"]) == 0
+        assert freeze.stopped(sleeper.pid) is False and Registry(reg).get("mistake") is None
+        assert main(["copy-guard", "forget", "mistake", f"--registry.dir={reg}"]) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
