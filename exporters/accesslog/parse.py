@@ -252,7 +252,9 @@ def compile_log_format(log_format: str, *, trailing: bool = False,
 # Labelled fields between the two (NGINX's "Using NGINX Logging for APM" format, much copied:
 # `rt=$request_time uct="$upstream_connect_time" uht="$upstream_header_time" urt="..."`) are
 # skipped; they made the upstream time optional-and-absent, an empty histogram (a stranger's review).
-_OTHER_LABELLED = r'(?: (?!urt=)\w+=(?:"[^"]*"|\S*))*+'
+# An unquoted value may be a list, as nginx writes them after a retry (`uct=0.000, 0.001` or
+# `0.000 : 0.001`): stopped at its first space, the rest was taken for the upstream time.
+_OTHER_LABELLED = r'(?: (?!urt=)\w+=(?:"[^"]*"|[^\s,]*(?:(?:, | : )[^\s,]*)*+))*+'
 _TIMED_SUFFIX = (r' (?:rt=|(?=\d+\.\d+(?: |\Z)))(?P<request_time>\S+)' + _OTHER_LABELLED +
                  rf'(?: (?:urt=)?(?P<uq>"?)(?P<upstream_response_time>{_TIMES})(?P=uq))?')
 

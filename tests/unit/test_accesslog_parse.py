@@ -393,3 +393,11 @@ def test_nginx_timed_reads_urt_after_other_labelled_fields() -> None:
     # no upstream: the labelled fields alone are no upstream time
     r = p.parse(line.replace(' urt="0.102, 0.003"', ""))
     assert r.request_time == 0.105 and r.upstream_time is None, r
+    # unquoted, as prometheus-nginxlog-exporter's docs show it, after a retry: the lists are
+    # skipped whole (a review of the fix: the second connect time was read as the upstream time)
+    unquoted = ('127.0.0.1 - - [28/Nov/2026:04:56:07 +0000] "GET /slow1 HTTP/1.1" 200 4 "-" "curl/7.88.1" '
+                'rt=0.305 uct=0.000, 0.001 uht=0.304, 0.001 urt=0.304, 0.001')
+    r = p.parse(unquoted)
+    assert r.request_time == 0.305 and r.upstream_time == pytest.approx(0.305), r
+    r = p.parse(unquoted.replace(", 0.001", " : 0.001"))
+    assert r.upstream_time == pytest.approx(0.305), r
