@@ -577,6 +577,11 @@ class CopyGuardAction(Action):
                         log.warning("ignoring unreadable episode in %s: %r", reg_dir / STATE_NAME, e)
                         continue
                     resumed += await self._release_all(ep, "recovery")
+                    if ep.throttle is not None and ep.throttle.paused:
+                        # The copies ran again from their leases' end (and now, released): a pause
+                        # taken up again starts over, or the controller's downtime counted toward
+                        # max_pause (a false forced resume and its warning: a stranger's review).
+                        ep.throttle.paused_since = time.time()
                     if ep.holders and ep.site not in self.episodes:
                         self.episodes[ep.site] = ep
                         log.info("recovered episode of %s (held by %d alert(s), awaiting confirmation)",

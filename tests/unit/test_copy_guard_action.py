@@ -863,3 +863,29 @@ def test_the_shipped_route_routes_the_crowd_alert_and_pauses_for_a_crowd():
         'alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"']
     s = CopyGuardParams(**route["params"]).settings()
     assert (s.crowd, s.max_pause) == ("pause", 120.0)
+
+
+async def test_a_pause_taken_up_after_a_crash_does_not_count_the_downtime(copies, reg):
+    """A stranger's review: the controller SIGKILLed mid-pause, restarted minutes later (its
+    copies had run again from their leases' end): the downtime counted toward max_pause, a
+    forced resume was recorded at once and CopyGuardForcedResume warned of a quiet shop."""
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    p = adaptive(reg, max_pause=120)
+    crashed = await started(prometheus=prom)
+    await crashed.fire(ctx(p))
+    await step(crashed, prom, served=30.0)  # a severe deficit: paused
+    assert copies.state["c1"] == "paused"
+    ep = crashed.episodes["shop"]
+    assert ep.throttle is not None and ep.throttle.paused
+    ep.throttle.paused_since -= 600  # ... then SIGKILLed, and restarted ten minutes later
+    crashed._save()
+    am = FakeAlertmanager()
+    am.active = [alert("CopyGuardSiteOverloaded", site="shop")]
+    fresh = await started(prometheus=prom, **judged(am, reg))
+    await fresh.recover([p])
+    assert copies.paused() == set()
+    await step(fresh, prom, served=99.0)
+    await step(fresh, prom, served=99.0)
+    assert metric(fresh, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)
+    await fresh.shutdown()
