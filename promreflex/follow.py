@@ -101,6 +101,12 @@ class NotTextError(UserError):
     """A file given as a text log is compressed (other than gzip where gzip is read) or binary."""
 
 
+#: A rotated file that is deleted is closed after this long quiet (``drain_grace`` otherwise).
+DELETED_GRACE_S = 60.0
+#: At most this many rotated files are kept open draining (the oldest quiet ones are closed).
+MAX_DRAINING = 16
+
+
 @dataclass
 class FollowStats:
     """Counters a caller can export (deltas between polls are what changed in that poll)."""
@@ -456,8 +462,13 @@ class LogFollower:
                 h.quiet_polls, h.last_data = 0, now
             else:
                 h.quiet_polls += 1
-            if h.eof or (h.quiet_polls >= 1 and now - h.last_data >= self.drain_grace):
+            if h.eof or (h.quiet_polls >= 1 and now - h.last_data >= self._grace(h)):
                 self._finish_draining(h, out)
+        # Many rotations in a row (size-triggered, `rotate 0`): the oldest quiet ones go first,
+        # so the files held open (and the disk of deleted ones) stay bounded.
+        quiet = [h for h in self._draining if h.quiet_polls >= 1]
+        for h in quiet[: max(0, len(self._draining) - MAX_DRAINING)]:
+            self._finish_draining(h, out)
         if self._cur is None:
             self._cur = self._open(from_start=True)
         if self._cur is not None and budget > 0:
@@ -915,6 +926,17 @@ class LogFollower:
         if mp and mt:
             return int(mp.group(1)) < int(mt.group(1))
         return _COMPRESSED_SUFFIX.sub("", p.name) > _COMPRESSED_SUFFIX.sub("", than.name)
+
+    def _grace(self, h: _Handle) -> float:
+        """How long ``h`` may stay quiet before it is closed: ``drain_grace``, or at most
+        :data:`DELETED_GRACE_S` once the file is deleted (``rotate 0``, a rotated file gzipped:
+        holding it keeps its disk from being freed, and a writer that has not reopened by then
+        is rare)."""
+        try:
+            deleted = os.fstat(h.fd).st_nlink == 0 if h.stream is None else False
+        except OSError:
+            deleted = True
+        return min(self.drain_grace, DELETED_GRACE_S) if deleted else self.drain_grace
 
     def _finish_draining(self, h: _Handle, out: list[str]) -> None:
         """Close a rotated file that stayed quiet; a final unterminated line is still a line."""

@@ -17,6 +17,15 @@ def append(path: Path, text: str | bytes) -> None:
     with open(path, "ab") as f:
         f.write(data)
 
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """The follower's monotonic clock, moved by hand (``clock["t"] += s``)."""
+    import promreflex.follow as follow_mod
+
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(follow_mod.time, "monotonic", lambda: clock["t"])
+    return clock
+
+
 
 def test_append_returns_only_new_lines(tmp_path: Path) -> None:
     log = tmp_path / "access.log"
@@ -755,10 +764,7 @@ def test_a_rotated_file_written_to_long_after_the_rename_is_still_read(tmp_path:
     """A stranger's review: logrotate's postrotate running `nginx -s reload` (not USR1) leaves the
     old workers writing the rotated file until their last requests end; a 5 s request's line
     came after the follower had closed the file (quiet for 1 s) and was lost, uncounted."""
-    import promreflex.follow as follow_mod
-
-    clock = {"t": 1000.0}
-    monkeypatch.setattr(follow_mod.time, "monotonic", lambda: clock["t"])
+    clock = fake_clock(monkeypatch)
     log = tmp_path / "access.log"
     append(log, "1\n")
     f = LogFollower(log)
@@ -813,4 +819,33 @@ def test_a_state_file_that_cannot_be_written_is_said_once(tmp_path: Path, caplog
             assert f.poll() == [str(i)]
     warned = [r for r in caplog.records if "cannot write follow state" in r.getMessage()]
     assert len(warned) == 1 and f.stats.state_write_errors >= 20
+    f.close()
+
+
+def test_deleted_rotated_files_are_let_go_sooner_and_never_piled_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review of the 5-minute drain: `rotate 0` (or size rotations) deleted each rotated file
+    at once, and the follower held every one open for 5 minutes, their disk not freed, one
+    descriptor per rotation with no bound."""
+    import promreflex.follow as follow_mod
+
+    clock = fake_clock(monkeypatch)
+    log = tmp_path / "access.log"
+    append(log, "0\n")
+    f = LogFollower(log)
+    assert f.poll() == ["0"]
+    got: list[str] = []
+    for i in range(1, 41):  # 40 rotations, each rotated file deleted at once
+        append(log, f"{i}\n")
+        os.rename(log, tmp_path / "access.log.1")
+        os.unlink(tmp_path / "access.log.1")
+        append(log, "")
+        got += f.poll()
+        clock["t"] += 1.0
+        got += f.poll()
+        assert len(f._draining) <= follow_mod.MAX_DRAINING
+    assert got == [str(i) for i in range(1, 41)]
+    clock["t"] += follow_mod.DELETED_GRACE_S + 1
+    f.poll()
+    f.poll()
+    assert f._draining == []
     f.close()
