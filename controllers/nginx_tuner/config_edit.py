@@ -54,7 +54,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -764,6 +764,7 @@ def set_directive(
     refuse_shadowed: bool = False,
     clamp_header: bool = False,
     original_rest: Sequence[str] | None = None,
+    before_write: Callable[[Path, str], None] | None = None,
 ) -> EditResult:
     """Set ``directive`` in the ``http`` block (or the ``server`` named ``server_name``).
 
@@ -833,6 +834,8 @@ def set_directive(
     finally:
         os.unlink(probe)
     backup = save_backup(file, bdir)
+    if before_write is not None:  # (a sweep's journal notes what it is about to write)
+        before_write(file, new_text)
     atomic_write(file, new_text)
     return EditResult(file, line, directive, old_args, new_args, inserted, True, backup, shadowed, msg,
                       (folder.st_atime_ns, folder.st_mtime_ns))

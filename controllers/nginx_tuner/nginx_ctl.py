@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import difflib
 import fcntl
+import hashlib
 import json
 import os
 import stat
@@ -129,6 +130,10 @@ class ApplyResult:
     reload: ReloadResult | None = None
     rollback_reload: ReloadResult | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def edit_only_differs(before: str, after: str, directive: str) -> bool:
@@ -439,7 +444,7 @@ class NginxControl:
             if self._rest is None:  # (known already when this control edited before the sweep)
                 self._rest = self._file_rest()
             record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time(),
-                      "rest": list(self._rest)}
+                      "rest": list(self._rest), "written": []}
             atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
         return recovered
 
@@ -503,6 +508,29 @@ class NginxControl:
                              "check the config by hand, then remove the journal") from None
         return file, content, None if rest is None else tuple(rest)
 
+    def _note_written(self, file: Path, text: str) -> None:
+        """Before an edit is written during a sweep: its text's hash goes into the journal, so
+        that recovery tells a file this sweep wrote from one someone else wrote since, even on
+        the tuned line alone (an operator's deliberate value was put back and reloaded: a
+        stranger's review). Written first, so a SIGKILL between the two leaves a known text."""
+        try:
+            fd = os.open(self.journal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return  # no sweep going on
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                record = json.loads(fh.read(16 << 20).decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                return
+        if not isinstance(record, dict) or Path(str(record.get("file"))).absolute() != file.absolute():
+            return
+        got = record.get("written")
+        written: list[str] = [w for w in got if isinstance(w, str)] if isinstance(got, list) else []
+        digest = _digest(text)
+        if digest not in written:
+            record["written"] = [*written, digest][-256:]
+            atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
+
     def _file_rest(self) -> tuple[str, ...]:
         """The arguments after the first set in the tuned scope now (``()``: none, or unset)."""
         loc = config_edit.get_directive(self.conf_path, self.directive, self.server_name)
@@ -522,6 +550,16 @@ class NginxControl:
             self._rest = rest if rest is not None else self._file_rest()
         return self._rest
 
+    def _journal_written(self) -> set[str] | None:
+        """The hashes of the texts the sweep wrote (None: a journal from before they were kept,
+        where recovery falls back on what a trial's edit looks like)."""
+        try:
+            record = json.loads(self.journal_path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        written = record.get("written") if isinstance(record, dict) else None
+        return {w for w in written if isinstance(w, str)} if isinstance(written, list) else None
+
     def _aside(self, file: Path, what: str, text: str) -> Path:
         """Keep ``text`` beside the backups under a name of its own (never one another's)."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 1_000_000_000:09d}Z"
@@ -538,14 +576,20 @@ class NginxControl:
             now = config_edit.read_text(file)
         except (OSError, ConfigEditError):
             now = None
-        if now is not None and now != content and not edit_only_differs(content, now, self.directive):
-            # Not what a trial leaves (one line of the directive): someone deployed since. Their
-            # file stays as it is; the pre-sweep text is kept for them to compare.
+        written = self._journal_written()
+        foreign = False
+        if now is not None and now != content:
+            # not a text this sweep wrote (or, in a journal without their hashes, not what a
+            # trial's edit looks like): someone else's
+            foreign = _digest(now) not in written if written is not None else not edit_only_differs(content, now, self.directive)
+        if foreign:
+            # Someone deployed since. Their file stays as it is; the pre-sweep text is kept for
+            # them to compare.
             aside = self._aside(file, "pre-sweep", content)
             self.journal_path.unlink(missing_ok=True)
-            return (f"{file} changed since the interrupted sweep began beyond its {self.directive} line (a newer "
-                    f"deployment?): left as it is, not reloaded; the pre-sweep text is kept in {aside} (check the "
-                    f"file's {self.directive}: a trial's value may have come with the deployment)")
+            return (f"{file} holds a text the interrupted sweep did not write (a newer deployment?): left as it is, "
+                    f"not reloaded; the pre-sweep text is kept in {aside} (check the file's {self.directive}: a "
+                    "trial's value may have come with the deployment)")
         changed = now != content
         kept = ""
         if changed and now is not None and not keep:  # (a trial's: kept beside the backups; mid-sweep it is this sweep's own)
@@ -659,7 +703,7 @@ class NginxControl:
         try:
             edit = config_edit.set_directive(self.conf_path, self.directive, value, server_name=self.server_name,
                                              backup_dir=self.backup_dir, refuse_shadowed=True, clamp_header=True,
-                                             original_rest=rest)
+                                             original_rest=rest, before_write=self._note_written)
         except ConfigEditError as e:
             res.message = f"edit refused, nothing written: {e}"
             return

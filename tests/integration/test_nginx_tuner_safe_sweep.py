@@ -391,3 +391,20 @@ async def test_a_trial_with_errors_does_not_end_the_sweeps_protection(live: Live
     assert not result.final_ok and live.conf.read_text() == original, result.final
     assert ctl.current_value() == ("65",) and not ctl.pending_files() and not ctl.journal_path.exists()
     assert http_ok(live.url)
+
+
+async def test_recovery_leaves_an_operators_value_on_the_tuned_line(live: Live) -> None:  # noqa: F811
+    """A stranger's review of this stop's diff: after a crashed sweep the operator set the value
+    they wanted on the tuned line and reloaded; the next start took it for a trial's, put the
+    pre-sweep value back and reloaded it."""
+    ctl = _control(live)
+    ctl.begin_sweep()
+    assert ctl.apply(90).ok  # a trial, then the controller dies
+    chosen = live.conf.read_text().replace("keepalive_timeout 90;", "keepalive_timeout 30;")
+    live.conf.write_text(chosen)
+    assert ctl.reload().ok  # the operator's decision, live
+    again = _control(live)  # restarted
+    workers = again.workers()
+    said = again.recover()
+    assert "left as it is, not reloaded" in said, said
+    assert live.conf.read_text() == chosen and again.workers() == workers and again.current_value() == ("30",)

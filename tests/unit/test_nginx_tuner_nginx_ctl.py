@@ -85,24 +85,29 @@ def test_a_sweep_journal_someone_else_could_have_written_is_not_trusted(tmp_path
     assert victim.read_text() == "precious\n" and conf.read_text() == before
 
 
-def test_recovery_keeps_what_the_file_held_beside_the_backups(tmp_path: Path) -> None:
-    """A controller killed mid-sweep, then a newer config deployed before it restarts: recovery
-    puts the pre-sweep text back (the journal cannot tell a trial from a deployment) but keeps
-    what the file held, and says where."""
+def test_recovery_leaves_a_value_the_sweep_did_not_write(tmp_path: Path) -> None:
+    """A controller killed mid-sweep, then the operator sets the value they want on the tuned
+    line and reloads, before it restarts: recovery leaves it (the journal holds the hashes of the
+    texts the sweep wrote; a stranger's review: the operator's value was put back and reloaded),
+    and keeps the pre-sweep text aside; a text the sweep did write is put back."""
     shutil.copytree(FIXTURES / "simple", tmp_path / "simple")
     conf = tmp_path / "simple" / "nginx.conf"
     ctl = NginxControl(conf, tmp_path / "simple", pid_path=tmp_path / "none.pid")
     ctl._precheck = lambda: ""  # type: ignore[method-assign]  # (no nginx here: the journal is what is tested)
     original = conf.read_text()
     ctl.begin_sweep()
-    newer = original.replace("keepalive_timeout 65 60;", "keepalive_timeout 33 60;  # deployed")
-    assert newer != original
-    conf.write_text(newer)
+    trial = original.replace("keepalive_timeout 65 60;", "keepalive_timeout 33 33;")
+    ctl._note_written(conf, trial)  # what apply() does before it writes a trial's text
+    conf.write_text(trial)
     said = ctl.recover()
-    assert "put back" in said and "nginx is not running" in said
-    assert conf.read_text() == original
+    assert "put back" in said and "nginx is not running" in said and conf.read_text() == original
     kept = next(ctl.backup_dir.glob("*.at-recovery-*"))
-    assert kept.read_text() == newer and str(kept) in said
+    assert kept.read_text() == trial and str(kept) in said
+    ctl.begin_sweep()
+    deliberate = original.replace("keepalive_timeout 65 60;", "keepalive_timeout 30 30;")
+    conf.write_text(deliberate)  # the operator's, never written by the sweep
+    said = ctl.recover()
+    assert "left as it is" in said and conf.read_text() == deliberate and not ctl.journal_path.exists()
 
 
 @pytest.mark.parametrize(("after", "trial"), [
