@@ -18,9 +18,10 @@ How each situation is recognised, on every :meth:`LogFollower.poll`:
 * **rename rotation** (logrotate ``create``, ``mv`` + reopen, with or without an immediate
   ``gzip``): ``stat(path)`` names another inode than the one we hold open. The old handle (still
   readable through our descriptor, even when gzip already unlinked it) is read to its end first,
-  then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds (5 minutes),
-  because nginx keeps writing to the old inode until it gets ``USR1``, and an old worker of a
-  ``reload`` until its last request ends. The new file is read from 0 meanwhile.
+  then kept *draining* until it has been quiet for a poll and ``drain_grace`` seconds (5 minutes;
+  1 minute once it is deleted; at most :data:`MAX_DRAINING` files), because nginx keeps writing
+  to the old inode until it gets ``USR1``, and an old worker of a ``reload`` until its last
+  request ends. The new file is read from 0 meanwhile.
 * **two rotations between polls** (a writer that rotates faster than we poll, or a reader that
   was stopped, e.g. by ``SIGSTOP`` or a starved CPU): the path names a file two rotations newer
   than the one held, and the file between was rotated away, maybe gzipped, without a line read

@@ -96,8 +96,8 @@ NGINX_DEFAULT_KEEPALIVE_S = 75.0
 #: a sweep that kept its value then has not ended well (nginx is down), whatever the file says.
 NOT_RUNNING = "nginx is not running"
 
-#: A configuration file written this soon after nginx's newest process started counts as read by
-#: it (a process's start time has the kernel's clock tick, 10 ms, as its resolution).
+#: A configuration file written this soon after nginx last read its files (NginxControl.loaded_at)
+#: counts as read (a process's start time has the kernel's clock tick, 10 ms, as its resolution).
 PENDING_SLACK_S = 0.05
 
 Stage = Literal["done", "unchanged", "precheck", "edit", "test", "reload", "health"]
