@@ -345,21 +345,22 @@ def config_files(conf_path: str | os.PathLike) -> list[Path]:
     return [Path(c["file"]) for c in _parse(Path(conf_path))]
 
 
-def include_dirs(conf_path: str | os.PathLike) -> list[Path]:
-    """The folders of the configuration's wildcard ``include``s (``sites-enabled/*``): where a
-    file added or removed changes what nginx reads."""
+def watched_paths(conf_path: str | os.PathLike) -> list[Path]:
+    """The paths whose change changes what nginx reads, from one parse: every file the
+    configuration reads, and the folders of its wildcard ``include``s (``sites-enabled/*``: a
+    file added or removed there)."""
     conf = Path(conf_path)
-    out: dict[Path, None] = {}
-    for c in _parse(conf):
+    configs = _parse(conf)
+    folders: dict[Path, None] = {}
+    for c in configs:
         stack = list(c["parsed"])
         while stack:
             stmt = stack.pop()
             stack.extend(stmt.get("block", ()))
             if stmt["directive"] == "include" and stmt["args"] and any(ch in stmt["args"][0] for ch in "*?["):
                 pattern = Path(stmt["args"][0])
-                folder = (pattern if pattern.is_absolute() else conf.parent / pattern).parent
-                out.setdefault(folder, None)
-    return list(out)
+                folders.setdefault((pattern if pattern.is_absolute() else conf.parent / pattern).parent, None)
+    return [*(Path(c["file"]) for c in configs), *folders]
 
 
 def target_file(conf_path: str | os.PathLike, directive: str, server_name: str | None = None) -> Path:

@@ -132,6 +132,12 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _written_of(record: dict) -> list[str] | None:
+    """A journal's hashes of the texts its sweep wrote (None: a journal from before they were kept)."""
+    got = record.get("written")
+    return [w for w in got if isinstance(w, str)] if isinstance(got, list) else None
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -308,7 +314,7 @@ class NginxControl:
         :data:`PENDING_SLACK_S` after a reload counts as loaded."""
         loaded = self.loaded_at() + PENDING_SLACK_S
         out = []
-        for f in [*config_edit.config_files(self.conf_path), *config_edit.include_dirs(self.conf_path)]:
+        for f in config_edit.watched_paths(self.conf_path):
             try:
                 if max(f.stat().st_mtime, f.lstat().st_mtime) > loaded:
                     out.append(f.absolute())
@@ -466,9 +472,10 @@ class NginxControl:
         with self._exclusive():
             return self._recover(keep) or "no sweep journal: nothing to restore"
 
-    def _read_journal(self) -> tuple[Path, str, tuple[str, ...] | None] | None:
+    def _read_journal(self) -> tuple[Path, str, tuple[str, ...] | None, frozenset[str] | None] | None:
         """The journal's (file, text, the arguments after the first as configured before the
-        sweep, None in a journal without them), or None when there is none. Trusted only when this
+        sweep, None in a journal without them; the hashes of the texts the sweep wrote, None in
+        a journal from before they were kept), or None when there is none. Trusted only when this
         process's user wrote it: a regular file of its own, mode 0600, not reached through a
         link, naming the file this tuner edits (the configuration's directory may be writable
         by a deploy user, and recovery writes as the controller's user: root)."""
@@ -506,7 +513,8 @@ class NginxControl:
         except (ValueError, KeyError, TypeError, ConfigEditError) as e:
             raise NginxError(f"sweep journal {self.journal_path} is not trusted ({e}); "
                              "check the config by hand, then remove the journal") from None
-        return file, content, None if rest is None else tuple(rest)
+        written = _written_of(record)
+        return file, content, None if rest is None else tuple(rest), None if written is None else frozenset(written)
 
     def _note_written(self, file: Path, text: str) -> None:
         """Before an edit is written during a sweep: its text's hash goes into the journal, so
@@ -524,8 +532,7 @@ class NginxControl:
                 return
         if not isinstance(record, dict) or Path(str(record.get("file"))).absolute() != file.absolute():
             return
-        got = record.get("written")
-        written: list[str] = [w for w in got if isinstance(w, str)] if isinstance(got, list) else []
+        written = _written_of(record) or []
         digest = _digest(text)
         if digest not in written:
             record["written"] = [*written, digest][-256:]
@@ -550,16 +557,6 @@ class NginxControl:
             self._rest = rest if rest is not None else self._file_rest()
         return self._rest
 
-    def _journal_written(self) -> set[str] | None:
-        """The hashes of the texts the sweep wrote (None: a journal from before they were kept,
-        where recovery falls back on what a trial's edit looks like)."""
-        try:
-            record = json.loads(self.journal_path.read_bytes().decode("utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
-            return None
-        written = record.get("written") if isinstance(record, dict) else None
-        return {w for w in written if isinstance(w, str)} if isinstance(written, list) else None
-
     def _aside(self, file: Path, what: str, text: str) -> Path:
         """Keep ``text`` beside the backups under a name of its own (never one another's)."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 1_000_000_000:09d}Z"
@@ -571,12 +568,11 @@ class NginxControl:
         found = self._read_journal()
         if found is None:
             return ""
-        file, content, _ = found
+        file, content, _, written = found
         try:
             now = config_edit.read_text(file)
         except (OSError, ConfigEditError):
             now = None
-        written = self._journal_written()
         foreign = False
         if now is not None and now != content:
             # not a text this sweep wrote (or, in a journal without their hashes, not what a
