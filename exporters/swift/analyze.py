@@ -93,6 +93,8 @@ class Breakdown:
     resets: Counter[tuple[str, str]] = field(default_factory=Counter)
     connection_failures: Counter[str] = field(default_factory=Counter)
     connections: Counter[str] = field(default_factory=Counter)
+    # calls that got no answer before their connection closed, by (node called, role called)
+    unanswered: Counter[tuple[str, str]] = field(default_factory=Counter)
     trans_ids_from_logs: int = 0
     # per --swift-log file: access lines read, other lines skipped; and what to tell about them
     swift_logs: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -175,6 +177,7 @@ class Breakdown:
             "resets": {f"{a}->{b}": n for (a, b), n in sorted(self.resets.items())},
             "connections": dict(self.connections),
             "connection_failures": dict(self.connection_failures),
+            "unanswered": {f"{n}/{r}": c for (n, r), c in sorted(self.unanswered.items())},
         }
 
 
@@ -236,6 +239,24 @@ def both_ends_note(node: str, segs: Segments, own: set[int]) -> str | None:
 #: beyond SHARED_CLOCK_SLACK_NS (a transit's scale on one host).
 SHARED_CLOCK_ERRORS = 5
 SHARED_CLOCK_SLACK_NS = 200_000
+
+
+#: Share of ambiguous joins from which the analysis says so (a few happen at any concurrency).
+AMBIGUOUS_NOTE = 0.1
+
+
+def ambiguity_note(joins: JoinCounts, exchanges: list[Exchange]) -> str | None:
+    """Said when many calls could not be told apart: their requests have no processing figure."""
+    if joins.ambiguous == 0 or joins.ambiguous_ratio < AMBIGUOUS_NOTE:
+        return None
+    calls = [x for x in exchanges if x.side == "client" and x.join is not None and x.join != "orphan"]
+    no_tx = sum(x.trans_id is None for x in calls)
+    why = (f"{no_tx} of {len(calls)} calls carry no X-Trans-Id in the capture (a snap length below the "
+           "headers: capture with -s 0, or give the Swift access logs with --swift-log)"
+           if no_tx > len(calls) / 2 else "the transaction ids did not tell them apart")
+    return (f"{joins.ambiguous} of {joins.ambiguous + joins.trans_id + joins.timing} calls could serve more than "
+            f"one request open at the time ({why}): they are joined to none, and the {joins.uncertain} requests "
+            "they may serve have no processing figure (left out, not guessed)")
 
 
 def shared_clock_notes(clocks: ClockModel, names: list[str]) -> list[str]:
@@ -318,8 +339,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     hop_src, hop_dst = coder(m.src, m.sport), coder(m.dst, m.dport)
 
     exchanges: list[Exchange] = []
+    lost: list[tuple[int, int, int]] = []
     for d in directed:
-        exchanges.extend(exchanges_of(d, roles))
+        exchanges.extend(exchanges_of(d, roles, unanswered=lost))
     from_logs = 0
     log_counts: dict[str, dict[str, int]] = {}
     notes: list[str] = [n for n in (capture_note(name, read[name]) for name in names
@@ -336,6 +358,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
                              "(proxy or storage server): no transaction id from it")
         from_logs = apply_logs(exchanges, entries)
     joins = join(exchanges)
+    note = ambiguity_note(joins, exchanges)
+    if note:
+        notes.append(note)
 
     transit = transit.astype(np.int64)
     if publish is not None:
@@ -346,9 +371,14 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         # the calls of this window only (joined over everything kept, so a call whose request
         # began in an earlier window finds it; counted once, when the call is published)
         joins = JoinCounts(**{k: sum(1 for x in exchanges if x.join == k) for k in JoinCounts().as_dict()})
+        joins.late = sum(x.late for x in exchanges)
+        joins.uncertain = sum(x.side == "server" and x.uncertain for x in exchanges)
     b = Breakdown(names, read, m, clocks, transit, hop_src, hop_dst, coder.names, exchanges, joins,
                   trans_ids_from_logs=from_logs, swift_logs=log_counts, notes=notes)
     _tcp_events(b, directed, coder, publish)
+    for ip, port, t in lost:
+        if publish is None or publish[0] <= t < publish[1]:
+            b.unanswered[(roles.node_of(ip) or ip_str(ip), roles.endpoint_role(ip, port))] += 1
     for name in names:
         node = roles.nodes.get(name)
         b.addresses[name] = [ip_str(a) for a in node.addresses] if node else []

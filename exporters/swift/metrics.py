@@ -109,6 +109,8 @@ class SwiftTimingCollector(Collector):
             self.counters["unmatched"][(side,)] += 0
         for res in JOIN_RESULTS:
             self.counters["joins"][(res,)] += 0
+        self.counters["joins_late"][()] += 0
+        self.counters["unmeasured"][()] += 0
         for node in nodes:
             self._touch_node(node)
         if registry is not None:
@@ -164,8 +166,13 @@ class SwiftTimingCollector(Collector):
             c["matched"][(name,)] += int(np.count_nonzero(how == i))
         c["unmatched"][("egress",)] += b.matches.counts.get("unmatched_egress", 0)
         c["unmatched"][("ingress",)] += b.matches.counts.get("unmatched_ingress", 0)
-        for res, n in b.joins.as_dict().items():
-            c["joins"][(res,)] += n
+        joins = b.joins.as_dict()
+        for res in JOIN_RESULTS:
+            c["joins"][(res,)] += joins[res]
+        c["joins_late"][()] += joins["late"]
+        for key, n in b.unanswered.items():
+            c["unanswered"][key] += n
+        c["unmeasured"][()] += joins["uncertain"]
         for hop, n in b.retransmissions.items():
             c["retransmissions"][hop] += n
         for hop, n in b.resets.items():
@@ -200,7 +207,7 @@ class SwiftTimingCollector(Collector):
             yield self.phase.family(f"{PREFIX}_phase_seconds",
                                     "Request phases seen at the proxy: auth, account, container, object.",
                                     ["phase"])
-            specs = (
+            specs: tuple[tuple[str, str, str, list[str]], ...] = (
                 ("requests", "requests", "HTTP requests answered, by node, server role, method and status class.",
                  ["node", "role", "method", "code"]),
                 ("retransmissions", "retransmissions", "Retransmitted TCP segments, by hop.", ["src_role", "dst_role"]),
@@ -213,6 +220,13 @@ class SwiftTimingCollector(Collector):
                 ("unmatched", "segments_unmatched",
                  "Segments seen at one end only (egress: not seen arriving; ingress: no sender capture).", ["side"]),
                 ("joins", "joins", "Proxy calls joined to the client request they serve, by result.", ["result"]),
+                ("joins_late", "joins_late",
+                 "Joined calls answered after the request they served was (the caller gave up: a hung server).", []),
+                ("unanswered", "calls_unanswered",
+                 "Calls with no answer when their connection closed (the caller gave up: a hung server), "
+                 "by the node and role called.", ["node", "role"]),
+                ("unmeasured", "processing_unmeasured",
+                 "Requests given no processing figure: an ambiguous call may be theirs (not guessed).", []),
                 ("packets", "packets", "Packets read from the captures.", ["node"]),
                 ("snapped", "packets_snapped",
                  "Packets whose payload the snap length cut (headers whole: still used).", ["node"]),

@@ -133,6 +133,9 @@ def test_joins_by_trans_id_timing_and_ambiguous(tmp_path: Path) -> None:
         assert j["orphan"] == 0
         if not with_tx:
             assert j["ambiguous"] >= 3 and j["timing"] + j["ambiguous"] == 12 and 0 < b.joins.ambiguous_ratio < 1
+            # txA and txB overlap: neither gets a processing figure (either could own each call)
+            assert j["uncertain"] == 2 and len(b.processing_by("role")["proxy"]) == 2
+            assert any("no processing figure" in n and "--swift-log" in n for n in b.notes), b.notes
 
 
 def test_connection_refused_counted(tmp_path: Path) -> None:
@@ -254,3 +257,36 @@ def test_connection_over_4_gib_does_not_wrap() -> None:
     again.ts[-1] = n
     fh = flow_hash(again.src, again.dst, again.sport, again.dport)
     assert retransmissions(again, fh).tolist() == [False] * n + [True]
+
+
+def test_a_hung_object_server_is_named_and_the_proxy_not_blamed(tmp_path: Path) -> None:
+    # A stranger's real cluster: one object server stopped (SIGSTOP). The proxy's GET waits
+    # node_timeout (10 s) on it, then reads another replica; the hung one answers after SIGCONT,
+    # into the connection the proxy closed. A PUT's call to it is never answered at all. Before:
+    # the GET's 10 s were proxy processing (the call an orphan) and nothing named the hung server.
+    from exporters.swift.synth import http_request, http_response
+
+    net = SynthNet(dict(NODES))
+    cp, t = net.connect("client", "proxy", 8080, T0)
+    arrive = net.send(cp, "client", t, http_request("GET", "/v1/AUTH_test/c/o", None))
+    hung, t2 = net.connect("proxy", "storage", 6200, arrive + 300_000)
+    net.send(hung, "proxy", t2, http_request("GET", "/d1/1/AUTH_test/c/o", "txG"))
+    timeout = t2 + 10_000 * MS
+    good, t3 = net.connect("proxy", "storage", 6200, timeout)
+    back = net.exchange(good, t3, http_request("GET", "/d2/1/AUTH_test/c/o", "txG"), http_response(200, "txG"), 2 * MS)
+    answered = net.send(cp, "proxy", back + 300_000, http_response(200, "txG"))
+    net.close(cp, answered + 10_000)
+    net.send(hung, "storage", timeout + 5_000 * MS, http_response(404, "txG"))  # late, after SIGCONT
+    net.close(hung, timeout + 5_001 * MS)
+    lost, t4 = net.connect("proxy", "storage", 6200, timeout + 6_000 * MS)  # a PUT's call: never answered
+    net.send(lost, "proxy", t4, http_request("PUT", "/d1/1/AUTH_test/c/o2", "txP"))
+    net.close(lost, t4 + 10_000 * MS)
+    roles = RoleMap()
+    roles.add_mapping_dict(roles_mapping())
+    b = analyze(net.write(tmp_path), roles)
+    proxy = [x for x in b.exchanges if x.side == "server" and x.server_role == "proxy"]
+    assert len(proxy) == 1 and proxy[0].processing is not None
+    assert proxy[0].processing < 2 * MS and proxy[0].fanout_wait > 10_000 * MS
+    assert b.joins.late == 1 and b.joins.orphan == 0
+    assert b.unanswered == {("storage", "object"): 1}
+    assert b.summary()["unanswered"] == {"storage/object": 1}
