@@ -119,14 +119,15 @@ def _signals(data: ServiceData | None, cfg: AnalysisConfig, baseline_end: float 
     """Every series of a service, scored against the baseline (latency included)."""
     if data is None:
         return []
-    named: list[tuple[Kind, str, TimeSeries]] = []
+    named: list[tuple[Kind, str, TimeSeries, float | None]] = []
     if data.latency is not None and data.latency.series is not None:
-        named.append(("latency", "latency", data.latency.series))
-    named += [(res, res, series) for res, series in data.resources.items()]
-    named += [(m.kind, m.name, m.series) for m in data.metrics]
+        named.append(("latency", "latency", data.latency.series, None))
+    named += [(res, res, series, None) for res, series in data.resources.items()]
+    named += [(m.kind, m.name, m.series, m.scale_floor) for m in data.metrics]
     out = []
-    for kind, name, series in named:
-        floor = cfg.latency_scale_floor_s if kind == "latency" else cfg.resource_scale_floor.get(kind, 0.0)
+    for kind, name, series, own_floor in named:
+        floor = (own_floor if own_floor is not None else cfg.latency_scale_floor_s if kind == "latency"
+                 else cfg.resource_scale_floor.get(kind, 0.0))
         rs = robust_score(
             series, baseline_end, min_baseline_points=cfg.min_baseline_points,
             floor_abs=floor, floor_ratio=cfg.scale_floor_ratio,

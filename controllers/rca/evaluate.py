@@ -30,6 +30,7 @@ same system and fault kinds, on their own runs of it, not on these exact files.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -85,8 +86,21 @@ def avg_at(ranks: Sequence[int | None], k: int) -> float:
 
 
 def find_cases(root: Path) -> list[Path]:
+    """Every case folder under ``root``, linked folders followed (a dataset kept on another disk
+    and linked into a benchmark root: ``rglob`` does not follow links, "no cases"); a folder
+    reached twice by links (or a link loop) is read once."""
+    dirs, seen = [root], {root.resolve()}
+    for top, subdirs, _ in os.walk(root, followlinks=True):
+        for name in sorted(subdirs):
+            d = Path(top) / name
+            real = d.resolve()
+            if real in seen:
+                subdirs.remove(name)  # walked already: not again (and not into a loop)
+                continue
+            seen.add(real)
+            dirs.append(d)
     found = []
-    for p in sorted([root, *(d for d in root.rglob("*") if d.is_dir())]):
+    for p in sorted(dirs):
         if (p / "anomalous.csv").is_file() or table_file(p) is not None or any(p.glob("*_mpg.csv")):
             found.append(p)
     return found

@@ -89,6 +89,9 @@ class Metric(_Model):
     kind: Kind
     name: str
     series: TimeSeries
+    #: the spread floor in this series' own unit, when the kind's (bytes, bytes/s) is not it: a
+    #: count of sockets, a memory column in MB (None: ``AnalysisConfig.resource_scale_floor``)
+    scale_floor: float | None = Field(default=None, ge=0)
 
 
 class ServiceData(_Model):

@@ -41,7 +41,9 @@ are. A service whose name is another service's plus ``_word`` is named in a note
 name split in the wrong place makes a phantom service). The spread floors (:class:`~controllers.rca.models.AnalysisConfig`) assume base units
 (cores, bytes, bytes/s) beside 5 % of the baseline level, so a mapped column in other units
 should be in a base unit too (or its quiet baseline is scored against a floor that is too
-large or too small).
+large or too small). Two exceptions are recognised: a count of open sockets (``_socket``,
+``container-sockets``) has a floor of one socket, and a memory column that stays below 1 MiB
+throughout (MB, a share) has none but its 5 % (a note names it).
 """
 
 from __future__ import annotations
@@ -181,6 +183,27 @@ def _split_column(col: str, mapping: list[tuple[str, Kind | None]]) -> tuple[str
     return col[:cuts[0]], col[cuts[0] + 1:], False, None
 
 
+#: Open sockets (RCAEval RE2's ``_socket``, cAdvisor's ``container-sockets``): a count, scored
+#: with a spread floor of one socket, not the network kind's 1024 bytes/s (20 -> 80 sockets
+#: scored z 0.06: an RE2 socket fault was never found).
+_COUNT = re.compile(r"(^|[-_.])sockets?([-_.]|$)", re.IGNORECASE)
+#: A memory column whose values all stay below this is not in bytes (no process lives in less
+#: than 1 MiB): MB as RCAEval's preprocessing writes them, or a share. A leak of 350 -> 590 MB
+#: written in MB scored z 0.0 against the 1 MiB floor.
+MIN_BYTES = 1024.0 * 1024.0
+
+
+def _own_floor(metric: str, kind: Kind, pts: list[tuple[float, float]]) -> float | None:
+    """The spread floor in a column's own unit when the kind's default is in another one."""
+    if _COUNT.search(metric):
+        return 1.0
+    if kind == "memory":
+        finite = [abs(v) for _, v in pts if math.isfinite(v)]
+        if finite and max(finite) < MIN_BYTES:
+            return 0.0  # the relative floor (5 % of the level) alone
+    return None
+
+
 def _summable(pts: list[tuple[float, float]]) -> bool:
     """False when the values' sum overflows (values near the float limit): not scorable."""
     try:
@@ -261,6 +284,7 @@ def load_table(
     unknown: list[str] = []
     ignored = 0
     huge: list[str] = []
+    not_bytes: list[str] = []
     for col, pts in cols.items():
         split = _split_column(col, opts.column_map)
         if split is None or not split[2]:
@@ -275,7 +299,11 @@ def load_table(
             ignored += 1
             continue
         unit = (declared_unit(metric) or opts.latency_unit_s) if kind == "latency" else 1.0
-        metrics[service].append(Metric(kind=kind, name=col, series=TimeSeries(points=[(t, v * unit) for t, v in pts])))
+        floor = _own_floor(metric, kind, pts)
+        if floor is not None and kind == "memory":
+            not_bytes.append(col)
+        metrics[service].append(Metric(kind=kind, name=col, series=TimeSeries(points=[(t, v * unit) for t, v in pts]),
+                                       scale_floor=floor))
     if not metrics:
         long_hint = " (a long table, one row per id, metric name and value? pivot it to one column per metric)" if any(
             c.lower() in ("value", "kpi_name", "metric", "name", "cmdb_id") for c in cols) else ""
@@ -295,6 +323,9 @@ def load_table(
         notes.append(f"Columns whose values are too large to score (their sum overflows), skipped: {', '.join(sorted(huge))}.")
     if ignored:
         notes.append(f"{ignored} load/throughput column(s) not scored (a fault moves load away from where it is).")
+    if not_bytes:
+        notes.append(f"Memory column(s) below {MIN_BYTES:.0f} throughout, so not in bytes (MB? a share?): scored "
+                     f"against their own level, without the 1 MiB floor: {', '.join(sorted(not_bytes))}.")
     if bad:
         notes.append(f"Skipped {bad} cell(s) that were not numbers.")
     if graph is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,57 @@ def test_the_conclusion_follows_the_ranking_and_names_the_rules_candidate_beside
     assert finding.ranking[0].service == "orders" and finding.root_causes[:1] == ["carts"]
     assert finding.steps[-1].startswith("-> root cause orders (ranked first by anomaly score); "
                                         "the dependency rule alone would name carts")
+
+
+def _fault_case(folder: Path, columns: dict[str, list[float]], inject_row: int) -> Path:
+    write_csv(folder / "data.csv", columns)
+    (folder / "inject_time.txt").write_text(str(1000 + inject_row))
+    return folder
+
+
+def test_a_socket_fault_is_scored_in_sockets_not_bytes_per_second(tmp_path):
+    # RCAEval RE2's `<svc>_socket` counts open sockets (tens). Scored against the network kind's
+    # floor of 1024 bytes/s, 20 -> 80 sockets made z 0.06: an RE2 socket fault was never named.
+    n, k = 120, 60
+    sockets = [20 + WOBBLE[i % 10] * 5 for i in range(k)] + [80 + WOBBLE[i % 10] * 5 for i in range(n - k)]
+    case = _fault_case(tmp_path / "checkoutservice_socket" / "1", {
+        "checkoutservice_socket": sockets, "checkoutservice_cpu": noisy(0.3, n),
+        "frontend_cpu": noisy(0.2, n, offset=3), "frontend_latency-90": noisy(0.05, n, rel=0.2, offset=5),
+    }, k)
+    result = analyse(load_case(case))
+    assert result.ranking[0].service == "checkoutservice", [(v.service, v.score) for v in result.ranking]
+    assert result.ranking[0].score > 10
+
+
+def test_a_memory_leak_written_in_mb_is_scored_and_said(tmp_path):
+    # RCAEval's preprocessing (and other datasets) write memory in MB: 350 -> 590 MB scored
+    # z 0.0 against the 1 MiB floor, the leaking service ranked last.
+    n, k = 240, 120
+    leak = noisy(350, k, rel=0.01) + [350 + 2 * i for i in range(n - k)]
+    case = _fault_case(tmp_path / "ts-order-service_mem" / "1", {
+        "ts-order-service_mem": leak, "ts-order-service_cpu": noisy(0.4, n),
+        "ts-auth-service_mem": noisy(420, n, rel=0.01, offset=2), "ts-auth-service_cpu": noisy(0.5, n, rel=0.3),
+        "ts-gateway-service_latency-90": noisy(0.08, n, rel=0.2, offset=4),
+    }, k)
+    data = load_case(case)
+    result = analyse(data)
+    assert result.ranking[0].service == "ts-order-service", [(v.service, v.score) for v in result.ranking]
+    assert any("not in bytes" in n and "ts-order-service_mem" in n for n in data.notes), data.notes
+    # in bytes the floor stays (a 2e8-byte column is not rescaled, and no note)
+    bytes_case = _fault_case(tmp_path / "b" / "1", {"svc_mem": noisy(2e8, n, rel=0.01), "svc_cpu": noisy(1.0, n)}, k)
+    assert not any("not in bytes" in n for n in load_case(bytes_case).notes)
+
+
+def test_rca_eval_follows_linked_system_folders(tmp_path, capsys):
+    # Datasets kept on another disk and linked into a benchmark root: rglob does not follow
+    # links, and `rca eval` said "no cases" (exit 2).
+    store = tmp_path / "disk2" / "re1ss"
+    rcd_case(store / "carts_cpu" / "1", "carts")
+    root = tmp_path / "RE1"
+    root.mkdir()
+    (root / "RE1-SS").symlink_to(store, target_is_directory=True)
+    (root / "again").symlink_to(store, target_is_directory=True)  # the same folder twice: read once
+    (store / "loop").symlink_to(root, target_is_directory=True)  # a loop: not followed forever
+    assert main(["rca", "eval", str(root), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^overall\s+1\s+1\.00", out, re.MULTILINE), out  # one case, named first
