@@ -214,6 +214,17 @@ def describe(s: dict[str, Any]) -> str:
     return text
 
 
+def take_lock(f: Any, path: Path, log: Callable[[str], Any] = print) -> None:
+    """flock ``f`` exclusively; when another heavy job holds it, say so before waiting (a bench
+    that printed nothing for 8 minutes looked hung to a newcomer)."""
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        log(f"  waiting for {path}: another heavy job holds it (this run starts when it ends)")
+    fcntl.flock(f, fcntl.LOCK_EX)
+
+
 @contextmanager
 def heavy_lock(path: Path | None) -> Iterator[None]:
     """Hold ``path`` (flock) for one run: other heavy jobs on the machine (integration tests,
@@ -223,7 +234,7 @@ def heavy_lock(path: Path | None) -> Iterator[None]:
         return
     with open(path, "a") as f:
         t = time.monotonic()
-        fcntl.flock(f, fcntl.LOCK_EX)
+        take_lock(f, path)
         if time.monotonic() - t > 1:
             print(f"  waited {time.monotonic() - t:.0f}s for {path}", flush=True)
         try:
@@ -254,7 +265,7 @@ class ChunkedLock:
             t = time.monotonic()
             f = open(self.path, "a")  # noqa: SIM115 - closed in release()
             try:
-                fcntl.flock(f, fcntl.LOCK_EX)
+                take_lock(f, self.path, self.log)
             except BaseException:  # interrupted while waiting: nothing held
                 f.close()
                 raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.conditions import HostSampler, describe, run_child
@@ -135,3 +136,31 @@ def test_run_child_kills_its_child_when_interrupted(tmp_path: Path, monkeypatch)
     assert started
     with pytest.raises(ChildProcessError):  # reaped already: no child left, running or zombie
         os.waitpid(started[0], os.WNOHANG)
+
+
+def test_a_bench_says_it_waits_for_the_heavy_lock_before_waiting(tmp_path: Path) -> None:
+    """A newcomer's `make demo-admission` printed nothing for 8 minutes while another heavy job
+    held the lock (the 'waited' line came only after): it looked hung."""
+    import fcntl
+    import threading
+
+    from bench.conditions import ChunkedLock
+
+    path = tmp_path / "heavy.lock"
+    logs: list[str] = []
+    holder = open(path, "a")  # noqa: SIM115
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    lock = ChunkedLock(path, log=logs.append)
+    t = threading.Thread(target=lock.need, args=(10,), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not logs and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert logs and "waiting for" in logs[0] and lock.chunks == 0  # said while still waiting
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+        t.join(30)
+    assert lock.chunks == 1
+    lock.release()
