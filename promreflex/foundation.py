@@ -272,8 +272,12 @@ FOUNDATION = Capability(
          "params": {"message": "nginx stopped answering stub_status"}},
     ),
     # Watchdog always fires; repeating it every minute gives the controller a heartbeat
-    # (promreflex_controller_last_notification_timestamp_seconds keeps moving).
-    alertmanager_routes=({"matchers": ['alertname="Watchdog"'], "repeat_interval": "1m"},),
+    # (promreflex_controller_last_notification_timestamp_seconds keeps moving). Its own
+    # group_interval: Alertmanager repeats only on a group_interval tick, and under a parent
+    # route at its default (5m) the heartbeat came every 5 minutes, PromreflexWatchdogNotReceived
+    # (180 s, for 2m) pending in every cycle (a stranger's own Alertmanager cluster).
+    alertmanager_routes=({"matchers": ['alertname="Watchdog"'], "group_wait": "0s", "group_interval": "30s",
+                          "repeat_interval": "1m"},),
     # A target that is down explains its job's other symptoms: mute them while it lasts.
     inhibit_rules=({"source_matchers": ['alertname="PromreflexTargetDown"'],
                     "target_matchers": ['severity=~"warning|info"'], "equal": ["job"]},),

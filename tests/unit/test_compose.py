@@ -396,3 +396,19 @@ def test_grafana_datasource_is_the_compose_prometheus(compose: dict[str, Any]) -
     assert source["type"] == "prometheus" and source["isDefault"] is True
     assert source["url"] == "http://prometheus:9090"
     assert "127.0.0.1:9090:9090" in compose["services"]["prometheus"]["ports"]
+
+
+def test_the_heartbeat_route_repeats_every_minute_under_any_parent_route() -> None:
+    # Alertmanager sends a repeat only on a group_interval tick: a route without its own inherits
+    # the parent's (5m by default), and a stranger's cluster got the heartbeat every 5 minutes
+    # (PromreflexWatchdogNotReceived pending in every cycle). What `config snippets` and the
+    # README give must not depend on the user's parent route.
+    from promreflex.foundation import FOUNDATION
+
+    (route,) = [r for r in FOUNDATION.alertmanager_routes if 'alertname="Watchdog"' in r["matchers"]]
+    seconds = {"0s": 0, "30s": 30, "1m": 60, "5m": 300}
+    assert seconds[route["group_interval"]] <= seconds[route["repeat_interval"]] <= 60, route
+    assert seconds[route["group_wait"]] <= 30
+    readme = Path("README.md").read_text()
+    block = readme[readme.index("matchers: ['alertname=\"Watchdog\"']"):][:300]
+    assert "group_interval: 30s" in block and "repeat_interval: 1m" in block, block
