@@ -23,7 +23,8 @@ What :func:`serving` guarantees for every server (the figures are :class:`Limits
 - **No draining**: after a response to a request whose body was not read (a 401, a 413), the
   connection is closed (``lingering_time=0``) instead of reading and discarding whatever the
   client still sends; :func:`discard_small_body` reads a small body (up to 64 KiB, within
-  1 s) first so an honest client with a wrong token gets its 401 rather than a reset.
+  1 s) first so an honest client with a wrong token gets its 401 rather than a reset. The
+  admission proxy asks for a lingering close instead (its peer is nginx, sending an app's upload).
 - **Connection cap** below the open-file limit (``max_connections``, default the smaller of
   1,024 and the soft ``RLIMIT_NOFILE`` minus a quarter of it, at least 64 kept for the
   process's own files): at the cap, a new connection closes the connection that has waited
@@ -523,7 +524,8 @@ async def serving(listen_address: str, app: web.Application, limits: Limits | No
         pool = _ConnectionPool(lambda: runner.server(), limits.connection_cap(), limits.header_timeout)  # type: ignore[misc]
         app.middlewares.insert(0, pool.middleware)
     # Without the pool (an app already frozen) the keep-alive timer is the header timeout too.
-    runner = web.AppRunner(app, access_log=None, lingering_time=0,
+    runner_kwargs.setdefault("lingering_time", 0)  # (no draining: the module doc; a proxy asks otherwise)
+    runner = web.AppRunner(app, access_log=None,
                            keepalive_timeout=limits.idle_timeout if pool else limits.header_timeout, **runner_kwargs)
     await runner.setup()
     try:

@@ -445,6 +445,24 @@ def _plain(status: int, text: str, retry_after: int | None = None, close: bool =
     return resp
 
 
+#: After an answer given before the request's body was all read (the app's early 401 or 413 to
+#: an upload, the waiting room's 503 after the first MiB), the rest of the body is read and
+#: dropped for up to this long before the connection closes, as nginx and aiohttp's own servers
+#: do. Closed at once, the unread data made the kernel reset the connection while nginx was still
+#: sending the body, and nginx lost the answer: 502 in 1 to 5 of 10 uploads of 20 MB.
+LINGERING_S = 5.0
+
+
+def _cors_preflight(request: web.Request) -> bool:
+    """A CORS preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``): the
+    browser sends it without cookies, before a cross-origin request of a visitor who may well be
+    in. Taken for a new session, each one queued, took an admission and left a session nobody
+    used, and in waiting-room mode got the 503 without CORS headers: the browser then blocked the
+    real request of a visitor already admitted. So it goes to the app as an exempt request."""
+    return (request.method == "OPTIONS" and "Origin" in request.headers
+            and "Access-Control-Request-Method" in request.headers)
+
+
 def _chunked_only(headers: Any) -> bool:
     """A request's Transfer-Encoding, if any, is ``chunked`` alone: any other coding would reach
     the app de-chunked but still coded, and without a word of it (RFC 9112 6.1: 501)."""
@@ -678,9 +696,10 @@ class AdmissionProxy:
         """What the proxy's listener needs from aiohttp (``serving(..., **proxy.server_kwargs())``):
         handler cancellation (a client that leaves drops its queued request), bodies as sent (no
         decompression), parser limits above the proxy's own header limits, a logger that
-        counts what the parser refuses, and how long a stop waits for requests in progress."""
+        counts what the parser refuses, how long a stop waits for requests in progress, and a
+        lingering close (``LINGERING_S``)."""
         return {"handler_cancellation": False, "logger": CountingLogger(self._count_bad), "auto_decompress": False,
-                "shutdown_timeout": SHUTDOWN_TIMEOUT, **PARSER_LIMITS}
+                "shutdown_timeout": SHUTDOWN_TIMEOUT, "lingering_time": LINGERING_S, **PARSER_LIMITS}
 
     def _count_bad(self, reason: str) -> None:
         self.metrics.bad_requests.labels(reason).inc()
@@ -772,6 +791,8 @@ class AdmissionProxy:
         if page is Route.CLIMBS:
             self._count_bad("bad_target")
             return _plain(400, "bad request target: its path climbs above the root")
+        if page is not None and _cors_preflight(request):
+            page = None  # as exempt: a browser never sends cookies with it (Fetch), so it has no session
         body: bytes | Any = None
         session: SessionState | None = None
         cookie: str | None = None

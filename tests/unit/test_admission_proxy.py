@@ -244,6 +244,29 @@ async def test_exempt_paths_need_no_session():
             assert resp.status == 503  # queue capacity 0: every new session sees the waiting room
 
 
+async def test_a_cors_preflight_needs_no_session_even_in_waiting_room_mode():
+    # Browsers send no cookie with a preflight (Fetch): taken for a new session, it got the 503
+    # without CORS headers in waiting-room mode, and the browser blocked the real request of a
+    # visitor already admitted; without a hold each one took an admission and left a session.
+    async with rig() as r, client() as c, aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as bare:
+        async with c.get(f"{r.url}/cart") as resp:  # a visitor, admitted (c keeps its cookie)
+            assert resp.status == 200
+        admitted = r.value("promreflex_admission_sessions_admitted_total")
+        preflight = {"Origin": "https://shop.example", "Access-Control-Request-Method": "PUT"}
+        async with bare.options(f"{r.url}/cart/api/items", headers=preflight) as resp:
+            assert resp.status == 200 and r.proxy.cfg.session.cookie_name not in resp.cookies
+        assert r.value("promreflex_admission_sessions_admitted_total") == admitted
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 60}) as resp:
+            assert resp.status == 200
+        async with bare.options(f"{r.url}/cart/api/items", headers=preflight) as resp:
+            assert resp.status == 200  # the app's answer, not the waiting room
+        async with c.put(f"{r.url}/cart/api/items") as resp:
+            assert resp.status == 200  # the admitted visitor's real request
+        async with bare.options(f"{r.url}/cart/api/items") as resp:  # a plain OPTIONS is a request like any
+            assert resp.status == 503
+        assert r.value("promreflex_admission_sessions_admitted_total") == admitted
+
+
 async def test_forged_malformed_expired_and_foreign_key_cookies_do_not_skip_the_queue():
     ring = KeyRing.ephemeral()
     other = CookieCodec(KeyRing.ephemeral())
@@ -579,6 +602,46 @@ async def test_a_session_may_not_run_more_than_max_in_flight():
             assert resp.status == 429
         (await slow).release()
         assert r.value("promreflex_admission_requests_total", page="login", outcome="session_busy") == 1
+
+
+async def test_one_http2_page_load_of_a_session_is_not_refused_by_default():
+    # Over HTTP/2 a browser sends every subresource at once: with max_in_flight 8, 16 of a page's
+    # 24 slow thumbnails got 429 (each waits for a page slot: limit 4, and still counts).
+    async with rig() as r, client() as c:
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 200
+        async def one(i: int) -> int:
+            async with c.get(f"{r.url}/slow?s=0.2&img={i}") as resp:
+                return resp.status
+        assert await asyncio.gather(*(one(i) for i in range(24))) == [200] * 24
+        assert r.value("promreflex_admission_requests_total", page="slow", outcome="session_busy") == 0
+
+
+async def test_an_answer_before_the_whole_upload_is_read_lets_the_sender_finish_it():
+    # nginx sends an upload at full speed; the proxy answered (the waiting room after the first
+    # MiB, or the app's early 401) and closed with the rest unread: the kernel reset the
+    # connection under nginx's writev and nginx lost the answer (502 in 1 to 5 of 10 uploads).
+    # Now the rest is read and dropped (lingering close) and the connection ends with a FIN.
+    async with rig() as r, client() as c:
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 60}) as resp:
+            assert resp.status == 200
+        host, port = r.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        size = 20 << 20
+        writer.write(f"POST /login HTTP/1.1\r\nHost: shop\r\nConnection: close\r\nContent-Length: {size}\r\n\r\n"
+                     .encode())
+        chunk = b"x" * (1 << 20)
+        writer.write(chunk * 2)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 503")
+        await asyncio.sleep(0.3)  # the proxy has answered and would have closed by now
+        for _ in range(18):  # the rest of the body, as nginx keeps sending it
+            writer.write(chunk)
+            await asyncio.wait_for(writer.drain(), 10)
+        rest = await asyncio.wait_for(reader.read(), 10)  # the 503's body, then EOF: no reset
+        assert b"lets no new visitors in" in rest
+        writer.close()
 
 
 async def test_control_endpoint_holds_token_and_lease():
