@@ -44,9 +44,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from controllers.copy_guard.throttle import QUIET_RATIO
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 ALERTS = ("CopyGuardSiteOverloaded", "CopyGuardSiteOverloadPredicted")
@@ -89,6 +92,11 @@ class Target:
     stack_dead: list[str] = field(default_factory=list)
     stack_started: float | None = None  # Unix s
     probe_at: float | None = None  # when check_access_log sent its request to the site
+    # The other Alertmanager peers and Prometheus replicas the controller is configured with:
+    # their routes and rules are checked too (one peer left with an old configuration passed as
+    # "every link works": a stranger's cluster).
+    other_alertmanagers: list[str] = field(default_factory=list)
+    other_prometheus: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- HTTP
@@ -620,9 +628,11 @@ def check_threshold(t: Target) -> list[Check]:
     if served is None:
         out.append(Check(FAIL, "signal", f"no served rate for site {site}: CopyGuardSignalMissing; check the exporters"))
     else:
-        quiet = demand is not None and floor is not None and demand < floor
-        out.append(Check(OK, "demand", f"{now}: " + ("quiet, copies run" if quiet else "busy")
-                         + (f"; {', '.join(states)}" if states else "")))
+        # the throttle's words (throttle.judge): quiet under QUIET_RATIO x the floor, light under it
+        level = ("busy" if demand is None or floor is None or demand >= floor else
+                 "quiet, copies run at full speed" if demand < QUIET_RATIO * floor else
+                 "light (under the floor), copies run")
+        out.append(Check(OK, "demand", f"{now}: {level}" + (f"; {', '.join(states)}" if states else "")))
     return out
 
 
@@ -760,7 +770,22 @@ def run_checks(t: Target, wait_s: float = 3.0) -> list[Check]:
     """Every link, in the order of the chain."""
     note = [Check(WARN, "stack", t.extra["stack_note"])] if t.extra.get("stack_note") else []
     return [*note, check_site(t), check_stub_status(t), *check_access_log(t, wait_s), *check_prometheus(t),
-            check_rules(t), *check_threshold(t), *check_alertmanager(t), *check_controller(t), *check_registry(t)]
+            check_rules(t), *_others(t, "other_prometheus", "prometheus_url", lambda o: [check_rules(o)]),
+            *check_threshold(t), *check_alertmanager(t),
+            *_others(t, "other_alertmanagers", "alertmanager_url", check_alertmanager),
+            *check_controller(t), *check_registry(t)]
+
+
+def _others(t: Target, field_name: str, url_field: str, check: Callable[[Target], list[Check]]) -> list[Check]:
+    """``check`` run on each other peer or replica: what fails is shown with the server's name,
+    what passes is one line per server."""
+    out: list[Check] = []
+    for url in getattr(t, field_name):
+        got = check(replace(t, **{url_field: url}))
+        bad = [c for c in got if c.status != OK]
+        out += [Check(c.status, c.link, f"{url}: {c.detail}") for c in bad] or [
+            Check(OK, got[0].link if got else "peer", f"{url}: the same ({len(got)} check(s) pass)")]
+    return out
 
 
 def render(checks: list[Check]) -> str:
@@ -823,7 +848,9 @@ def target_from(args: argparse.Namespace) -> Target:
         token_file=args.token_file or (stack.token_file if stack_addresses else c.token_file),
         registry_dir=args.registry_dir or route_registry_dir(registry, args.config_file or DEFAULT_CONFIG),
         min_floor=args.min_floor, extra=extra, stack_dir=stack.dir if running else None, stack_alive=alive,
-        stack_dead=stack.dead() if running else [], stack_started=float(started) if started else None)
+        stack_dead=stack.dead() if running else [], stack_started=float(started) if started else None,
+        other_alertmanagers=[] if args.alertmanager_url or stack_addresses else _rest(c.alertmanager_url),
+        other_prometheus=[] if args.prometheus_url or stack_addresses else _rest(c.prometheus_url))
 
 
 def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
@@ -838,7 +865,8 @@ def route_registry_dir(value: Any, config_file: str | Path) -> Path | None:
 def header(t: Target) -> str:
     """What the doctor checks: every address, and the stack directory its defaults come from."""
     out = (f"copy guard doctor, site {t.site}: nginx {t.site_url}, stub_status {t.stub_status_url}, log "
-           f"{t.access_log}, Prometheus {t.prometheus_url}, Alertmanager {t.alertmanager_url}, controller "
+           f"{t.access_log}, Prometheus {', '.join([t.prometheus_url, *t.other_prometheus])}, Alertmanager "
+           f"{', '.join([t.alertmanager_url, *t.other_alertmanagers])}, controller "
            f"{t.controller_url}")
     stack_dir = t.extra.get("stack_dir")
     if stack_dir is not None and t.extra.get("defaulted") == [] and not t.extra.get("stack_running"):
@@ -889,6 +917,11 @@ def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "command the doctor suggests publishes there (default: the stack's)")
     p.set_defaults(func=cmd_doctor)
     return p
+
+
+def _rest(url: str | list[str] | None) -> list[str]:
+    """The servers of a configured list after the first (checked after it)."""
+    return [str(u) for u in url[1:]] if isinstance(url, list) else []
 
 
 def _first(url: str | list[str] | None) -> str:

@@ -169,3 +169,25 @@ def test_a_configured_pair_and_cluster_are_checked_at_their_first_server(tmp_pat
                    "  alertmanager_url: [http://am-0.example:9093, http://am-1.example:9093]\n")
     t = doctor.target_from(_args("--config.file", str(cfg)))
     assert (t.prometheus_url, t.alertmanager_url) == ("http://prom-a.example:9090", "http://am-0.example:9093")
+
+
+def test_every_alertmanager_peer_and_prometheus_replica_of_the_controller_is_checked(tmp_path: Path,
+                                                                                    monkeypatch: Any) -> None:
+    """A stranger's cluster: peer 3 reloaded with a configuration that no longer routed the
+    copy-guard alerts to promreflex, and the doctor (which read only the first of each list)
+    said every link works."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "p.yml"
+    cfg.write_text("controller:\n  prometheus_url: [http://127.0.0.1:9, http://127.0.0.1:7]\n"
+                   "  alertmanager_url: [http://127.0.0.1:9, http://127.0.0.1:8, http://127.0.0.1:6]\n")
+    t = doctor.target_from(_args("--config.file", str(cfg)))
+    assert t.other_alertmanagers == ["http://127.0.0.1:8", "http://127.0.0.1:6"]
+    assert t.other_prometheus == ["http://127.0.0.1:7"]
+    assert "Alertmanager http://127.0.0.1:9, http://127.0.0.1:8, http://127.0.0.1:6" in doctor.header(t)
+    peers = doctor._others(t, "other_alertmanagers", "alertmanager_url", doctor.check_alertmanager)
+    assert [c.status for c in peers] == [doctor.FAIL, doctor.FAIL]
+    assert peers[0].detail.startswith("http://127.0.0.1:8: ") and peers[1].detail.startswith("http://127.0.0.1:6: ")
+    replicas = doctor._others(t, "other_prometheus", "prometheus_url", lambda o: [doctor.check_rules(o)])
+    assert len(replicas) == 1 and replicas[0].status == doctor.FAIL and "127.0.0.1:7" in replicas[0].detail
+    # given by flag, one server is checked, as asked
+    assert doctor.target_from(_args(*OWN)).other_alertmanagers == []

@@ -206,6 +206,18 @@ def test_after_a_flash_crowd_a_moderately_busy_shop_gets_its_copy_back():
     assert t.free and t.decreases == 0 and t.verdicts["light"] >= 9
 
 
+def test_an_episode_opened_on_a_quiet_site_leaves_the_copies_at_full_speed():
+    """The alert fires 1.5 min after its cause at a 30 s scrape: when the first sample says the
+    site is quiet (demand under half the floor), the copies run free at once (they were halved
+    for a whole rate window, a stranger's review); a site that keeps up otherwise is halved."""
+    t = Throttle(S)
+    t.open(0.0, Signal(5.0, 90, 5.0, 100, at=0.0, window=1.0))
+    assert t.free and t.decreases == 0 and t.last_verdict == "quiet"
+    t = Throttle(S)
+    t.open(0.0, Signal(95.0, 90, 95.0, 20, at=0.0, window=1.0))  # keeps up, not quiet: the alert wins
+    assert t.share == 0.5
+
+
 def test_decisions_wait_for_a_sample_that_holds_only_data_from_after_the_change():
     t = Throttle(S)
     t.open(100.0, Signal(80, 90, 100, 20, at=100.0, window=1.0))
