@@ -85,19 +85,29 @@ class _Notes:
         return self.lines
 
 
+def _unique(names: list[str]) -> list[str]:
+    """Header names made unique as pandas does: a repeated ``x`` becomes ``x.1``, ``x.2``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 else f"{n}.{k}")
+    return out
+
+
 def _read(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[str, str]]]:
     """(header, rows) of a CSV, cells stripped. Read as ``utf-8-sig`` (a byte-order mark does
     not become part of the first column's name). Cells beyond the header (a row ending with a
     comma, which ``csv.DictReader`` keeps under the key ``None``) are ignored; a short row's
-    missing cells are empty. Errors name the file's full path."""
+    missing cells are empty. A name the header repeats keeps its first column; the later ones are
+    named as pandas names them (``time.1``), which RCAEval's loaders drop (``csv.DictReader`` kept
+    the last: a second ``time`` column became the clock). Errors name the file's full path."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            header = [h.strip() for h in reader.fieldnames or []]
-            rows = [
-                {k.strip(): v.strip() if isinstance(v, str) else "" for k, v in row.items() if isinstance(k, str)}
-                for row in reader
-            ]
+            reader = csv.reader(f)
+            header = _unique([h.strip() for h in next(reader, [])])
+            rows = [{k: (row[i].strip() if i < len(row) else "") for i, k in enumerate(header)} for row in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise OfflineDataError(f"{path}: cannot read as CSV: {e}") from e
     missing = [c for c in required if c not in header]

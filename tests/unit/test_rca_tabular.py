@@ -243,3 +243,22 @@ def test_rca_eval_follows_linked_system_folders(tmp_path, capsys):
     assert main(["rca", "eval", str(root), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^overall\s+1\s+1\.00", out, re.MULTILINE), out  # one case, named first
+
+
+def test_a_repeated_time_column_keeps_the_first_as_the_clock(tmp_path):
+    # RCAEval's loaders drop `time.1` (pandas' name for a repeated header): such files exist.
+    # csv.DictReader kept the last `time`: a second column of HH:MM refused the case with
+    # "'21:24' is neither a unix time nor an ISO date".
+    n = 40
+    path = tmp_path / "carts_cpu" / "1" / "data.csv"
+    path.parent.mkdir(parents=True)
+    cpu = noisy(1.0, 20) + [30.0] * 20
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time", "carts_cpu", "orders_cpu", "time"])
+        for i in range(n):
+            w.writerow([1000 + i, cpu[i], noisy(2.0, n)[i], f"21:{i:02d}"])
+    (path.parent / "inject_time.txt").write_text("1020")
+    data = load_case(path.parent)
+    assert data.baseline_end == 1020
+    assert analyse(data).ranking[0].service == "carts"
