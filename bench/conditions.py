@@ -222,6 +222,7 @@ def take_lock(f: Any, path: Path, log: Callable[[str], Any] = print) -> None:
         return
     except BlockingIOError:
         log(f"  waiting for {path}: another heavy job holds it (this run starts when it ends)")
+        sys.stdout.flush()  # (behind a pipe print is block-buffered: said now, not after the wait)
     fcntl.flock(f, fcntl.LOCK_EX)
 
 

@@ -138,8 +138,10 @@ class Session(Strict):
     # Requests of one session at once, queued ones included (429 beyond): a copied cookie's
     # reach. Above what one page load sends: over HTTP/2 a browser sends every subresource at once
     # (nginx allows 128 streams), and with 8 a product list of 24 thumbnails the app serves lost 16
-    # to 429 (a stranger's review); over HTTP/1.1 a browser keeps 6 connections per host.
-    max_in_flight: int = Field(default=64, ge=1)
+    # to 429 (a stranger's review); over HTTP/1.1 a browser keeps 6 connections per host. Not much
+    # above it either: the page queues are FIFO, and each queued request of one session delays the
+    # others by its share of the page's time (with 64, another visitor waited 3.65 s for 0.59 s).
+    max_in_flight: int = Field(default=32, ge=1)
     queue_capacity: int = Field(default=500, ge=0)
     client_timeout: Duration = Field(default=CLIENT_TIMEOUT, gt=0,
                                      description="how long a visitor waits for one page before giving up; "

@@ -458,7 +458,8 @@ def _cors_preflight(request: web.Request) -> bool:
     browser sends it without cookies, before a cross-origin request of a visitor who may well be
     in. Taken for a new session, each one queued, took an admission and left a session nobody
     used, and in waiting-room mode got the 503 without CORS headers: the browser then blocked the
-    real request of a visitor already admitted. So it goes to the app as an exempt request."""
+    real request of a visitor already admitted. So it goes to the app without a session, through
+    its page's limit and queue."""
     return (request.method == "OPTIONS" and "Origin" in request.headers
             and "Access-Control-Request-Method" in request.headers)
 
@@ -791,8 +792,10 @@ class AdmissionProxy:
         if page is Route.CLIMBS:
             self._count_bad("bad_target")
             return _plain(400, "bad request target: its path climbs above the root")
-        if page is not None and _cors_preflight(request):
-            page = None  # as exempt: a browser never sends cookies with it (Fetch), so it has no session
+        # A CORS preflight needs no session (a browser never sends cookies with it: Fetch) but
+        # keeps its page's limit and queue: as exempt, anyone sending its two headers had an
+        # unmetered way to the app on any page, waiting room or not (a review of the first fix).
+        preflight = page is not None and _cors_preflight(request)
         body: bytes | Any = None
         session: SessionState | None = None
         cookie: str | None = None
@@ -804,7 +807,7 @@ class AdmissionProxy:
                     self._count_bad("transfer_coding")
                     return _plain(501, "a transfer coding other than chunked is not supported", close=True)
                 if _expects_continue(request):
-                    if page is not None:  # a page request: let in first, then ask for the body
+                    if page is not None and not preflight:  # a page request: let in first, then ask for the body
                         got = await self._session(request, page)
                         if isinstance(got, web.StreamResponse):
                             got.force_close()  # (the body was never asked for)
@@ -826,6 +829,9 @@ class AdmissionProxy:
                 body = head if whole else BodyPump(request, head, timeout)
             if page is None:
                 return await self._exempt(request, body)
+            if preflight:  # through the page's limit and queue, on a session of its own that no one keeps
+                passing = SessionState(sid="", issued=0.0, expires=0.0, last_seen=self.clock())
+                return await self.through_page(request, page, passing, None, body, watch)
             if not admitted_first:
                 got = await self._session(request, page)
                 if isinstance(got, web.StreamResponse):

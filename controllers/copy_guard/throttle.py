@@ -198,7 +198,8 @@ class Throttle:
             self.last_sample = sig.at
         else:
             verdict = "below"
-        self._apply(now, "below" if verdict in KEEPS_UP and verdict != "quiet" else verdict)
+        fresh = sig is not None and now - sig.at <= max(4 * sig.window, STALE_AFTER)  # (as step reads it)
+        self._apply(now, "below" if verdict in KEEPS_UP and not (verdict == "quiet" and fresh) else verdict)
 
     def step(self, now: float, sig: Signal | None, alert_below: bool) -> bool:
         """One look at the signal; returns True when the share changed."""

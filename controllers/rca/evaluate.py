@@ -90,15 +90,20 @@ def find_cases(root: Path) -> list[Path]:
     and linked into a benchmark root: ``rglob`` does not follow links, "no cases"); a folder
     reached twice by links (or a link loop) is read once."""
     dirs, seen = [root], {root.resolve()}
-    for top, subdirs, _ in os.walk(root, followlinks=True):
-        for name in sorted(subdirs):
-            d = Path(top) / name
-            real = d.resolve()
-            if real in seen:
-                subdirs.remove(name)  # walked already: not again (and not into a loop)
-                continue
-            seen.add(real)
-            dirs.append(d)
+    # The folders themselves first (their names carry the labels), then what links add.
+    for follow in (False, True):
+        for top, subdirs, _ in os.walk(root, followlinks=follow):
+            for name in sorted(subdirs):
+                d = Path(top) / name
+                real = d.resolve()
+                if real in seen:
+                    if follow and d.is_symlink():
+                        subdirs.remove(name)  # a link to a folder walked already: not again (nor a loop)
+                    continue
+                if not follow and d.is_symlink():
+                    continue  # (the second pass)
+                seen.add(real)
+                dirs.append(d)
     found = []
     for p in sorted(dirs):
         if (p / "anomalous.csv").is_file() or table_file(p) is not None or any(p.glob("*_mpg.csv")):

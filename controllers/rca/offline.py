@@ -107,7 +107,8 @@ def _read(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[s
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = _unique([h.strip() for h in next(reader, [])])
-            rows = [{k: (row[i].strip() if i < len(row) else "") for i, k in enumerate(header)} for row in reader]
+            rows = [{k: (row[i].strip() if i < len(row) else "") for i, k in enumerate(header)} for row in reader
+                    if any(cell.strip() for cell in row)]  # a blank line is no row (DictReader, pandas)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise OfflineDataError(f"{path}: cannot read as CSV: {e}") from e
     missing = [c for c in required if c not in header]

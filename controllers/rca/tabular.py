@@ -43,7 +43,7 @@ name split in the wrong place makes a phantom service). The spread floors (:clas
 should be in a base unit too (or its quiet baseline is scored against a floor that is too
 large or too small). Two exceptions are recognised: a count of open sockets (``_socket``,
 ``container-sockets``) has a floor of one socket, and a memory column that stays below 1 MiB
-throughout (MB, a share) has none but its 5 % (a note names it).
+throughout is read as MB (a floor of 1 MB; a note names it).
 """
 
 from __future__ import annotations
@@ -185,22 +185,25 @@ def _split_column(col: str, mapping: list[tuple[str, Kind | None]]) -> tuple[str
 
 #: Open sockets (RCAEval RE2's ``_socket``, cAdvisor's ``container-sockets``): a count, scored
 #: with a spread floor of one socket, not the network kind's 1024 bytes/s (20 -> 80 sockets
-#: scored z 0.06: an RE2 socket fault was never found).
-_COUNT = re.compile(r"(^|[-_.])sockets?([-_.]|$)", re.IGNORECASE)
+#: scored z 0.06: an RE2 socket fault was never found). The whole metric name: ``socket-bytes``
+#: is bytes.
+_COUNT = re.compile(r"^(container[-_])?sockets?$", re.IGNORECASE)
 #: A memory column whose values all stay below this is not in bytes (no process lives in less
-#: than 1 MiB): MB as RCAEval's preprocessing writes them, or a share. A leak of 350 -> 590 MB
-#: written in MB scored z 0.0 against the 1 MiB floor.
+#: than 1 MiB): MB as RCAEval's preprocessing writes them. A leak of 350 -> 590 MB written in MB
+#: scored z 0.0 against the 1 MiB floor; its floor is then 1 (MB), never 0 (a column at 0
+#: through the baseline would score any blip in the 10^11s).
 MIN_BYTES = 1024.0 * 1024.0
+MB_FLOOR = 1.0
 
 
 def _own_floor(metric: str, kind: Kind, pts: list[tuple[float, float]]) -> float | None:
     """The spread floor in a column's own unit when the kind's default is in another one."""
-    if _COUNT.search(metric):
+    if kind == "network" and _COUNT.search(metric):
         return 1.0
     if kind == "memory":
         finite = [abs(v) for _, v in pts if math.isfinite(v)]
         if finite and max(finite) < MIN_BYTES:
-            return 0.0  # the relative floor (5 % of the level) alone
+            return MB_FLOOR
     return None
 
 
@@ -324,8 +327,8 @@ def load_table(
     if ignored:
         notes.append(f"{ignored} load/throughput column(s) not scored (a fault moves load away from where it is).")
     if not_bytes:
-        notes.append(f"Memory column(s) below {MIN_BYTES:.0f} throughout, so not in bytes (MB? a share?): scored "
-                     f"against their own level, without the 1 MiB floor: {', '.join(sorted(not_bytes))}.")
+        notes.append(f"Memory column(s) below {MIN_BYTES:.0f} throughout, so not in bytes: read as MB (spread floor "
+                     f"{MB_FLOOR:g} MB, not 1 MiB): {', '.join(sorted(not_bytes))}.")
     if bad:
         notes.append(f"Skipped {bad} cell(s) that were not numbers.")
     if graph is None:

@@ -251,12 +251,13 @@ def ambiguity_note(joins: JoinCounts, exchanges: list[Exchange]) -> str | None:
         return None
     calls = [x for x in exchanges if x.side == "client" and x.join is not None and x.join != "orphan"]
     no_tx = sum(x.trans_id is None for x in calls)
-    why = (f"{no_tx} of {len(calls)} calls carry no X-Trans-Id in the capture (a snap length below the "
-           "headers: capture with -s 0, or give the Swift access logs with --swift-log)"
+    why = (f"{no_tx} of {len(calls)} calls carry no X-Trans-Id in the capture, a snap length below the "
+           "headers? capture with -s 0, or give the Swift access logs with --swift-log"
            if no_tx > len(calls) / 2 else "the transaction ids did not tell them apart")
-    return (f"{joins.ambiguous} of {joins.ambiguous + joins.trans_id + joins.timing} calls could serve more than "
-            f"one request open at the time ({why}): they are joined to none, and the {joins.uncertain} requests "
-            "they may serve have no processing figure (left out, not guessed)")
+    # (the subject first: live mode says a note once per subject, the text before its first ':')
+    return (f"calls that could serve more than one request open at the time: {joins.ambiguous} of "
+            f"{joins.ambiguous + joins.trans_id + joins.timing} ({why}); they are joined to none, and the "
+            f"{joins.uncertain} requests they may serve have no processing figure (left out, not guessed)")
 
 
 def shared_clock_notes(clocks: ClockModel, names: list[str]) -> list[str]:
@@ -339,9 +340,8 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     hop_src, hop_dst = coder(m.src, m.sport), coder(m.dst, m.dport)
 
     exchanges: list[Exchange] = []
-    lost: list[tuple[int, int, int]] = []
     for d in directed:
-        exchanges.extend(exchanges_of(d, roles, unanswered=lost))
+        exchanges.extend(exchanges_of(d, roles))
     from_logs = 0
     log_counts: dict[str, dict[str, int]] = {}
     notes: list[str] = [n for n in (capture_note(name, read[name]) for name in names
@@ -376,9 +376,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     b = Breakdown(names, read, m, clocks, transit, hop_src, hop_dst, coder.names, exchanges, joins,
                   trans_ids_from_logs=from_logs, swift_logs=log_counts, notes=notes)
     _tcp_events(b, directed, coder, publish)
-    for ip, port, t in lost:
-        if publish is None or publish[0] <= t < publish[1]:
-            b.unanswered[(roles.node_of(ip) or ip_str(ip), roles.endpoint_role(ip, port))] += 1
+    for x in exchanges:  # (those of the published window, by when the caller gave up)
+        if not x.answered:
+            b.unanswered[(roles.node_of(x.server[0]) or ip_str(x.server[0]), x.server_role)] += 1
     for name in names:
         node = roles.nodes.get(name)
         b.addresses[name] = [ip_str(a) for a in node.addresses] if node else []

@@ -22,9 +22,13 @@ processing p99 182 ms for 82); none is ``orphan`` (a background call: replicatio
 Only a server that can make the call is a candidate (Swift's request path: the proxy calls every
 storage service, an object server its container's, a container server its account's, an account
 server no one): the object, container and account servers of a node share a transaction id.
-A call answered after the request it served was (the caller gave up on a hung server: Swift's
-``node_timeout``) is joined by its start, within the request's span, and counted ``late``: its
-wait up to the request's answer is fan-out wait, not the caller's processing.
+A call's own transaction id is looked for first, among the requests open when it started: so a
+call answered after the request it served was (the caller gave up on a hung server: Swift's
+``node_timeout``) is joined, counted ``late``, its wait up to the request's answer fan-out wait,
+not the caller's processing; and a call whose id is none of theirs (an updater replaying an old
+update) is an orphan. A call never answered (its connection closed by the caller) is an exchange
+ending at the close (``answered`` False). Without ids, only a call within a request's span is
+joined (by timing).
 
 **Node processing** (the node's own time with a request), per server-side exchange of a
 node: the span ``[req_start, resp_start]`` minus what the node waits for.
@@ -88,7 +92,9 @@ class Exchange:
     connect_start: int | None = None  # the SYN of its connection, for the first exchange on it
     parent: int | None = None  # index of the server-side exchange it serves (joins)
     join: str | None = None  # trans_id | timing | ambiguous | orphan
-    late: bool = False  # joined by its start: answered after the request it served was
+    late: bool = False  # joined by its id and start: answered after the request it served was
+    answered: bool = True  # False: no final response when its connection closed (resp_* = the close)
+    until: int | None = None  # a late call: when the request it served was answered (phases end there)
     uncertain: bool = False  # server side: an ambiguous call may be its: no processing figure
     children: list[int] = field(default_factory=list)
     processing: int | None = None  # ns, for side == "server": the node's own time (module doc)
@@ -149,13 +155,12 @@ def _parse_response(head: bytes | None) -> tuple[int, str | None]:
     return status, m.group(1).decode("ascii") if m else None
 
 
-def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0,
-                 unanswered: list[tuple[int, int, int]] | None = None) -> list[Exchange]:
-    """The HTTP exchanges of one node's capture (data segments, retransmissions left out).
-    ``unanswered`` gets (server ip, port, time) of each request this node sent that had no
-    final response when its connection closed (FIN or RST seen after it): the caller gave up on
-    a hung server (Swift's ``node_timeout``), or the server dropped it. A request still open at
-    the end of the capture is not one."""
+def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0) -> list[Exchange]:
+    """The HTTP exchanges of one node's capture (data segments, retransmissions left out). A
+    request this node sent that had no final response when its connection closed (FIN or RST
+    seen after it: the caller gave up on a hung server, Swift's ``node_timeout``, or the server
+    dropped it) is an exchange too, ``answered`` False, ending at the close: the caller waited
+    for it until then. A request still open at the end of the capture is not one."""
     s = d.segs
     data = np.flatnonzero((s.plen > 0) & ~d.retrans & (d.egress | d.ingress))
     if not len(data):
@@ -207,6 +212,8 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0,
         pos = np.minimum(np.searchsorted(sh, conn), len(sh) - 1)  # the first (earliest) SYN of the hash
         hit = sh[pos] == conn
         conn_syn[hit] = st[pos[hit]]
+    out: list[Exchange] = []
+    node = d.node
     role_cache: dict[tuple[int, int], str] = {}
 
     def role(ip: int, port: int) -> str:
@@ -215,10 +222,17 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0,
             r = role_cache[(ip, port)] = roles.endpoint_role(ip, port)
         return r
 
-    if unanswered is not None and not has_resp.all():
-        _unanswered(d, req[~has_resp], nxt[~has_resp], conn_end, conn, ts, s_ip, s_port, data, unanswered)
-    out: list[Exchange] = []
-    node = d.node
+    first_on_conn = (idx == 0) | (conn_id[np.maximum(idx - 1, 0)] != conn_id)
+    if not has_resp.all():
+        for i, closed_at in _unanswered(d, req[~has_resp], nxt[~has_resp], conn_end, conn, ts, data):
+            method, kind, tx, target = _parse_request(s.heads.get(int(data[i])))
+            syn_t = int(conn_syn[i]) if first_on_conn[i] else -1
+            cip, cport, sip, sport_ = int(c_ip[i]), int(c_port[i]), int(s_ip[i]), int(s_port[i])
+            out.append(Exchange(
+                node=node, side="client", client=(cip, cport), server=(sip, sport_), server_role=role(sip, sport_),
+                client_role=role(cip, cport), req_start=int(ts[i]), req_end=int(ts[i]), resp_start=closed_at,
+                resp_end=closed_at, method=method, path_kind=kind, trans_id=tx, target=target,
+                connect_start=syn_t if syn_t >= 0 else None, answered=False))
     keep = np.flatnonzero(has_resp)
     if not len(keep):
         return out
@@ -260,25 +274,26 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0,
 
 
 def _unanswered(d: Directed, lost: npt.NDArray[np.intp], nxt: npt.NDArray[np.intp], conn_end: npt.NDArray[np.intp],
-                conn: npt.NDArray[np.uint64], ts: I64, s_ip: npt.NDArray[np.uint32], s_port: npt.NDArray[np.uint16],
-                data: npt.NDArray[np.intp], out: list[tuple[int, int, int]]) -> None:
-    """Requests sent by this node (``lost``: no final response) whose connection then closed."""
+                conn: npt.NDArray[np.uint64], ts: I64, data: npt.NDArray[np.intp]) -> list[tuple[int, int]]:
+    """(index, first FIN or RST after it) of each request sent by this node (``lost``: no final
+    response) whose connection then closed."""
     s = d.segs
     lost = lost[(nxt == conn_end[lost]) & d.egress[data[lost]]]  # the connection's last request, sent here
-    if not len(lost):
-        return
     fin = np.flatnonzero((s.flags & (FIN | RST)) != 0)
-    if not len(fin):
-        return
-    closed: dict[int, int] = {}  # connection hash -> its last FIN/RST
+    if not len(lost) or not len(fin):
+        return []
+    closes: dict[int, list[int]] = {}  # connection hash -> its FIN/RST times
     for h in (flow_hash(s.src[fin], s.dst[fin], s.sport[fin], s.dport[fin]),
               flow_hash(s.dst[fin], s.src[fin], s.dport[fin], s.sport[fin])):
         for k, t in zip(h.tolist(), s.ts[fin].tolist()):
-            closed[k] = max(t, closed.get(k, t))
+            closes.setdefault(k, []).append(t)
+    out = []
     for i in lost.tolist():
         t = int(ts[i])
-        if closed.get(int(conn[i]), -1) > t:
-            out.append((int(s_ip[i]), int(s_port[i]), t))
+        after = [c for c in closes.get(int(conn[i]), ()) if c > t]
+        if after:
+            out.append((i, min(after)))
+    return out
 
 
 @dataclass
@@ -337,31 +352,35 @@ def join(exchanges: list[Exchange], tolerance_ns: int = 0) -> JoinCounts:
             lo = bisect.bisect_left(starts, x.req_start - maxdur - tolerance_ns)
             hi = bisect.bisect_right(starts, x.req_start + tolerance_ns)
             near = [j for j in range(lo, hi) if _may_call(exchanges[servers[j]].server_role, x.server_role)]
-            limit = x.resp_end - tolerance_ns
-            cand = [j for j in near if ends[j] >= limit]
-            late = not cand
-            if late:  # answered after any request it could serve was: the caller gave up on it
-                cand = [j for j in near if ends[j] >= x.req_start - tolerance_ns]
-            tx_cand = [j for j in by_tx.get(x.trans_id or "", []) if j in cand] if x.trans_id else []
-            if len(tx_cand) == 1:
-                pick, how = tx_cand[0], "trans_id"
-            elif len(cand) == 1:
-                pick, how = cand[0], "timing"
-            elif cand:
+            strict = [j for j in near if ends[j] >= x.resp_end - tolerance_ns]  # [call] within [request]
+            if x.trans_id:
+                # The call's own id first, among the requests open when it started: a late
+                # answer's request (the caller gave up on a hung server) is found by it too.
+                same = [j for j in near if ends[j] >= x.req_start - tolerance_ns
+                        and exchanges[servers[j]].trans_id == x.trans_id]
+                if same:
+                    pick = max([j for j in same if j in strict] or same, key=lambda j: starts[j])
+                    late = pick not in strict
+                    counts.trans_id += 1
+                    counts.late += late
+                    x.join, x.late, x.parent = "trans_id", late, servers[pick]
+                    x.until = ends[pick] if late else None
+                    exchanges[servers[pick]].children.append(c)
+                    continue
+                # an id that is none of theirs: not a call of a request whose id is known
+                strict = [j for j in strict if not exchanges[servers[j]].trans_id]
+            if len(strict) == 1:
+                counts.timing += 1
+                x.join, x.parent = "timing", servers[strict[0]]
+                exchanges[servers[strict[0]]].children.append(c)
+            elif strict:
                 counts.ambiguous += 1
                 x.join = "ambiguous"
-                for j in tx_cand or cand:
+                for j in strict:
                     exchanges[servers[j]].uncertain = True
-                continue
             else:
                 counts.orphan += 1
                 x.join = "orphan"
-                continue
-            setattr(counts, how, getattr(counts, how) + 1)
-            counts.late += late
-            x.join, x.late = how, late
-            x.parent = servers[pick]
-            exchanges[servers[pick]].children.append(c)
     for x in exchanges:
         if x.side == "server":
             if x.uncertain:
@@ -436,13 +455,17 @@ def phase_samples(exchanges: list[Exchange]) -> list[tuple[str, Exchange, int]]:
         ph = phase_of(x)
         if ph is None:
             continue
+        if x.join == "ambiguous":
+            continue  # which request's phase it belongs to is not known: not guessed
         if ph == "auth" or x.parent is None:
             out.append((ph, x, x.resp_end - x.out_start))
             continue
         key = (x.parent, ph)
+        # a late answer (after the request's own) counts up to the request's answer
+        end = min(x.resp_end, x.until) if x.until is not None else x.resp_end
         prev = spans.get(key)
-        spans[key] = (x, x.out_start, x.resp_end) if prev is None else (
-            prev[0], min(prev[1], x.out_start), max(prev[2], x.resp_end))
+        spans[key] = (x, x.out_start, end) if prev is None else (
+            prev[0], min(prev[1], x.out_start), max(prev[2], end))
     out.extend((ph, x, end - start) for (_, ph), (x, start, end) in spans.items())
     return out
 

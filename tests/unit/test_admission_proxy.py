@@ -267,6 +267,22 @@ async def test_a_cors_preflight_needs_no_session_even_in_waiting_room_mode():
         assert r.value("promreflex_admission_sessions_admitted_total") == admitted
 
 
+async def test_a_cors_preflight_keeps_its_pages_limit_and_queue():
+    # The first fix sent preflights as exempt: any client adding the two headers to OPTIONS had
+    # an unmetered way to the app on any page (60 at once on a page limited to 2, waiting room
+    # on: a review). A preflight needs no session, but waits for its page's slot like any request.
+    async with rig(page_scheduler__initial_limit=1, page_scheduler__max_limit=1) as r, \
+            aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as bare:
+        preflight = {"Origin": "https://shop.example", "Access-Control-Request-Method": "POST"}
+        first = asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight))
+        await until(lambda: r.proxy.pages["hang"].in_flight == 1)
+        second = asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight))
+        await until(lambda: len(r.proxy.pages["hang"].queue) == 1)  # waits for the slot
+        assert r.proxy.pages["hang"].in_flight == 1 and not r.proxy.sessions.active
+        for fut in (first, second):
+            (await fut).release()
+
+
 async def test_forged_malformed_expired_and_foreign_key_cookies_do_not_skip_the_queue():
     ring = KeyRing.ephemeral()
     other = CookieCodec(KeyRing.ephemeral())

@@ -216,6 +216,9 @@ def test_an_episode_opened_on_a_quiet_site_leaves_the_copies_at_full_speed():
     t = Throttle(S)
     t.open(0.0, Signal(95.0, 90, 95.0, 20, at=0.0, window=1.0))  # keeps up, not quiet: the alert wins
     assert t.share == 0.5
+    t = Throttle(S)
+    t.open(1000.0, Signal(5.0, 90, 5.0, 100, at=700.0, window=1.0))  # quiet 5 minutes ago: stale, the alert wins
+    assert t.share == 0.5
 
 
 def test_decisions_wait_for_a_sample_that_holds_only_data_from_after_the_change():

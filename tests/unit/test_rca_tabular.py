@@ -240,9 +240,14 @@ def test_rca_eval_follows_linked_system_folders(tmp_path, capsys):
     (root / "RE1-SS").symlink_to(store, target_is_directory=True)
     (root / "again").symlink_to(store, target_is_directory=True)  # the same folder twice: read once
     (store / "loop").symlink_to(root, target_is_directory=True)  # a loop: not followed forever
+    rcd_case(root / "RE1-OB" / "orders_cpu" / "1", "orders")  # a real system beside them
+    (root / "a-latest").symlink_to(root / "RE1-OB" / "orders_cpu" / "1", target_is_directory=True)
     assert main(["rca", "eval", str(root), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^overall\s+1\s+1\.00", out, re.MULTILINE), out  # one case, named first
+    # two cases, each named first; the real folder is read (its name is the label), not the
+    # link met before it ("a-latest" sorts first)
+    assert re.search(r"^overall\s+2\s+1\.00", out, re.MULTILINE), out
+    assert "a-latest" not in out, out
 
 
 def test_a_repeated_time_column_keeps_the_first_as_the_clock(tmp_path):
@@ -262,3 +267,35 @@ def test_a_repeated_time_column_keeps_the_first_as_the_clock(tmp_path):
     data = load_case(path.parent)
     assert data.baseline_end == 1020
     assert analyse(data).ranking[0].service == "carts"
+
+
+def test_memory_in_mb_keeps_a_floor_and_socket_bytes_stay_bytes(tmp_path):
+    # A review of the MB fix: with no floor at all, a sidecar's memory at 0 MB through the
+    # baseline scored z ~1e11 on one 0.4 MB blip and took rank 1 (RCD in MB: AC@1 1.00 -> 0.00).
+    from controllers.rca.tabular import _own_floor
+
+    n, k = 120, 60
+    cpu = noisy(1.0, k) + [c * 30 for c in noisy(1.0, n - k)]
+    ghost = [0.0] * (n - 5) + [0.4] + [0.0] * 4
+    case = _fault_case(tmp_path / "carts_cpu" / "1", {
+        "carts_cpu": cpu, "carts_mem": noisy(300, n, rel=0.01), "orders_cpu": noisy(2.0, n, offset=2),
+        "orders_mem": noisy(250, n, rel=0.01, offset=3), "sidecar_mem": ghost,
+    }, k)
+    result = analyse(load_case(case))
+    assert result.ranking[0].service == "carts", [(v.service, v.score) for v in result.ranking]
+    # only a count of sockets is scored in sockets: a bytes column with "socket" in its name is bytes
+    assert _own_floor("socket", "network", [(0, 20.0)]) == 1.0
+    assert _own_floor("container-sockets", "network", [(0, 20.0)]) == 1.0
+    assert _own_floor("socket-bytes-sent", "network", [(0, 5e8)]) is None
+    assert _own_floor("mem_socket_buffers", "memory", [(0, 5e8)]) is None
+
+
+def test_a_blank_line_in_a_table_is_no_row(tmp_path):
+    # A trailing blank line (a file appended with echo): csv.DictReader and pandas skip it; the
+    # header fix read it as a row with an empty time and refused the case.
+    case = rcd_case(tmp_path / "carts-cpu" / "1", "carts")
+    with (case / "normal.csv").open("a") as f:
+        f.write("\n")
+    with (case / "anomalous.csv").open("a") as f:
+        f.write("\n\n")
+    assert analyse(load_case(case)).ranking[0].service == "carts"

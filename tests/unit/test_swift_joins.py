@@ -29,12 +29,12 @@ def test_a_call_cut_off_by_the_callers_timeout_is_fan_out_not_processing():
     # Swift's proxy waits node_timeout (10 s) for a hung object server, then answers from another
     # replica; the hung one answers after SIGCONT, into the closed connection. Before: the call
     # was an orphan and the proxy's 10 s wait its own processing (SwiftNodeSlow on the proxy).
-    ex = [server(PROXY, "proxy", 0, 10_010),
-          call(PROXY, "proxy", "object", 2, 20_000),  # the hung replica, answered long after
-          call(PROXY, "proxy", "object", 10_002, 10_008)]  # the next replica, after the timeout
+    ex = [server(PROXY, "proxy", 0, 10_010, tx="txG"),
+          call(PROXY, "proxy", "object", 2, 20_000, tx="txG"),  # the hung replica, answered long after
+          call(PROXY, "proxy", "object", 10_002, 10_008, tx="txG")]  # the next replica, after the timeout
     counts = join(ex)
-    assert counts.orphan == 0 and counts.late == 1 and counts.timing == 2
-    assert ex[1].parent == 0 and ex[1].late and not ex[2].late
+    assert counts.orphan == 0 and counts.late == 1 and counts.trans_id == 2
+    assert ex[1].parent == 0 and ex[1].late and not ex[2].late and ex[1].until == 10_010 * MS
     # the union of both calls, the hung one clipped to the request's answer: 2 ms -> 10,010 ms
     assert ex[0].fanout_wait == 10_008 * MS
     assert ex[0].processing == 2 * MS
@@ -65,3 +65,19 @@ def test_an_ambiguous_call_is_charged_to_no_request_and_theirs_are_not_guessed()
     assert ex[2].processing == 10 * MS and ex[4].parent == 2
     note = ambiguity_note(counts, ex)
     assert note is not None and "2 of 2 calls carry no X-Trans-Id" in note and "-s 0" in note
+
+
+def test_a_late_answer_needs_its_id_and_an_id_that_is_none_of_theirs_joins_none():
+    # Without its X-Trans-Id a call answered after every open request is an orphan, not charged
+    # by timing to a request that merely was open when it started (a capture that ended before
+    # its own request's answer gave R1 a fan-out it never had). A call whose id is none of the
+    # open requests' (an object updater replaying an old update) is an orphan too: before, it
+    # made both object requests "uncertain".
+    ex = [server(PROXY, "proxy", 0, 100, tx="tx1"), call(PROXY, "proxy", "object", 60, 200)]
+    counts = join(ex)
+    assert counts.orphan == 1 and ex[1].parent is None and ex[0].processing == 100 * MS
+    ex = [server(S2, "object", 0, 50, tx="txA"), server(S2, "object", 5, 60, tx="txB"),
+          call(S2, "storage", "container", 20, 40, tx="txOLD")]
+    counts = join(ex)
+    assert counts.orphan == 1 and counts.ambiguous == 0 and counts.uncertain == 0
+    assert ex[0].processing == 50 * MS and ex[1].processing == 55 * MS

@@ -259,34 +259,100 @@ def test_connection_over_4_gib_does_not_wrap() -> None:
     assert retransmissions(again, fh).tolist() == [False] * n + [True]
 
 
-def test_a_hung_object_server_is_named_and_the_proxy_not_blamed(tmp_path: Path) -> None:
-    # A stranger's real cluster: one object server stopped (SIGSTOP). The proxy's GET waits
-    # node_timeout (10 s) on it, then reads another replica; the hung one answers after SIGCONT,
-    # into the connection the proxy closed. A PUT's call to it is never answered at all. Before:
-    # the GET's 10 s were proxy processing (the call an orphan) and nothing named the hung server.
+def _hung_server_capture(net: SynthNet, t0: int) -> None:
+    """One object server stopped (SIGSTOP), while another client's long upload is open (txU, -1 s
+    to 20 s). A GET (txG): the proxy waits node_timeout (10 s) on the hung server, reads another
+    replica; the hung one answers after SIGCONT, into the connection the proxy closed. A PUT (txP):
+    its call to the hung server is never answered, the proxy closes it after 10 s and stores on
+    another replica."""
     from exporters.swift.synth import http_request, http_response
 
+    up, t = net.connect("client", "proxy", 8080, t0 - 1_000 * MS)
+    net.send(up, "client", t, http_request("PUT", "/v1/AUTH_test/c/big", "txU"))
+    for tx, method, late in (("txG", "GET", True), ("txP", "PUT", False)):
+        start = t0 if tx == "txG" else t0 + 30_000 * MS
+        cp, t = net.connect("client", "proxy", 8080, start)
+        arrive = net.send(cp, "client", t, http_request(method, f"/v1/AUTH_test/c/{tx}", None))
+        hung, t2 = net.connect("proxy", "storage", 6200, arrive + 300_000)
+        net.send(hung, "proxy", t2, http_request(method, f"/d1/1/AUTH_test/c/{tx}", tx))
+        timeout = t2 + 10_000 * MS
+        net.segment(hung, "proxy", timeout, FIN | ACK)  # the proxy gives up on it
+        good, t3 = net.connect("proxy", "storage", 6200, timeout + 100_000)
+        back = net.exchange(good, t3, http_request(method, f"/d2/1/AUTH_test/c/{tx}", tx),
+                            http_response(200, tx), 2 * MS)
+        answered = net.send(cp, "proxy", back + 300_000, http_response(200, tx))
+        net.close(cp, answered + 10_000)
+        if late:  # after SIGCONT, into the closed connection
+            net.send(hung, "storage", timeout + 5_000 * MS, http_response(404, tx))
+    net.send(up, "proxy", t0 + 50_000 * MS, http_response(201, "txU"))
+
+
+def test_a_hung_object_server_is_named_and_the_proxy_not_blamed(tmp_path: Path) -> None:
+    # A stranger's real cluster: one object server stopped (SIGSTOP). Before: the GET's 10 s
+    # were proxy processing (the late call an orphan, or joined by timing to another client's
+    # longer request, its own X-Trans-Id ignored); the PUT's never-answered call was no exchange
+    # at all, its 10 s proxy processing too; nothing named the hung server.
     net = SynthNet(dict(NODES))
-    cp, t = net.connect("client", "proxy", 8080, T0)
-    arrive = net.send(cp, "client", t, http_request("GET", "/v1/AUTH_test/c/o", None))
-    hung, t2 = net.connect("proxy", "storage", 6200, arrive + 300_000)
-    net.send(hung, "proxy", t2, http_request("GET", "/d1/1/AUTH_test/c/o", "txG"))
-    timeout = t2 + 10_000 * MS
-    good, t3 = net.connect("proxy", "storage", 6200, timeout)
-    back = net.exchange(good, t3, http_request("GET", "/d2/1/AUTH_test/c/o", "txG"), http_response(200, "txG"), 2 * MS)
-    answered = net.send(cp, "proxy", back + 300_000, http_response(200, "txG"))
-    net.close(cp, answered + 10_000)
-    net.send(hung, "storage", timeout + 5_000 * MS, http_response(404, "txG"))  # late, after SIGCONT
-    net.close(hung, timeout + 5_001 * MS)
-    lost, t4 = net.connect("proxy", "storage", 6200, timeout + 6_000 * MS)  # a PUT's call: never answered
-    net.send(lost, "proxy", t4, http_request("PUT", "/d1/1/AUTH_test/c/o2", "txP"))
-    net.close(lost, t4 + 10_000 * MS)
+    _hung_server_capture(net, T0)
     roles = RoleMap()
     roles.add_mapping_dict(roles_mapping())
     b = analyze(net.write(tmp_path), roles)
-    proxy = [x for x in b.exchanges if x.side == "server" and x.server_role == "proxy"]
-    assert len(proxy) == 1 and proxy[0].processing is not None
-    assert proxy[0].processing < 2 * MS and proxy[0].fanout_wait > 10_000 * MS
+    proxy = {x.trans_id: x for x in b.exchanges if x.side == "server" and x.server_role == "proxy"}
+    for tx in ("txG", "txP"):
+        x = proxy[tx]
+        assert x.processing is not None and x.processing < 2 * MS, (tx, x.processing)
+        assert x.fanout_wait > 10_000 * MS, (tx, x.fanout_wait)
     assert b.joins.late == 1 and b.joins.orphan == 0
-    assert b.unanswered == {("storage", "object"): 1}
+    assert b.unanswered == {("storage", "object"): 1}  # the PUT's call: no answer ever
     assert b.summary()["unanswered"] == {"storage/object": 1}
+    # the GET's object phase ends with the GET, not with the hung server's late answer
+    assert max(b.phases()["object"]) < proxy["txG"].resp_start - proxy["txG"].req_start
+
+
+def test_live_mode_publishes_the_hung_server_as_fan_out_and_counts_the_unanswered_call(tmp_path: Path) -> None:
+    # serve --live publishes a request in the window of its answer, 2 s behind the slowest
+    # stream: before, the GET went out with 10 s of proxy processing (the late answer came 5 s
+    # later) and the unanswered call was never counted (its request time was published before
+    # the proxy gave up on it).
+    import struct
+
+    from prometheus_client import CollectorRegistry
+
+    from exporters.swift.live import LiveAnalyzer
+    from exporters.swift.metrics import SwiftTimingCollector
+
+    net = SynthNet(dict(NODES))
+    _hung_server_capture(net, T0)
+    t = T0 + 51_000 * MS
+    for i in range(30):  # traffic afterwards, so the cut moves on
+        t = swift_put(net, t, f"txQ{i}") + 1_000 * MS
+    files = net.write(tmp_path)
+    recs: list[tuple[int, str, bytes]] = []
+    heads: dict[str, bytes] = {}
+    for node, path in files.items():
+        raw = Path(path).read_bytes()
+        heads[node], off = raw[:24], 24
+        while off + 16 <= len(raw):
+            sec, frac, incl = struct.unpack_from("<III", raw, off)
+            recs.append((sec * 10**9 + frac, node, raw[off:off + 16 + incl]))
+            off += 16 + incl
+    recs.sort(key=lambda r: r[0])
+    roles = RoleMap()
+    roles.add_mapping_dict(roles_mapping())
+    reg = CollectorRegistry()
+    live = LiveAnalyzer(list(files), roles, SwiftTimingCollector(list(files), registry=reg), grace_s=2.0, keep_s=30.0)
+    for node in files:
+        live.feed(node, heads[node])
+    tick = recs[0][0] + 5 * 10**9
+    for ts, node, rec in recs:
+        while ts >= tick:
+            live.tick(now_ns=tick)
+            tick += 5 * 10**9
+        live.feed(node, rec)
+    live.tick(final=True)
+    g = reg.get_sample_value
+    assert g("promreflex_swift_calls_unanswered_total", {"node": "storage", "role": "object"}) == 1
+    proxy = {"node": "proxy", "role": "proxy"}
+    count = g("promreflex_swift_node_processing_seconds_count", proxy)
+    assert count is not None and count >= 30
+    assert g("promreflex_swift_node_processing_seconds_bucket", {**proxy, "le": "1.0"}) == count  # none of 10 s
