@@ -8,9 +8,10 @@ class run at once, the others wait in the class' FIFO queue. The limit is found 
 progress-based regulation (:class:`Regulator`), judged over windows (at least ``window`` long,
 with at least ``min_completions`` served requests) rather than per request: while the limit
 binds (requests ran at the limit for half the window or more), the regulator probes one step
-up or down for one window and keeps the step only if it paid: up when the page's speed at the
-new concurrency (c / mean response time at c) and its served rate both beat the old level by
-``improvement`` beyond their noise, down when neither lost more than ``improvement``;
+up (a fifth) or down (an eighth) and keeps the step only if it paid: up when the page's speed at
+the new concurrency (c / mean response time at c) and its served rate both beat the old level by
+``improvement`` beyond their noise (a promising raise whose samples are too few to show what
+the step can bring is measured on, up to ``PROBE_WINDOWS`` windows), down when neither lost more than ``improvement`` in its window;
 otherwise it steps back and holds ``hold_windows`` windows, the next probe going the other way
 (hysteresis). Windows in which the limit did not bind say nothing: demand, not the limit, set
 their throughput, so they move nothing (counting their completions is what once made limits
@@ -82,6 +83,18 @@ class Level:
 BINDING_SHARE = 0.5
 #: Memory of the long-run estimate per level: weight of the past at each new window.
 LEVEL_DECAY = 0.5
+#: A raise whose gain is positive, while its samples are too few to show even the most the step
+#: can bring, is measured for up to this many windows (its samples pooled) before it is given up;
+#: the reference is the last few binding windows at the old limit. One window of ``min_completions`` cannot show a step's gain: at
+#: limit L a step of 1 brings at most 1/L, and the served rate's noise over 20 completions is
+#: sqrt(2/20) = 32 %, so a page slower than ``window / min_completions`` per request, or any page
+#: past a limit of about 7, never climbed (a linear app of 16 workers held at 7).
+PROBE_WINDOWS = 4
+BASE_WINDOWS = 4
+#: A raise adds this share of the limit (at least 1), so that what it can bring (up to a fifth, a
+#: quarter from 4) stays above the noise as the limit grows; a lowering takes an eighth, so the
+#: limit stays in a narrow band once at the knee.
+UP_STEP = 0.2
 
 
 class Regulator:
@@ -92,7 +105,7 @@ class Regulator:
     about c concurrent requests of the class (time-weighted over each request), which demand
     does not distort; and its served rate in the window, which sees what the speed alone
     misses: a page that is not the bottleneck serves no more when it may run more at once.
-    A step is 1, or an eighth of the limit when larger. An accepted probe is followed at once by
+    A step up is a fifth of the limit, down an eighth (at least 1 each). An accepted probe is followed at once by
     another in the same direction, so the limit climbs while raises pay, comes down while
     lowering costs nothing, and settles at the knee of the throughput curve, visiting the levels
     next to it once per ``2 x (hold_windows + 1)`` windows or so.
@@ -114,7 +127,10 @@ class Regulator:
         self._at_limit = 0.0  # time spent with in_flight >= limit in this window
         self._completions = 0
         self._fresh_after = now  # response times of requests started before a limit change are not a probe's
-        self._base: tuple[float, int] | None = None  # served rate and count of the last binding window
+        # served (count, seconds) of the last binding windows at the current limit, and the probe's
+        self._base: deque[tuple[int, float]] = deque(maxlen=BASE_WINDOWS)
+        self._probe_served: list[tuple[int, float]] = []
+        self._probed = Level()  # response times at the probed limit, pooled over the probe's windows
 
     # -- accounting (the page class calls these; O(1) each) ----------------------------
     def account(self, now: float, in_flight: int) -> None:
@@ -145,8 +161,8 @@ class Regulator:
             got = self._window[level] = Level()
         got.add(1, dt, dt * dt)
 
-    def _step_size(self, limit: int) -> int:
-        return max(1, limit // 8)
+    def _step_size(self, limit: int, direction: int) -> int:
+        return max(1, math.ceil(limit * UP_STEP)) if direction > 0 else max(1, limit // 8)
 
     def due(self, now: float) -> bool:
         elapsed = now - self._start
@@ -177,38 +193,47 @@ class Regulator:
         if self.hold > 0:
             self.hold -= 1
         if self.probe is not None:
-            return self._judge(window, x, n_done, binding)
+            return self._judge(window, x, n_done, elapsed, binding)
         if not binding:
             return Decision(self.limit, x, 0, "limit not reached: no information")
-        self._base = (x, n_done)
+        self._base.append((n_done, elapsed))
         if self.hold > 0:
             return Decision(self.limit, x, 0, f"holding ({self.hold} more)")
         return self._start_probe(x)
 
     def _start_probe(self, x: float) -> Decision:
         direction = self.next_dir
-        step = self._step_size(self.limit)
+        step = self._step_size(self.limit, direction)
         new = min(self.cfg.max_limit, max(self.cfg.min_limit, self.limit + direction * step))
         if new == self.limit:  # at a bound: probe the other way
             direction = -direction
+            step = self._step_size(self.limit, direction)
             new = min(self.cfg.max_limit, max(self.cfg.min_limit, self.limit + direction * step))
             if new == self.limit:
                 return Decision(self.limit, x, 0, "min_limit = max_limit: nothing to regulate")
         self.probe = (direction, self.limit)
         self.limit = new
         self._fresh_after = self._t
+        self._probe_served, self._probed = [], Level()
         return Decision(new, x, direction, "probe " + ("up" if direction > 0 else "down"))
 
-    def _judge(self, window: dict[int, Level], x: float, n_done: int, binding: bool) -> Decision:
+    def _back(self, base: int) -> None:
+        """Give the probe up: the old limit, its reference kept (its windows were measured at it)."""
+        self.probe = None
+        self.limit = base
+        self._fresh_after = self._t
+        self.hold = self.cfg.hold_windows
+
+    def _judge(self, window: dict[int, Level], x: float, n_done: int, elapsed: float, binding: bool) -> Decision:
         assert self.probe is not None
         direction, base = self.probe
-        self.probe = None
-        probed, ref = window.get(self.limit), self.levels.get(base)
-        if (probed is None or probed.n < max(2, self.cfg.min_completions // 2) or ref is None
-                or self._base is None or n_done == 0):
-            self.limit = base  # the probe did not run (demand fell): no judgement
-            self._fresh_after = self._t
-            self.hold = self.cfg.hold_windows
+        got = window.get(self.limit)
+        if got is not None:
+            self._probed.add(got.n, got.total, got.square)
+        self._probe_served.append((n_done, elapsed))
+        probed, ref = self._probed, self.levels.get(base)
+        if (probed.n < max(2, self.cfg.min_completions // 2) or ref is None or not self._base or n_done == 0):
+            self._back(base)  # the probe did not run (demand fell): no judgement
             return Decision(base, x, -direction, "probe not exercised: back")
         x_new, se_new = probed.capacity(self.limit)
         x_ref, se_ref = ref.capacity(base)
@@ -217,28 +242,38 @@ class Regulator:
         noise = 1.0 if math.isinf(noise) else noise
         # The served rate too: in a chain of pages, a page that is not the bottleneck serves
         # no more when it may run more at once (its own speed grows, at the others' expense).
-        x_base, n_base = self._base
-        served = x / x_base - 1 if x_base > 0 else math.inf
-        served_noise = math.sqrt(1 / max(1, n_done) + 1 / max(1, n_base))
+        n_probe, t_probe = (sum(v) for v in zip(*self._probe_served))
+        n_base, t_base = (sum(v) for v in zip(*self._base))
+        x_probe, x_base = n_probe / t_probe, n_base / t_base
+        served = x_probe / x_base - 1 if x_base > 0 else math.inf
+        served_noise = math.sqrt(1 / max(1, n_probe) + 1 / max(1, n_base))
         imp = self.cfg.improvement
+        how = f"{gain:+.0%} speed, {served:+.0%} served"
         kept = ""
         if direction > 0 and gain > imp + noise and served > imp + served_noise:
-            kept = f"raise to {self.limit} paid off ({gain:+.0%} speed, {served:+.0%} served)"
+            kept = f"raise to {self.limit} paid off ({how})"
         elif direction < 0 and gain >= -imp and served >= -imp:
-            kept = f"lowering to {self.limit} cost nothing ({gain:+.0%} speed, {served:+.0%} served)"
+            kept = f"lowering to {self.limit} cost nothing ({how})"
+        elif (direction > 0 and binding and len(self._probe_served) < PROBE_WINDOWS and gain > 0 and served > 0
+              and self.limit / base - 1 < imp + 2 * max(noise, served_noise)):
+            # Measured on only while the samples could not yet show, with a sigma to spare, the
+            # most the step can bring (the page's throughput growing with its limit): once they
+            # could, a gain short of the bar is the answer, and the limit goes back at once (a
+            # probe past the knee costs the whole app).
+            return Decision(self.limit, x, 0, f"probe at {self.limit}: {how} so far, within the noise: measured on")
         if kept:
+            self.probe = None
             self.next_dir = direction
+            self._base.clear()
             if not binding:
                 return Decision(self.limit, x, 0, kept)
-            self._base = (x, n_done)  # the probe's window is the next probe's reference: go on at once
+            self._base.extend(self._probe_served)  # the probe's windows are the next probe's reference: go on
             d = self._start_probe(x)
             return Decision(d.limit, x, d.move, f"{kept}; {d.why}")
-        tried, self.limit = self.limit, base
-        self._fresh_after = self._t
-        self.hold = self.cfg.hold_windows
+        tried = self.limit
+        self._back(base)
         self.next_dir = -direction
-        return Decision(base, x, -direction, f"probe at {tried} did not pay ({gain:+.0%} speed, {served:+.0%} "
-                                             f"served): back to {base}, hold")
+        return Decision(base, x, -direction, f"probe at {tried} did not pay ({how}): back to {base}, hold")
 
     def knee(self) -> int | None:
         """The smallest level whose estimated throughput is within ``improvement`` of the best

@@ -324,6 +324,22 @@ async def test_below_capacity_the_limit_is_not_lowered_into_the_demand():
         assert sum(waits) / sim.rate(sim.completed, 50, 150) / 100 < 0.005  # < 5 ms of queueing per request
 
 
+async def test_a_slow_page_and_a_wide_app_get_their_limit_up_to_the_knee():
+    # An app of 16 workers, linear up to 16 at once: the step from L brings at most 1/L, and a
+    # page of 0.5 s finishes 8 requests a second at the initial limit of 4. Judged on one window
+    # of 20 completions (noise 32 %), no raise could ever show: a 0.05 s page stopped at 7, a
+    # 0.5 s one at 4, the proxy holding the app to a third or half of what it serves alone.
+    # Response times spread like an exponential (CV 1) need more windows to show a gain: the
+    # 0.5 s page takes 2 to 5 minutes to get there.
+    for work, exponential, until in ((0.05, False, 240), (0.5, False, 240), (0.05, True, 240), (0.5, True, 480)):
+        sim = Sim([("p", work)], peaked(knee=16, decline=0.05), clients=60, think=0.02, timeout=math.inf,
+                  page_cfg=PageScheduler(), seed=2, exponential=exponential).run(until)
+        later = limits_after(sim, until - 120)
+        assert statistics.mean(later) >= 12, (work, exponential, later)
+        assert sim.rate(sim.completed, until - 120, until) >= 0.8 * 16 / work, (work, exponential, sim.rate(
+            sim.completed, until - 120, until))
+
+
 SHOP = [("login", 0.003), ("browse", 0.003), ("browse", 0.003), ("browse", 0.003), ("search", 0.040),
         ("buy", 0.003), ("logout", 0.003)]
 SHOP_WORK = sum(w for _, w in SHOP)
