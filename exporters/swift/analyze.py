@@ -370,14 +370,14 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         exchanges = [x for x in exchanges if lo <= x.resp_end < hi]
         # the calls of this window only (joined over everything kept, so a call whose request
         # began in an earlier window finds it; counted once, when the call is published)
-        joins = JoinCounts(**{k: sum(1 for x in exchanges if x.join == k) for k in JoinCounts().as_dict()})
-        joins.late = sum(x.late for x in exchanges)
+        joins = JoinCounts(**{k: sum(1 for x in exchanges if x.join == k and x.answered) for k in JoinCounts().as_dict()})
+        joins.late = sum(x.late and x.answered for x in exchanges)
         joins.uncertain = sum(x.side == "server" and x.uncertain for x in exchanges)
     b = Breakdown(names, read, m, clocks, transit, hop_src, hop_dst, coder.names, exchanges, joins,
                   trans_ids_from_logs=from_logs, swift_logs=log_counts, notes=notes)
     _tcp_events(b, directed, coder, publish)
     for x in exchanges:  # (those of the published window, by when the caller gave up)
-        if not x.answered:
+        if not x.answered and not x.still_open:
             b.unanswered[(roles.node_of(x.server[0]) or ip_str(x.server[0]), x.server_role)] += 1
     for name in names:
         node = roles.nodes.get(name)

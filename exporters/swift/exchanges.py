@@ -94,6 +94,7 @@ class Exchange:
     join: str | None = None  # trans_id | timing | ambiguous | orphan
     late: bool = False  # joined by its id and start: answered after the request it served was
     answered: bool = True  # False: no final response when its connection closed (resp_* = the close)
+    still_open: bool = False  # not answered, connection open at the capture's end (resp_* = that end)
     until: int | None = None  # a late call: when the request it served was answered (phases end there)
     uncertain: bool = False  # server side: an ambiguous call may be its: no processing figure
     children: list[int] = field(default_factory=list)
@@ -160,7 +161,9 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0) -> list[Exch
     request this node sent that had no final response when its connection closed (FIN or RST
     seen after it: the caller gave up on a hung server, Swift's ``node_timeout``, or the server
     dropped it) is an exchange too, ``answered`` False, ending at the close: the caller waited
-    for it until then. A request still open at the end of the capture is not one."""
+    for it until then; one still unanswered on an open connection at the capture's end (live
+    mode: what is buffered so far) ends there, ``still_open``: joined by its id only, it makes a
+    request answered meanwhile wait for it (a late call) rather than process."""
     s = d.segs
     data = np.flatnonzero((s.plen > 0) & ~d.retrans & (d.egress | d.ingress))
     if not len(data):
@@ -224,15 +227,17 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0) -> list[Exch
 
     first_on_conn = (idx == 0) | (conn_id[np.maximum(idx - 1, 0)] != conn_id)
     if not has_resp.all():
+        end = int(s.ts.max())  # (what was captured so far: live mode's buffer)
         for i, closed_at in _unanswered(d, req[~has_resp], nxt[~has_resp], conn_end, conn, ts, data):
             method, kind, tx, target = _parse_request(s.heads.get(int(data[i])))
             syn_t = int(conn_syn[i]) if first_on_conn[i] else -1
             cip, cport, sip, sport_ = int(c_ip[i]), int(c_port[i]), int(s_ip[i]), int(s_port[i])
+            stop = end if closed_at is None else closed_at
             out.append(Exchange(
                 node=node, side="client", client=(cip, cport), server=(sip, sport_), server_role=role(sip, sport_),
-                client_role=role(cip, cport), req_start=int(ts[i]), req_end=int(ts[i]), resp_start=closed_at,
-                resp_end=closed_at, method=method, path_kind=kind, trans_id=tx, target=target,
-                connect_start=syn_t if syn_t >= 0 else None, answered=False))
+                client_role=role(cip, cport), req_start=int(ts[i]), req_end=int(ts[i]), resp_start=stop,
+                resp_end=stop, method=method, path_kind=kind, trans_id=tx, target=target,
+                connect_start=syn_t if syn_t >= 0 else None, answered=False, still_open=closed_at is None))
     keep = np.flatnonzero(has_resp)
     if not len(keep):
         return out
@@ -274,25 +279,24 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0) -> list[Exch
 
 
 def _unanswered(d: Directed, lost: npt.NDArray[np.intp], nxt: npt.NDArray[np.intp], conn_end: npt.NDArray[np.intp],
-                conn: npt.NDArray[np.uint64], ts: I64, data: npt.NDArray[np.intp]) -> list[tuple[int, int]]:
-    """(index, first FIN or RST after it) of each request sent by this node (``lost``: no final
-    response) whose connection then closed."""
+                conn: npt.NDArray[np.uint64], ts: I64, data: npt.NDArray[np.intp]) -> list[tuple[int, int | None]]:
+    """(index, first FIN or RST after it, None while its connection is open) of each request
+    sent by this node (``lost``: no final response)."""
     s = d.segs
     lost = lost[(nxt == conn_end[lost]) & d.egress[data[lost]]]  # the connection's last request, sent here
-    fin = np.flatnonzero((s.flags & (FIN | RST)) != 0)
-    if not len(lost) or not len(fin):
+    if not len(lost):
         return []
+    fin = np.flatnonzero((s.flags & (FIN | RST)) != 0)
     closes: dict[int, list[int]] = {}  # connection hash -> its FIN/RST times
     for h in (flow_hash(s.src[fin], s.dst[fin], s.sport[fin], s.dport[fin]),
               flow_hash(s.dst[fin], s.src[fin], s.dport[fin], s.sport[fin])):
         for k, t in zip(h.tolist(), s.ts[fin].tolist()):
             closes.setdefault(k, []).append(t)
-    out = []
+    out: list[tuple[int, int | None]] = []
     for i in lost.tolist():
         t = int(ts[i])
         after = [c for c in closes.get(int(conn[i]), ()) if c > t]
-        if after:
-            out.append((i, min(after)))
+        out.append((i, min(after) if after else None))
     return out
 
 
@@ -356,31 +360,33 @@ def join(exchanges: list[Exchange], tolerance_ns: int = 0) -> JoinCounts:
             if x.trans_id:
                 # The call's own id first, among the requests open when it started: a late
                 # answer's request (the caller gave up on a hung server) is found by it too.
-                same = [j for j in near if ends[j] >= x.req_start - tolerance_ns
-                        and exchanges[servers[j]].trans_id == x.trans_id]
-                if same:
-                    pick = max([j for j in same if j in strict] or same, key=lambda j: starts[j])
+                same = [j for j in by_tx.get(x.trans_id, ()) if lo <= j < hi and ends[j] >= x.req_start - tolerance_ns
+                        and _may_call(exchanges[servers[j]].server_role, x.server_role)]
+                pool = [j for j in same if j in strict] or same
+                if len(pool) == 1:
+                    pick = pool[0]
                     late = pick not in strict
-                    counts.trans_id += 1
-                    counts.late += late
+                    if x.answered:  # (one never answered is counted apart: calls_unanswered)
+                        counts.trans_id += 1
+                        counts.late += late
                     x.join, x.late, x.parent = "trans_id", late, servers[pick]
                     x.until = ends[pick] if late else None
                     exchanges[servers[pick]].children.append(c)
                     continue
-                # an id that is none of theirs: not a call of a request whose id is known
-                strict = [j for j in strict if not exchanges[servers[j]].trans_id]
+                # several requests with its id (replicas on one node's devices): among them, not
+                # guessed; an id that is none of theirs: not a call of a request whose id is known
+                strict = pool or [j for j in strict if not exchanges[servers[j]].trans_id]
             if len(strict) == 1:
-                counts.timing += 1
                 x.join, x.parent = "timing", servers[strict[0]]
                 exchanges[servers[strict[0]]].children.append(c)
             elif strict:
-                counts.ambiguous += 1
                 x.join = "ambiguous"
                 for j in strict:
                     exchanges[servers[j]].uncertain = True
             else:
-                counts.orphan += 1
                 x.join = "orphan"
+            if x.answered:  # (a call never answered is counted apart: calls_unanswered)
+                setattr(counts, x.join, getattr(counts, x.join) + 1)
     for x in exchanges:
         if x.side == "server":
             if x.uncertain:
@@ -455,8 +461,8 @@ def phase_samples(exchanges: list[Exchange]) -> list[tuple[str, Exchange, int]]:
         ph = phase_of(x)
         if ph is None:
             continue
-        if x.join == "ambiguous":
-            continue  # which request's phase it belongs to is not known: not guessed
+        if x.join == "ambiguous" or (not x.answered and x.parent is None):
+            continue  # which request's phase it belongs to is not known (or it never ended): not guessed
         if ph == "auth" or x.parent is None:
             out.append((ph, x, x.resp_end - x.out_start))
             continue

@@ -22,7 +22,7 @@ from yarl import URL
 
 from controllers.admission.config import AdmissionSection
 from controllers.admission.cookies import CookieCodec, KeyRing
-from controllers.admission.proxy import AdmissionProxy
+from controllers.admission.proxy import PREFLIGHTS_AT_ONCE, AdmissionProxy
 from promreflex.config import ConfigError, read_yaml_mapping
 from promreflex.httpd import ADDRESSES, Limits, serving
 
@@ -279,7 +279,12 @@ async def test_a_cors_preflight_keeps_its_pages_limit_and_queue():
         second = asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight))
         await until(lambda: len(r.proxy.pages["hang"].queue) == 1)  # waits for the slot
         assert r.proxy.pages["hang"].in_flight == 1 and not r.proxy.sessions.active
-        for fut in (first, second):
+        # and at most PREFLIGHTS_AT_ONCE of them, all clients together: in waiting-room mode 60
+        # of them queued ahead of an admitted visitor (20.6 s for 0.5 s)
+        more = [asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight)) for _ in range(8)]
+        await until(lambda: len(r.proxy.pages["hang"].queue) == PREFLIGHTS_AT_ONCE - 1)
+        await until(lambda: r.value("promreflex_admission_requests_total", page="hang", outcome="session_busy") == 2)
+        for fut in (first, second, *more):
             (await fut).release()
 
 

@@ -81,3 +81,16 @@ def test_a_late_answer_needs_its_id_and_an_id_that_is_none_of_theirs_joins_none(
     counts = join(ex)
     assert counts.orphan == 1 and counts.ambiguous == 0 and counts.uncertain == 0
     assert ex[0].processing == 50 * MS and ex[1].processing == 55 * MS
+
+
+def test_several_requests_with_the_calls_id_on_one_node_are_not_guessed():
+    # Replicas of one PUT on devices of one machine (SAIO, fewer nodes than replicas): three object
+    # servers of s1 hold txA, each sends its container update with it. The second round picked
+    # the latest started: 22 and 42 ms of "processing" for 2.2 ms ones, as trans_id joins.
+    ex = [server(S2, "object", 0, 22.3, tx="txA"), server(S2, "object", 0.1, 42.3, tx="txA"),
+          server(S2, "object", 0.2, 62.3, tx="txA"),
+          call(S2, "storage", "container", 2, 22, tx="txA"), call(S2, "storage", "container", 2.1, 42, tx="txA"),
+          call(S2, "storage", "container", 2.2, 62, tx="txA")]
+    counts = join(ex)
+    assert counts.trans_id == 1 and counts.ambiguous == 2 and counts.uncertain == 3  # the last: one candidate
+    assert all(x.processing is None for x in ex[:3])

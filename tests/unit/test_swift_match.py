@@ -259,7 +259,7 @@ def test_connection_over_4_gib_does_not_wrap() -> None:
     assert retransmissions(again, fh).tolist() == [False] * n + [True]
 
 
-def _hung_server_capture(net: SynthNet, t0: int) -> None:
+def _hung_server_capture(net: SynthNet, t0: int, close_get: bool = True) -> None:
     """One object server stopped (SIGSTOP), while another client's long upload is open (txU, -1 s
     to 20 s). A GET (txG): the proxy waits node_timeout (10 s) on the hung server, reads another
     replica; the hung one answers after SIGCONT, into the connection the proxy closed. A PUT (txP):
@@ -276,7 +276,8 @@ def _hung_server_capture(net: SynthNet, t0: int) -> None:
         hung, t2 = net.connect("proxy", "storage", 6200, arrive + 300_000)
         net.send(hung, "proxy", t2, http_request(method, f"/d1/1/AUTH_test/c/{tx}", tx))
         timeout = t2 + 10_000 * MS
-        net.segment(hung, "proxy", timeout, FIN | ACK)  # the proxy gives up on it
+        if close_get or not late:
+            net.segment(hung, "proxy", timeout, FIN | ACK)  # the proxy gives up on it
         good, t3 = net.connect("proxy", "storage", 6200, timeout + 100_000)
         back = net.exchange(good, t3, http_request(method, f"/d2/1/AUTH_test/c/{tx}", tx),
                             http_response(200, tx), 2 * MS)
@@ -314,6 +315,14 @@ def test_live_mode_publishes_the_hung_server_as_fan_out_and_counts_the_unanswere
     # stream: before, the GET went out with 10 s of proxy processing (the late answer came 5 s
     # later) and the unanswered call was never counted (its request time was published before
     # the proxy gave up on it).
+
+
+
+    for close_get in (True, False):  # the proxy closes the hung connection at its timeout, or not
+        _live_hung(tmp_path / str(close_get), close_get)
+
+
+def _live_hung(tmp_path: Path, close_get: bool) -> None:
     import struct
 
     from prometheus_client import CollectorRegistry
@@ -321,8 +330,9 @@ def test_live_mode_publishes_the_hung_server_as_fan_out_and_counts_the_unanswere
     from exporters.swift.live import LiveAnalyzer
     from exporters.swift.metrics import SwiftTimingCollector
 
+    tmp_path.mkdir()
     net = SynthNet(dict(NODES))
-    _hung_server_capture(net, T0)
+    _hung_server_capture(net, T0, close_get)
     t = T0 + 51_000 * MS
     for i in range(30):  # traffic afterwards, so the cut moves on
         t = swift_put(net, t, f"txQ{i}") + 1_000 * MS
@@ -356,3 +366,7 @@ def test_live_mode_publishes_the_hung_server_as_fan_out_and_counts_the_unanswere
     count = g("promreflex_swift_node_processing_seconds_count", proxy)
     assert count is not None and count >= 30
     assert g("promreflex_swift_node_processing_seconds_bucket", {**proxy, "le": "1.0"}) == count  # none of 10 s
+    # each call counted once, as offline (a call closed unanswered, answered later, was counted twice)
+    offline = analyze(files, roles).joins
+    assert g("promreflex_swift_joins_total", {"result": "trans_id"}) == offline.trans_id
+    assert g("promreflex_swift_joins_late_total") == offline.late
