@@ -87,12 +87,20 @@ class _Notes:
 
 def _unique(names: list[str]) -> list[str]:
     """Header names made unique as pandas does: a repeated ``x`` becomes ``x.1``, ``x.2``..."""
+    taken = set(names)
     seen: dict[str, int] = {}
     out = []
     for n in names:
         k = seen.get(n, 0)
         seen[n] = k + 1
-        out.append(n if k == 0 else f"{n}.{k}")
+        if k == 0:
+            out.append(n)
+            continue
+        while f"{n}.{k}" in taken:  # (time,time,time.1: the second time is time.2)
+            k += 1
+        taken.add(f"{n}.{k}")
+        seen[n] = k + 1
+        out.append(f"{n}.{k}")
     return out
 
 
@@ -106,7 +114,9 @@ def _read(path: Path, required: tuple[str, ...]) -> tuple[list[str], list[dict[s
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            header = _unique([h.strip() for h in next(reader, [])])
+            # the header is the first line that is not blank (pandas' skip_blank_lines)
+            first = next((row for row in reader if any(cell.strip() for cell in row)), [])
+            header = _unique([h.strip() for h in first])
             rows = [{k: (row[i].strip() if i < len(row) else "") for i, k in enumerate(header)} for row in reader
                     if any(cell.strip() for cell in row)]  # a blank line is no row (DictReader, pandas)
     except (OSError, UnicodeDecodeError, csv.Error) as e:

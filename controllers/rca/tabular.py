@@ -42,8 +42,8 @@ name split in the wrong place makes a phantom service). The spread floors (:clas
 (cores, bytes, bytes/s) beside 5 % of the baseline level, so a mapped column in other units
 should be in a base unit too (or its quiet baseline is scored against a floor that is too
 large or too small). Two exceptions are recognised: a count of open sockets (``_socket``,
-``container-sockets``) has a floor of one socket, and a memory column that stays below 1 MiB
-throughout is read as MB (a floor of 1 MB; a note names it).
+``container-sockets``) has a floor of one socket, and a table whose memory columns all stay below
+1 MiB is read as MB (a floor of 1 MB; a note names the columns).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _split_column(col: str, mapping: list[tuple[str, Kind | None]]) -> tuple[str
 #: scored z 0.06: an RE2 socket fault was never found). The whole metric name: ``socket-bytes``
 #: is bytes.
 _COUNT = re.compile(r"^(container[-_])?sockets?$", re.IGNORECASE)
-#: A memory column whose values all stay below this is not in bytes (no process lives in less
+#: A table whose memory columns all stay below this is not in bytes (no process lives in less
 #: than 1 MiB): MB as RCAEval's preprocessing writes them. A leak of 350 -> 590 MB written in MB
 #: scored z 0.0 against the 1 MiB floor; its floor is then 1 (MB), never 0 (a column at 0
 #: through the baseline would score any blip in the 10^11s).
@@ -196,15 +196,21 @@ MIN_BYTES = 1024.0 * 1024.0
 MB_FLOOR = 1.0
 
 
-def _own_floor(metric: str, kind: Kind, pts: list[tuple[float, float]]) -> float | None:
+def _own_floor(metric: str, kind: Kind, table_in_mb: bool) -> float | None:
     """The spread floor in a column's own unit when the kind's default is in another one."""
     if kind == "network" and _COUNT.search(metric):
         return 1.0
-    if kind == "memory":
-        finite = [abs(v) for _, v in pts if math.isfinite(v)]
-        if finite and max(finite) < MIN_BYTES:
-            return MB_FLOOR
+    if kind == "memory" and table_in_mb:
+        return MB_FLOOR
     return None
+
+
+def _in_mb(memory: list[list[tuple[float, float]]]) -> bool:
+    """Every memory column of the table stays below 1 MiB (and one is above 0): the table is in
+    MB. One column alone is not enough: a table in bytes holds swap, a zero-filled gap, a page
+    count (with its own floor of 1, a 4 KiB blip on a zero column took rank 1 in every case)."""
+    tops = [max((abs(v) for _, v in pts if math.isfinite(v)), default=0.0) for pts in memory]
+    return bool(tops) and max(tops) < MIN_BYTES and max(tops) > 0
 
 
 def _summable(pts: list[tuple[float, float]]) -> bool:
@@ -288,8 +294,11 @@ def load_table(
     ignored = 0
     huge: list[str] = []
     not_bytes: list[str] = []
+    split_of = {col: _split_column(col, opts.column_map) for col in cols}
+    table_in_mb = _in_mb([pts for col, pts in cols.items() if (sp := split_of[col]) is not None and sp[2]
+                          and sp[3] == "memory" and _summable(pts)])
     for col, pts in cols.items():
-        split = _split_column(col, opts.column_map)
+        split = split_of[col]
         if split is None or not split[2]:
             unknown.append(col)
             continue
@@ -302,7 +311,7 @@ def load_table(
             ignored += 1
             continue
         unit = (declared_unit(metric) or opts.latency_unit_s) if kind == "latency" else 1.0
-        floor = _own_floor(metric, kind, pts)
+        floor = _own_floor(metric, kind, table_in_mb)
         if floor is not None and kind == "memory":
             not_bytes.append(col)
         metrics[service].append(Metric(kind=kind, name=col, series=TimeSeries(points=[(t, v * unit) for t, v in pts]),
@@ -327,8 +336,8 @@ def load_table(
     if ignored:
         notes.append(f"{ignored} load/throughput column(s) not scored (a fault moves load away from where it is).")
     if not_bytes:
-        notes.append(f"Memory column(s) below {MIN_BYTES:.0f} throughout, so not in bytes: read as MB (spread floor "
-                     f"{MB_FLOOR:g} MB, not 1 MiB): {', '.join(sorted(not_bytes))}.")
+        notes.append(f"Every memory column stays below {MIN_BYTES:.0f}, so the table is not in bytes: read as MB "
+                     f"(spread floor {MB_FLOOR:g} MB, not 1 MiB): {', '.join(sorted(not_bytes))}.")
     if bad:
         notes.append(f"Skipped {bad} cell(s) that were not numbers.")
     if graph is None:
