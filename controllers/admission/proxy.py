@@ -451,10 +451,12 @@ def _plain(status: int, text: str, retry_after: int | None = None, close: bool =
 #: do. Closed at once, the unread data made the kernel reset the connection while nginx was still
 #: sending the body, and nginx lost the answer: 502 in 1 to 5 of 10 uploads of 20 MB.
 LINGERING_S = 5.0
-#: CORS preflights at the app or in a page queue at once, all clients together (429 beyond): they
-#: need no admission, so without a bound anyone sending their two headers could fill a page's
-#: FIFO queue ahead of admitted visitors in waiting-room mode (20.6 s for 0.5 s with 60 of them).
+#: CORS preflights of one client (its address) at the app or in a page queue at once (429 beyond):
+#: they need no admission, so without a bound anyone sending their two headers could fill a
+#: page's FIFO queue ahead of admitted visitors in waiting-room mode (20.6 s for 0.5 s with 60 of
+#: them); a bound for all clients together let one client's 8 refuse everyone's (a review).
 PREFLIGHTS_AT_ONCE = 8
+MAX_PREFLIGHT_CLIENTS = 10_000  # clients with a preflight in flight (the table's size bound)
 
 
 def _cors_preflight(request: web.Request) -> bool:
@@ -463,7 +465,7 @@ def _cors_preflight(request: web.Request) -> bool:
     in. Taken for a new session, each one queued, took an admission and left a session nobody
     used, and in waiting-room mode got the 503 without CORS headers: the browser then blocked the
     real request of a visitor already admitted. So it goes to the app without a session, through
-    its page's limit and queue, at most ``PREFLIGHTS_AT_ONCE`` of them at once."""
+    its page's limit and queue, at most ``PREFLIGHTS_AT_ONCE`` of one client at once."""
     return (request.method == "OPTIONS" and "Origin" in request.headers
             and "Access-Control-Request-Method" in request.headers)
 
@@ -549,8 +551,8 @@ class AdmissionProxy:
         # Requests whose client left while the app worked on them: they keep their page slot
         # until the app answers (or its page timeout ends the wait), see through_page.
         self._lingering: set[ClientWatch] = set()
-        # every CORS preflight's session (module doc of _cors_preflight): never active, never admitted
-        self._preflights = SessionState(sid="", issued=0.0, expires=0.0, last_seen=0.0)
+        # CORS preflights in flight, by client (``_preflight``): never active, never admitted
+        self._preflights: dict[str, SessionState] = {}
         self._stopping = False
         self.in_progress = 0  # requests in the handler now (said in the log when the proxy stops)
         self._own_cookie = cfg.session.cookie_name + "="
@@ -835,11 +837,8 @@ class AdmissionProxy:
                 body = head if whole else BodyPump(request, head, timeout)
             if page is None:
                 return await self._exempt(request, body)
-            if preflight:  # through the page's limit and queue, all of them on one session no one keeps
-                if self._preflights.in_flight >= PREFLIGHTS_AT_ONCE:
-                    self._requests[page.name, "session_busy"].inc()
-                    return _plain(429, "too many CORS preflights at once", retry_after=1)
-                return await self.through_page(request, page, self._preflights, None, body, watch)
+            if preflight:  # through the page's limit and queue, on a session per client that no one keeps
+                return await self._preflight(request, page, body, watch)
             if not admitted_first:
                 got = await self._session(request, page)
                 if isinstance(got, web.StreamResponse):
@@ -860,6 +859,28 @@ class AdmissionProxy:
             # until its idle timeout and then counted as abandoned.
             answer.headers.add("Set-Cookie", self._cookie_header(cookie, self.cfg.session.max_age))
         return answer
+
+    async def _preflight(self, request: web.Request, page: PageClass, body: bytes | Any,
+                         watch: ClientWatch) -> web.StreamResponse:
+        """A CORS preflight (``_cors_preflight``): at most ``PREFLIGHTS_AT_ONCE`` per client at
+        once (its address as nginx appended it to ``X-Forwarded-For``, else the peer's), on a
+        session of its own that is never active nor admitted."""
+        forwarded = request.headers.get("X-Forwarded-For", "")
+        client = forwarded.rsplit(",", 1)[-1].strip() or request.remote or ""
+        passing = self._preflights.get(client)
+        if passing is None:
+            if len(self._preflights) >= MAX_PREFLIGHT_CLIENTS:
+                self._requests[page.name, "session_busy"].inc()
+                return _plain(429, "too many CORS preflights at once", retry_after=1)
+            passing = self._preflights[client] = SessionState(sid="", issued=0.0, expires=0.0, last_seen=0.0)
+        if passing.in_flight >= PREFLIGHTS_AT_ONCE:
+            self._requests[page.name, "session_busy"].inc()
+            return _plain(429, "too many CORS preflights of this client at once", retry_after=1)
+        try:
+            return await self.through_page(request, page, passing, None, body, watch)
+        finally:
+            if passing.in_flight <= 0:
+                self._preflights.pop(client, None)
 
     async def _session(self, request: web.Request, page: PageClass) -> tuple[SessionState, str | None] | web.Response:
         """The request's session and, for a new one, its cookie to set; or the answer to a

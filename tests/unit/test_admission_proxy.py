@@ -279,13 +279,19 @@ async def test_a_cors_preflight_keeps_its_pages_limit_and_queue():
         second = asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight))
         await until(lambda: len(r.proxy.pages["hang"].queue) == 1)  # waits for the slot
         assert r.proxy.pages["hang"].in_flight == 1 and not r.proxy.sessions.active
-        # and at most PREFLIGHTS_AT_ONCE of them, all clients together: in waiting-room mode 60
-        # of them queued ahead of an admitted visitor (20.6 s for 0.5 s)
+        # and at most PREFLIGHTS_AT_ONCE of one client: in waiting-room mode 60 of them queued
+        # ahead of an admitted visitor (20.6 s for 0.5 s); a bound for all clients together let
+        # one client's refuse everyone's (a review): another client's preflight still queues
         more = [asyncio.ensure_future(bare.options(f"{r.url}/hang", headers=preflight)) for _ in range(8)]
         await until(lambda: len(r.proxy.pages["hang"].queue) == PREFLIGHTS_AT_ONCE - 1)
         await until(lambda: r.value("promreflex_admission_requests_total", page="hang", outcome="session_busy") == 2)
-        for fut in (first, second, *more):
+        other = asyncio.ensure_future(bare.options(f"{r.url}/hang", headers={
+            **preflight, "X-Forwarded-For": "198.51.100.7"}))
+        await until(lambda: len(r.proxy.pages["hang"].queue) == PREFLIGHTS_AT_ONCE)
+        assert r.value("promreflex_admission_requests_total", page="hang", outcome="session_busy") == 2
+        for fut in (first, second, *more, other):
             (await fut).release()
+        assert not r.proxy._preflights  # (the table empties as they end)
 
 
 async def test_forged_malformed_expired_and_foreign_key_cookies_do_not_skip_the_queue():
