@@ -122,6 +122,10 @@ class Signal:
     asked: float | None = None  # visitors arriving (rules: site:promreflex_copy_guard_asked:rps)
     crowd: float | None = None  # 1: a crowd arrives or its backlog waits (site:promreflex_copy_guard_crowd:bool)
 
+    def fresh(self, now: float) -> bool:
+        """Recent enough to decide on (older: the rules lag, a replica behind the other)."""
+        return now - self.at <= max(4 * self.window, STALE_AFTER)
+
     def usable(self) -> bool:
         return (self.served is not None and self.threshold is not None and math.isfinite(self.served)
                 and math.isfinite(self.threshold) and self.threshold > 0)
@@ -198,7 +202,7 @@ class Throttle:
             self.last_sample = sig.at
         else:
             verdict = "below"
-        fresh = sig is not None and now - sig.at <= max(4 * sig.window, STALE_AFTER)  # (as step reads it)
+        fresh = sig is not None and sig.fresh(now)
         self._apply(now, "below" if verdict in KEEPS_UP and not (verdict == "quiet" and fresh) else verdict)
 
     def step(self, now: float, sig: Signal | None, alert_below: bool) -> bool:
@@ -211,7 +215,7 @@ class Throttle:
             self.last_verdict = "max_pause"
             self.verdicts["max_pause"] = self.verdicts.get("max_pause", 0) + 1
             return True
-        if sig is not None and sig.usable() and now - sig.at <= max(4 * sig.window, STALE_AFTER):
+        if sig is not None and sig.usable() and sig.fresh(now):
             settle = s.period if s.period is not None else sig.window
             if sig.at <= self.last_sample or sig.at < self.changed_at + settle:
                 return False  # no new sample, or one that still holds data from before the change
