@@ -175,18 +175,51 @@ http {{
         for n, p in reversed(rotated):
             p.rename(p.with_name(p.name.replace(f"access.log.{n}", f"access.log.{n + 1}", 1)))
 
+    def nginx_pids(self) -> list[int]:
+        """The master and its workers (the processes whose parent is the master)."""
+        pids = [self.nginx.pid]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            if int(fields[1]) == self.nginx.pid:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def holding(self, ino: int) -> list[int]:
+        """The nginx processes that still have the file of inode ``ino`` open."""
+        held = []
+        for pid in self.nginx_pids():
+            for fd in Path(f"/proc/{pid}/fd").glob("*"):
+                try:
+                    if fd.stat().st_ino == ino:
+                        held.append(pid)
+                except OSError:
+                    continue  # closed meanwhile
+        return held
+
     def reopen(self) -> None:
+        """SIGUSR1, then wait until every nginx process has closed the old file: the master
+        creates the new log before its workers reopen, and a worker slow to get there (two busy
+        cores) wrote a line into the old file after the test had compressed and removed it."""
         ino = self.log.stat().st_ino if self.log.exists() else None
+        old = os.stat(self.logs / "access.log.1").st_ino
         os.kill(self.nginx.pid, signal.SIGUSR1)
         wait_until(lambda: self.log.exists() and self.log.stat().st_ino != ino, timeout=30, interval=0.01,
                    what="nginx reopened its log")
+        wait_until(lambda: not self.holding(old), timeout=30, interval=0.01,
+                   what="every nginx process closed the rotated log")
 
     def quiesce(self) -> None:
         """Pause traffic and wait until nginx has logged every request answered (it writes the
         line just after the response: a line written during logrotate's racy steps is lost)."""
         self.traffic.pause()
-        wait_until(lambda: self.logged() == self.traffic.sent, timeout=30, interval=0.02,
-                   what="nginx logged every request answered")
+        try:
+            wait_until(lambda: self.logged() == self.traffic.sent, timeout=30, interval=0.02,
+                       what="nginx logged every request answered")
+        except Exception as e:
+            raise AssertionError(f"{e}: {self.traffic.sent} answered, {self.logged()} lines logged") from e
 
     def rename(self, compress: bool) -> None:
         """Rename rotation; ``compress``: gzip at once (logrotate without delaycompress)."""
