@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from controllers import server
     from controllers.engine import bind_routes
 
+    from controllers.actions.base import broken_actions
+
     cfg = _load(args)
     bind_routes(cfg.controller)
     server.preflight(cfg.controller)
+    for where, why in sorted(broken_actions().items()):  # no route uses it, or bind_routes said so
+        print(f"warning: {where} not loaded, its actions are unavailable: {why}", file=sys.stderr)
     print(f"{args.config_file or DEFAULT_CONFIG}: OK ({len(cfg.controller.routes)} routes)")
     return 0
 

@@ -99,7 +99,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from controllers.actions.base import Action, ActionContext, Deferred, registry
+from controllers.actions.base import Action, ActionContext, Deferred, broken_actions, registry
 from controllers.audit import AuditLog
 from controllers.metrics import ControllerMetrics
 from controllers.models import FINGERPRINT, Alert, WebhookPayload, alert_from_api, fingerprint
@@ -195,7 +195,9 @@ def bind_routes(cfg: ControllerConfig) -> list[BoundRoute]:
     for i, route in enumerate(cfg.routes):
         cls = actions.get(route.action)
         if cls is None:
-            problems.append(f"controller.routes[{i}].action: unknown action {route.action!r} (known: {', '.join(sorted(actions))})")
+            broken = "".join(f"; {where} not loaded: {why}" for where, why in sorted(broken_actions().items()))
+            problems.append(f"controller.routes[{i}].action: unknown action {route.action!r} "
+                            f"(known: {', '.join(sorted(actions))}{broken})")
             continue
         try:
             params = cls.Params.model_validate(route.params)

@@ -378,9 +378,12 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None,
             services["alertmanager"] = AlertmanagerClient(cfg.alertmanager_url, session)
         if cfg.prometheus_url:
             services["prometheus"] = PrometheusClient(cfg.prometheus_url, session)
+        from controllers.actions.base import broken_actions
         from controllers.actions.base import registry as action_registry
 
         engine = Engine(cfg, ControllerMetrics(registry, sorted(action_registry())), audit, services)
+        for where, why in sorted(broken_actions().items()):
+            log.error("%s not loaded, its actions are unavailable (the others run): %s", where, why)
         try:
             await engine.start()
             app = build_app(cfg, engine, engine.metrics, registry, audit)

@@ -30,7 +30,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from promreflex.errors import UserError
 
@@ -114,7 +114,9 @@ class Process:
     the first is the process' main port. Readiness: ``GET http://HOST:<ready_port><ready_path>``
     answers 2xx. Processes start by ascending ``order`` (foundation: 10-50, the controller 90;
     capabilities default to 60) and stop in reverse. ``files`` are configuration files the
-    process needs, relative to the state directory (locally) or to ``compose/`` (generated).
+    process needs, relative to the state directory (locally) or to ``compose/`` (generated); in
+    compose each is mounted read-only at the same place under the state directory
+    (``/var/lib/promreflex/<file>``) unless one of the service's own ``./`` volumes brings it in.
     """
 
     name: str
@@ -260,6 +262,21 @@ def check_unique(capabilities: Sequence[Capability]) -> None:
                 owners[name] = cap.name
         if (cap.config_section is None) != (cap.config_model is None):
             raise CapabilityError(f"capability {cap.name!r}: config_section and config_model go together")
+        if cap.config_model is not None:
+            try:
+                cap.config_model()
+            except ValidationError as e:  # the section a user leaves out is the model's defaults
+                fields = ", ".join(".".join(str(x) for x in err["loc"]) for err in e.errors())
+                raise CapabilityError(
+                    f"capability {cap.name!r}: {cap.config_model.__name__} has no valid default for {fields} "
+                    "(a config model's defaults must make a valid section)") from None
+    declared = seen.get("port", {})
+    for cap in capabilities:
+        for job in cap.scrape_jobs:
+            if job.port not in declared:
+                raise CapabilityError(
+                    f"capability {cap.name!r}: scrape job {job.job!r} names port {job.port!r}, which no process "
+                    f"declares (known: {', '.join(sorted(declared))})")
 
 
 def processes(capabilities: Sequence[Capability], target: Literal["local", "compose"] | None = None) -> list[Process]:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from promreflex import __version__
-from promreflex.capability import Capability, Context, default_ports
+from promreflex.capability import Capability, CapabilityError, Context, default_ports
 from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, Config, ConfigError, all_capabilities, load_config
 from promreflex.errors import UserError
 from promreflex.proc import pid_alive
@@ -299,7 +299,11 @@ def build_parser(capabilities: Sequence[Capability] | None = None) -> argparse.A
 
     for cap in caps:
         for register in cap.cli:
-            register(sub)
+            try:
+                register(sub)
+            except Exception as e:  # noqa: BLE001 - a clash or a CLI module that fails to import: one line
+                raise CapabilityError(f"capability {cap.name!r}: its command line ({register.__qualname__}) "
+                                      f"cannot be registered: {type(e).__name__}: {e}") from e
     return parser
 
 

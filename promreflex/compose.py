@@ -81,6 +81,14 @@ def _service(process: Process, ctx: Context) -> dict[str, Any]:
     if command:
         service["command"] = command
     service.update(copy.deepcopy(dict(c.extra)))
+    # A rendered file no volume of the service brings in is mounted where its command line
+    # looks for it, as locally: under the state directory (``compose/<file>`` at
+    # ``/var/lib/promreflex/<file>``); a file mounted elsewhere is the manifest's own volume.
+    if process.files:
+        mounted = [v.split(":")[0].removeprefix("./") for v in service.get("volumes", []) if v.startswith("./")]
+        for name in sorted(process.files(ctx)):
+            if not any(name == m or name.startswith(m.rstrip("/") + "/") for m in mounted):
+                service.setdefault("volumes", []).append(f"./{name}:{ctx.state_dir}/{name}:ro")
     service.setdefault("restart", "unless-stopped")
     return service
 

@@ -14,11 +14,13 @@ STACK-NOTES.md: controllers answer within about a second of a metric crossing a 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -221,6 +223,21 @@ class Stack:
     def prometheus_config(self) -> dict[str, Any]:
         return prometheus_config(self.context(), self.capabilities, self.rule_files(), self.s.extra_scrape)
 
+    def rules_problems(self) -> list[str]:
+        """``promtool check rules`` over every rules file Prometheus would load, one problem per
+        file it refuses (Prometheus refuses a whole reload, keeping its old rules, or its start,
+        for one bad file). Nothing to say when promtool is not installed."""
+        promtool = shutil.which("promtool") or "/usr/bin/promtool"
+        files = sorted({f for pattern in self.rule_files() for f in glob.glob(pattern)})
+        if not files or not os.access(promtool, os.X_OK):
+            return []
+        r = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True, timeout=300,
+                           check=False)
+        if r.returncode == 0:
+            return []
+        said = [ln.strip() for ln in r.stderr.splitlines() if ln.strip() and ln.strip() != "FAILED:"]
+        return [f"promtool check rules: {ln}" for ln in said] or [f"promtool check rules failed (exit {r.returncode})"]
+
     def alertmanager_config(self) -> dict[str, Any]:
         return alertmanager_config(self.context(), self.capabilities)
 
@@ -316,6 +333,9 @@ class Stack:
         missing = [p.binary for p in self.processes if p.binary and not os.access(p.binary, os.X_OK)]
         if missing:
             raise StackError(f"missing binaries: {', '.join(missing)}; run `make deps` (scripts/install-system.sh)")
+        bad_rules = self.rules_problems()
+        if bad_rules:
+            raise StackError("Prometheus would refuse these rules, nothing started:\n" + "\n".join(bad_rules))
         names = [name for p in self.processes for name in p.ports]
         busy = [(name, self.ports[name]) for name in names if port_in_use(self.host, self.ports[name])]
         if busy:
@@ -436,6 +456,7 @@ class Stack:
             raise StackError(f"ports changed for {', '.join(moved)}: `stack down` then `stack up` to apply them")
         ctx = self.context()
         problems = [p for cap in self.capabilities for check in cap.reload_checks for p in check(ctx)]
+        problems += self.rules_problems()
         if problems:  # (nothing rendered, nothing signalled: the running stack keeps its files)
             raise StackError("the configuration is refused, nothing reloaded:\n" + "\n".join(problems))
         self.render()

@@ -77,7 +77,15 @@ class Deferred(Exception):  # noqa: N818 - an outcome, not an error
 
 
 class Action(abc.ABC):
-    """Base class; subclasses set ``name`` and ``Params`` and implement fire/resolve."""
+    """Base class; subclasses set ``name`` and ``Params`` and implement fire/resolve.
+
+    ``fire`` and ``resolve`` run on the controller's event loop: they must never block it. A
+    blocking call (``time.sleep``, ``subprocess.run``, a synchronous HTTP client, a file on a
+    hung NFS mount) stops every webhook, route, reconciliation and ``/metrics`` for as long as
+    it lasts, and the route's ``timeout`` cannot cancel it. Await instead
+    (``asyncio.create_subprocess_exec``, aiohttp through ``ctx.services["session"]``), or run
+    the call with ``asyncio.to_thread`` under its own bound (a thread is not cancelled: the
+    timeout gives the target back, the thread runs on)."""
 
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
@@ -117,25 +125,46 @@ class Action(abc.ABC):
 
 
 _REGISTRY: dict[str, type[Action]] = {}
+#: Action modules that could not be loaded (``controllers/<name>/action.py`` -> why, one line):
+#: the other actions stay usable, and a route naming an action that is not there says why.
+_BROKEN: dict[str, str] = {}
 
 
 def register(cls: type[Action]) -> type[Action]:
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"two actions are named {cls.name!r}")
+        first = _REGISTRY[cls.name]
+        raise ValueError(f"two actions are named {cls.name!r}: {first.__module__}.{first.__qualname__} "
+                         f"and {cls.__module__}.{cls.__qualname__}")
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def registry() -> dict[str, type[Action]]:
     """Every action: the built-in ones and each capability's ``controllers/<name>/action.py``
-    (imported here, registering itself with :func:`register`)."""
+    (imported here, registering itself with :func:`register`). A module that fails to import,
+    or whose action's name another one has, is left out and said in :func:`broken_actions`:
+    one capability's mistake does not take every other capability's actions with it."""
     import importlib
     import pkgutil
     from pathlib import Path
 
+    import controllers
+
     importlib.import_module("controllers.actions.builtin")
-    controllers_dir = Path(__file__).resolve().parent.parent
-    for pkg in pkgutil.iter_modules([str(controllers_dir)]):
-        if pkg.ispkg and (controllers_dir / pkg.name / "action.py").is_file():
-            importlib.import_module(f"controllers.{pkg.name}.action")
+    _BROKEN.clear()
+    for root in map(Path, controllers.__path__):  # a test adds a folder of its own
+        for pkg in pkgutil.iter_modules([str(root)]):
+            if not (pkg.ispkg and (root / pkg.name / "action.py").is_file()):
+                continue
+            where = f"controllers/{pkg.name}/action.py"
+            try:
+                importlib.import_module(f"controllers.{pkg.name}.action")
+            except Exception as e:  # noqa: BLE001 - any failure of a capability's module is one line
+                _BROKEN[where] = f"{type(e).__name__}: {e}"
     return dict(_REGISTRY)
+
+
+def broken_actions() -> dict[str, str]:
+    """The action modules :func:`registry` could not load, with why (one line each)."""
+    registry()
+    return dict(_BROKEN)

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 from jsonschema import Draft7Validator
+from pydantic import BaseModel
 
 from promreflex import capability
-from promreflex.capability import Capability, CapabilityError, Process, discover
+from promreflex.capability import Capability, CapabilityError, Process, Scrape, discover
 from promreflex.cli import main
 from promreflex.compose import compose_files
 from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, ConfigError, load_config, ports_model
@@ -40,6 +41,7 @@ def check(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_the_installed_capabilities_come_from_entry_points() -> None:
     names = [cap.name for cap in discover()]
+    # The shipped set, pinned: a capability added (README "Add a capability") is added here.
     assert names == ["accesslog", "admission", "controller", "copy_guard", "fleet", "mesh", "nginx_tuner", "rca", "swift"]
 
 
@@ -54,6 +56,35 @@ def test_a_broken_entry_point_is_one_line_naming_it(monkeypatch: pytest.MonkeyPa
     assert err.count("\n") == 1, err
     assert err.startswith("promreflex: capability 'broken' (nowhere.at_all:CAPABILITY) cannot be loaded: "
                           "ModuleNotFoundError"), err
+
+
+def test_a_command_line_that_cannot_be_registered_is_one_line_naming_its_capability(capsys) -> None:
+    def clash(sub: argparse._SubParsersAction) -> None:
+        sub.add_parser("config")  # the core's
+
+    def broken(sub: argparse._SubParsersAction) -> None:
+        raise ModuleNotFoundError("No module named 'no_such_module_xyz'")
+
+    for cli, said in ((clash, "conflicting subparser: config"), (broken, "ModuleNotFoundError: No module named")):
+        cap = Capability(name="newbie", summary="a newcomer's", cli=(cli,))
+        assert main(["config", "list"], capabilities=[cap]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("promreflex: capability 'newbie': its command line"), err
+        assert said in err, err
+
+
+def test_a_manifest_whose_model_has_no_valid_default_or_a_job_on_no_port_is_refused() -> None:
+    class Needs(BaseModel):
+        file: str  # no default: a user who leaves the section out has no valid one
+
+    cap = Capability(name="newbie", summary="a newcomer's", config_section="newbie", config_model=Needs)
+    with pytest.raises(CapabilityError, match="capability 'newbie': Needs has no valid default for file"):
+        load_config(None, capabilities=[cap])
+    typo = Capability(name="newbie", summary="a newcomer's",
+                      processes=(Process("newbie", lambda ctx: [], {"newbie_exporter": 21999}),),
+                      scrape_jobs=(Scrape("newbie", "newbie_exportr"),))
+    with pytest.raises(CapabilityError, match="scrape job 'newbie' names port 'newbie_exportr', which no process"):
+        load_config(None, capabilities=[typo])
 
 
 def test_clashing_manifests_are_refused(demo: Capability) -> None:
@@ -90,7 +121,7 @@ def test_the_embedded_defaults_bring_each_manifests_routes(demo: Capability) -> 
     names = [r.name for r in load_config(DEFAULT_CONFIG, capabilities=[demo]).controller.routes]
     assert names == ["selftest-log", "nginx-down-log", "demo-log"]
     installed = [r.name for r in load_config(DEFAULT_CONFIG).controller.routes]
-    assert installed == ["selftest-log", "nginx-down-log", "copy-guard", "mesh-rca"]
+    assert installed == ["selftest-log", "nginx-down-log", "copy-guard", "mesh-rca"]  # shipped: add a new one's
     assert load_config(None, capabilities=[demo]).controller.routes == []  # bare model defaults: none
 
 
@@ -182,6 +213,34 @@ def test_the_local_stack_is_built_from_the_throwaway_capability(demo: Capability
     assert amtool.returncode == 0, amtool.stdout + amtool.stderr
 
 
+def test_a_rules_file_prometheus_would_refuse_refuses_stack_up_and_reload(tmp_path: Path, monkeypatch) -> None:
+    """Prometheus refuses a whole reload for one bad rules file and keeps its old rules: `stack
+    reload` said "reloaded prometheus", exit 0, and had already reloaded Alertmanager and the
+    controller; `stack up` showed Prometheus' log without naming the file."""
+    from promreflex.stack import StackError
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "good.rules.yml").write_text((REPO_ROOT / "rules" / "accesslog.rules.yml").read_text())
+    (rules / "newbie.rules.yml").write_text("groups:\n- name: x\n  rules:\n  - alert: A\n    expr: foo > \n")
+    cfg = load_config(None, {"stack.state_dir": str(tmp_path / "state"), "stack.rules_dir": str(rules)},
+                      capabilities=[])
+    stack = Stack(cfg, capabilities=[])
+    assert [p for p in stack.rules_problems() if "newbie.rules.yml" in p and "parse error" in p]
+    assert not [p for p in stack.rules_problems() if "good.rules.yml" in p]
+    with pytest.raises(StackError, match="(?s)Prometheus would refuse these rules, nothing started.*newbie.rules.yml"):
+        stack.preflight()
+    monkeypatch.setattr(Stack, "running", lambda self: {"prometheus": 1, "controller": 2})
+    monkeypatch.setattr(Stack, "_recorded", lambda self: {})
+    signalled: list[int] = []
+    monkeypatch.setattr("os.kill", lambda pid, sig: signalled.append(pid))
+    with pytest.raises(StackError, match="(?s)the configuration is refused, nothing reloaded.*newbie.rules.yml"):
+        stack.reload(progress=lambda line: None)
+    assert signalled == [] and not (tmp_path / "state" / "prometheus").exists()  # nothing signalled or rendered
+    (rules / "newbie.rules.yml").unlink()
+    assert stack.rules_problems() == []
+
+
 # ---------------------------------------------------------------- compose
 
 
@@ -198,6 +257,11 @@ def test_the_compose_files_are_built_from_the_throwaway_capability(demo: Capabil
     assert "demo-server" in compose["services"] and "accesslog-exporter" not in compose["services"]
     assert compose["services"]["demo-server"]["command"][:3] == ["python", "-m", "http.server"]
     assert "  # the throwaway capability\n  demo-server:\n" in files["docker-compose.yml"]
+    # its rendered file is mounted where its command line reads it; the foundation's own
+    # volumes bring theirs (nginx.conf at /etc/nginx), nothing added to them
+    assert compose["services"]["demo-server"]["volumes"] == [
+        "./demo-www/metrics:/var/lib/promreflex/demo-www/metrics:ro"]
+    assert "/var/lib/promreflex/nginx" not in json.dumps(compose["services"]["nginx"])
 
     prom = yaml.safe_load(files["prometheus/prometheus.yml"])
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}

@@ -61,6 +61,43 @@ def test_unknown_action_and_bad_params_are_reported_together(tmp_path):
     assert "routes[1].params.mesage" in text
 
 
+@pytest.mark.parametrize("folder, mistake, said", [
+    ("newbie_raises", 'raise RuntimeError("boom in action module")\n', "RuntimeError: boom in action module"),
+    ("newbie_clash", '@register\nclass Twin(Action):\n    name = "log"\n\n    async def fire(self, ctx):\n        return ""\n',
+     "ValueError: two actions are named 'log': controllers.actions.builtin.LogAction and "),
+])
+def test_a_broken_action_module_is_left_out_and_named_the_others_run(tmp_path, monkeypatch, capsys, folder, mistake,
+                                                                     said):
+    """A newcomer's action.py that raises on import, or names its action like another, took the
+    whole controller down (every capability's routes) with a traceback."""
+    import controllers
+    from controllers.actions.base import broken_actions, registry
+    from controllers.engine import bind_routes
+    from promreflex.cli import main
+
+    pkg = tmp_path / folder  # (a name of its own: Python keeps an imported package)
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "action.py").write_text("from controllers.actions.base import Action, register\n\n" + mistake)
+    monkeypatch.setattr(controllers, "__path__", [*controllers.__path__, str(tmp_path)])
+    assert {"log", "copy-guard", "rca"} <= set(registry())
+    assert said in broken_actions()[f"controllers/{folder}/action.py"]
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("controller:\n  routes:\n    - {name: a, matchers: ['x=\"1\"'], action: log}\n")
+    assert [b.action.name for b in bind_routes(load_config(cfg).controller)] == ["log"]
+    assert main(["check-config", "--config.file", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: controllers/{folder}/action.py not loaded") and said in err, err
+
+    cfg.write_text("controller:\n  routes:\n    - {name: a, matchers: ['x=\"1\"'], action: marker}\n")
+    with pytest.raises(ConfigError) as exc:
+        bind_routes(load_config(cfg).controller)
+    assert "unknown action 'marker'" in exc.value.problems[0] and said in exc.value.problems[0]
+    monkeypatch.undo()
+    assert broken_actions() == {}
+
+
 @pytest.mark.parametrize("text, seconds", [("200ms", 0.2), ("15s", 15), ("1m", 60), (5, 5), ("1.5h", 5400)])
 def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)

@@ -23,7 +23,11 @@ def test_every_alert_and_recording_rule_is_covered_at_every_interval() -> None:
     concerns = rules_intervals.concerns()
     names = {c.name for c in concerns}
     # Every rules file but the copy guard's (its own window ladder and tests: copy-guard*.test.yml).
-    assert names == {p.name.removesuffix(".rules.yml") for p in (REPO_ROOT / "rules").glob("*.rules.yml")} - {"copy-guard"}
+    files = {p.name.removesuffix(".rules.yml") for p in (REPO_ROOT / "rules").glob("*.rules.yml")} - {"copy-guard"}
+    assert names == files, (
+        f"rules files without a Concern in tests/rules_intervals.py: {sorted(files - names)}; Concerns without a "
+        f"rules file: {sorted(names - files)}. Add one (what fires at 15, 30 and 60 s scrapes), then run "
+        "`python -m tests.rules_intervals --probe` and `python -m tests.rules_intervals`")
     for concern in concerns:
         rules = _rules(concern.name)
         alerts = {r["alert"] for r in rules if "alert" in r}
