@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from promreflex.config import load_config, ports_model
-from promreflex.proc import free_port, pid_alive, wait_until
+from promreflex.proc import free_port
 from promreflex.stack import Stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,22 +90,6 @@ class LiveStack:
 
     def pids(self) -> dict[str, int]:
         return {n: i["pid"] for n, i in json.loads(self.stack.pids_file.read_text())["components"].items()}
-
-
-@pytest.fixture(scope="session")
-def live_stack(tmp_path_factory):
-    state = tmp_path_factory.mktemp("stack")
-    stack = Stack(stack_config(state))
-    stack.up(progress=lambda *_: None)
-    live = LiveStack(stack)
-    try:
-        wait_until(lambda: live.query('up{job="selftest"} == 1'), timeout=60, what="first selftest scrape")
-        yield live
-    finally:
-        pids = list(json.loads(stack.pids_file.read_text())["components"].values()) if stack.pids_file.exists() else []
-        stack.down(quiet=True)
-        for info in pids:
-            assert not pid_alive(info["pid"]), f"pid {info['pid']} survived stack down"
 
 
 @pytest.fixture

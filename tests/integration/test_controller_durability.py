@@ -84,6 +84,7 @@ async def burst(ctl: ControllerProcess, alerts: list[dict], kills: int, rng: ran
 
 async def test_no_fire_lost_and_no_completed_transition_run_twice_across_sigkills(tmp_path):
     seed = int(os.environ.get("PROMREFLEX_KILL_SEED", random.randrange(1 << 30)))
+    print(f"kill points from seed {seed}: PROMREFLEX_KILL_SEED={seed} replays them")  # shown on any failure
     rng = random.Random(seed)
     runs_file = tmp_path / "runs.jsonl"
     ctl = ControllerProcess(tmp_path, routes=[{"name": "burst", "matchers": ['alertname="Burst"'], "action": "log",
@@ -116,7 +117,7 @@ async def test_no_fire_lost_and_no_completed_transition_run_twice_across_sigkill
     finally:
         ctl.stop()
 
-    assert kills >= 4 and ctl.starts == kills + 1
+    assert kills >= 4 and ctl.starts == kills + 1, (kills, ctl.starts, seed)
     ran = Counter((r["fingerprint"], r["transition"]) for r in runs(runs_file))
     audit = read_audit(ctl.audit_log)
     interrupted = Counter((r["fingerprint"], r["transition"]) for r in audit if r["event"] == "interrupted")

@@ -115,7 +115,8 @@ async def test_the_watchdog_resumes_an_adopted_copy_when_the_lease_runs_out(tmp_
     reg = tmp_path / "copies"
     adopt(reg, cp.proc.pid)
     action = CopyGuardAction()
-    params = CopyGuardParams(registry_dir=reg, mode="pause", lease=1, watchdog=True)
+    # a lease of 3 s: "not progressing" is checked well inside it (with 1 s, 0.65 s before it ran out)
+    params = CopyGuardParams(registry_dir=reg, mode="pause", lease=3, watchdog=True)
     await action.fire(ctx(params))
     watchdog = action._watchdogs[reg]
     try:
@@ -144,7 +145,7 @@ def start_copier(tmp: Path, size: int, rate: str) -> tuple[Path, Path, Path, sub
 
 
 async def test_a_real_copier_resumes_itself_when_the_controller_stops_renewing(tmp_path):
-    src, dst, reg, proc = start_copier(tmp_path, 1 << 20, "2M")
+    src, dst, reg, proc = start_copier(tmp_path, 8 << 20, "2M")  # 4 s: still copying when fire() pauses it
     try:
         wait_until(lambda: Registry(reg).get("c1"), timeout=20, what="the copy to register")
         action = CopyGuardAction()

@@ -22,7 +22,9 @@ from promreflex.proc import Child, wait_until
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SIZE = 4 << 20
+# 4 s at the 4M the control tests copy at, 2 s at the kill test's 8M: the test acts long before
+# the copy's end even when the machine holds it for a second (4 MiB left ~0.35 s of margin).
+SIZE = 16 << 20
 
 
 def copy_cmd(src, dst, reg, *extra) -> list[str]:
@@ -31,11 +33,11 @@ def copy_cmd(src, dst, reg, *extra) -> list[str]:
 
 
 class Copy:
-    def __init__(self, tmp: Path, *extra: str, name: str = "copy"):
+    def __init__(self, tmp: Path, *extra: str, name: str = "copy", size: int = SIZE):
         self.tmp = tmp
         self.src, self.dst, self.reg = tmp / "src.bin", tmp / "dst.bin", tmp / "copies"
         if not self.src.exists():
-            self.src.write_bytes(os.urandom(SIZE))
+            self.src.write_bytes(os.urandom(size))
         self.child = Child(name, copy_cmd(self.src, self.dst, self.reg, "--id=c1", *extra), tmp / f"{name}.log",
                            cwd=REPO).start()
         entry = wait_until(lambda: Registry(self.reg).get("c1"), timeout=20, what="the copy to register")
@@ -134,7 +136,7 @@ def test_stopped_or_killed_then_run_again_gives_an_identical_file(tmp_path, copi
 
 
 def test_a_share_through_the_control_endpoint_and_its_lease(tmp_path, copies):
-    c = Copy(tmp_path, "--rate-limit=1M")
+    c = Copy(tmp_path, "--rate-limit=1M", size=4 << 20)  # 4 s at 1M, a quarter of it for the share's lease
     copies.append(c)
     for bad in ("throttle?share=0&lease=5", "throttle?share=1.5&lease=5", "throttle?share=nan&lease=5",
                 "throttle?share=0.5&bytes_per_second=10&lease=5", "throttle?lease=5"):

@@ -139,7 +139,11 @@ def test_guard_an_nginx_that_already_runs(tmp_path, capsys):
                    what="the visitors' arrivals recorded")
         median = float(_query(prom, 'quantile_over_time(0.5, site:nginx_http_requests:rate3s{site="shop"}[5s])')[0]["value"][1])
         peak = float(_query(prom, 'max_over_time(site:nginx_http_requests:rate3s{site="shop"}[5s])')[0]["value"][1])
-        assert median < 0.1 and peak < 1.0, (median, peak)
+        # the scrapes that failed within the read's reach (the 5 s and the 3 s window before it):
+        # each may add its third of a visitor for 3 s, more than half the read, to the median
+        failed = float(_query(prom, 'count_over_time(up{job="nginx"}[9s]) - sum_over_time(up{job="nginx"}[9s])')
+                       [0]["value"][1])
+        assert median < 0.1 + failed / 3 and peak < 1.0 + failed / 3, (median, peak, failed)
         registry = tmp_path / "copies"
         registry.mkdir(mode=0o700)
         code, links = _doctor(cfg_file, "--registry.dir", str(registry), capsys=capsys)

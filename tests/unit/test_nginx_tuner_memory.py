@@ -18,8 +18,9 @@ from controllers.nginx_tuner.procfs import children, cmdline, ppid
 from promreflex.proc import wait_until
 
 # bash starts the workers and a child that exits shortly, then becomes the "master" in place
-# (same PID): the exited child stays a zombie, since sleep never reaps.
-MASTER = 'sleep 60 & sleep 60 & (sleep 0.2) & exec -a "nginx: master process /usr/sbin/nginx -c x" sleep 60'
+# (same PID): the exited child stays a zombie, since sleep never reaps. (1 s: a bash held
+# longer than the child's life before its exec reaps the child itself, and no zombie appears.)
+MASTER = 'sleep 60 & sleep 60 & (sleep 1) & exec -a "nginx: master process /usr/sbin/nginx -c x" sleep 60'
 
 
 @dataclass
