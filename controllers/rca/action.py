@@ -3,8 +3,8 @@
 One incident, not one analysis per alert. A fault in a deep service makes every service above
 it slow at about the same time, so several ``ServiceResponseTimeHigh`` alerts arrive within a
 few evaluations of each other. The first ``fire`` waits ``settle`` seconds, then takes every
-``ServiceResponseTimeHigh`` that Alertmanager holds (firing, not silenced; inhibited ones
-included, they are still slow) as the candidates, reads the call graph, latencies and resources
+``ServiceResponseTimeHigh`` that Alertmanager holds (firing; inhibited and silenced ones
+included: muted, they are still slow) as the candidates, reads the call graph, latencies and resources
 from Prometheus (:mod:`controllers.rca.promsource`), and runs :func:`controllers.rca.analyse`.
 A later alert of a service the incident already explains is answered at once without a new
 analysis; an alert of a service it does not explain starts a new analysis (the incident grows).
@@ -34,14 +34,14 @@ shows one with a significant anomaly (:func:`attribute`). They are flagged where
 The incident lasts while a flagged root that was alerting still fires (or, when no root was
 alerting, while any service it explains fires). It is checked on every ``resolve`` and every
 refresh; at its end the gauge is cleared and the posted alerts are ended (``endsAt = now``).
-A dependant's ``resolve`` that only reflects its inhibition (the engine treats an inhibited
-alert as resolved) therefore changes nothing while the root is still slow.
+A ``resolve`` that only reflects an inhibition or a silence (the engine treats a muted alert
+as resolved) therefore changes nothing while the root is still slow.
 
 "Still fires" is the engine's rule for an absence, not one Alertmanager peer's listing: the
 incident keeps the fingerprint and ``startsAt`` of each alert it watches (those Alertmanager
 listed for the watched services at the analysis, the triggering one, and any later one of a
 watched service: its ``fire``, or a peer's listing when the others are gone), and asks ``services["alertmanager_presence"]`` (:meth:`Engine.presence`,
-inhibited alerts included). It continues while any of them is listed by a peer, or its
+inhibited and silenced alerts included). It continues while any of them is listed by a peer, or its
 absence is unproven (only peers that restarted within ``alertmanager_restart_grace``
 answered: a peer that restarted with the controller, when a host reboots, lists nothing until
 Prometheus re-sends), and ends only when every one's absence is proven. Without that service
@@ -291,6 +291,11 @@ class RcaAction(Action):
         if self.incident is not None:
             for root, score in self.incident.roots.items():
                 self._m().root_cause.labels(root).set(score)
+            try:  # the resumed incident's finding is the last one that named a root (read 0, 1970, before)
+                found = datetime.fromisoformat(self.incident.finding.created_at.replace("Z", "+00:00"))
+                self._m().last_finding.set(found.timestamp())
+            except (AttributeError, ValueError):
+                pass
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop(first_wait=0.0))
 
     @staticmethod
@@ -440,8 +445,8 @@ class RcaAction(Action):
         return p.analysis.model_copy(update={"threshold_s": value})
 
     async def _candidates(self, p: RcaParams) -> dict[str, dict[str, str | None]] | None:
-        """Services whose ``alertname`` alert Alertmanager holds firing (inhibited included,
-        silenced excluded), each with its alerts: fingerprint -> startsAt. A union over every peer when the client
+        """Services whose ``alertname`` alert Alertmanager holds firing (inhibited and silenced
+        included), each with its alerts: fingerprint -> startsAt. A union over every peer when the client
         reads them apart (a peer that restarted or lags lists less; a listing is proof enough
         to analyse), else the one peer reads stick to; None when no peer can be asked."""
         am = self.services.get("alertmanager")
@@ -493,7 +498,7 @@ class RcaAction(Action):
 
     async def _check_presence(self, inc: Incident, presence: Any) -> str:
         try:
-            verdict: dict[str, bool | None] = await presence(inc.starts(), inhibited=True)
+            verdict: dict[str, bool | None] = await presence(inc.starts(), suppressed=True)
         except Exception as e:  # noqa: BLE001 - no peer answered: "unknown", never "none firing"
             log.warning("cannot read Alertmanager's alerts: %r", e)
             return "cannot read Alertmanager: the incident is kept until it can"
@@ -615,14 +620,15 @@ class RcaAction(Action):
 
 
 async def held_alerts(am: Any) -> list[dict[str, Any]]:
-    """Alerts Alertmanager holds as firing, inhibited ones included (silenced ones not): the
-    incident needs them, since inhibiting a symptom does not make it fast. Every peer's, when
+    """Alerts Alertmanager holds as firing, inhibited and silenced ones included: the incident
+    needs them, since muting a slow service's alert does not make it fast (a silence on the
+    root's alert, "we are on it", ended the incident and un-inhibited every dependant). Every peer's, when
     the client reads them apart (the union; raises only when no peer answered)."""
     by_peer = getattr(am, "alerts_by_peer", None)
     if by_peer is None:
-        items: list[dict[str, Any]] = await am.active_alerts(inhibited=True)
+        items: list[dict[str, Any]] = await am.active_alerts(suppressed=True)
         return items
-    return [i for peer in await by_peer(inhibited=True) for i in peer.alerts or ()]
+    return [i for peer in await by_peer(suppressed=True) for i in peer.alerts or ()]
 
 
 def _iso(ctx: ActionContext) -> str:

@@ -8,7 +8,7 @@ so a live incident was ended (the dependants' alerts paged again, and the engine
 had the alert applied, never fired it again).
 
 Now the incident keeps the fingerprints and ``startsAt`` of the alerts it watches and asks the
-engine's judgement (``services["alertmanager_presence"]``, inhibited alerts included): it
+engine's judgement (``services["alertmanager_presence"]``, inhibited and silenced alerts included): it
 continues while any is listed by a peer or unproven, and ends only when every one's absence is
 proven.
 
@@ -219,6 +219,29 @@ async def test_an_inhibited_watched_alert_still_fires(tmp_path):
         await engine.shutdown()
 
 
+async def test_a_silenced_root_alert_still_fires(tmp_path):
+    """A silence on the root's own alert ("we are on it") mutes its notifications; the service
+    is still slow. It ended the incident ("c no longer firing"), cleared the flag and the
+    symptoms' alerts, and so un-inhibited every dependant's alert (they paged)."""
+    clock = Clock()
+    async with cluster(2) as (peers, client):
+        await an_incident_then_a_crash(tmp_path, peers, client, clock)
+        for p in peers:
+            p.silence(SLOW_C["fingerprint"], "s1")
+        engine, rca = await restarted(tmp_path, client, clock)
+        # (and the resumed incident's finding is the last one: the gauge read 0 after a restart)
+        found = engine.services["registry"].get_sample_value("promreflex_rca_last_finding_timestamp_seconds")
+        assert found == datetime.fromisoformat(rca.incident.finding.created_at.replace("Z", "+00:00")).timestamp()
+        detail = await check(rca)
+        assert flagged(engine, rca), detail
+        assert detail.startswith("incident continues: c still firing")
+        for p in peers:
+            p.end(SLOW_C["fingerprint"])
+            p.gc()
+        assert (await check(rca)).startswith("incident over") and ended(engine, tmp_path)
+        await engine.shutdown()
+
+
 async def test_the_incident_file_keeps_the_watched_alerts_and_an_old_file_learns_them(tmp_path):
     """The incident file keeps each watched alert's fingerprint and startsAt. A file written
     before (no ``alerts``) is still resumed: it is judged by service over every peer's
@@ -271,7 +294,7 @@ async def test_a_later_alert_of_a_watched_service_is_watched_too(tmp_path):
 async def test_presence_reads_inhibited_alerts_only_when_asked(tmp_path):
     """``Engine.presence``: by default (the copy guard's read, the reconciliation's) an
     inhibited alert is not listed, and a settled peer's omission proves it absent; with
-    ``inhibited=True`` (the rca's) it is listed."""
+    ``suppressed=True`` (the rca's) it is listed."""
     clock = Clock()
     async with cluster(1) as ((am,), client):
         am.fire(SLOW_C)
@@ -280,8 +303,8 @@ async def test_presence_reads_inhibited_alerts_only_when_asked(tmp_path):
         await engine.start()
         fp = SLOW_C["fingerprint"]
         assert await engine.presence({fp: None}) == {fp: False}
-        assert await engine.presence({fp: None}, inhibited=True) == {fp: True}
-        assert await engine.services["alertmanager_presence"]({fp: None}, inhibited=True) == {fp: True}
+        assert await engine.presence({fp: None}, suppressed=True) == {fp: True}
+        assert await engine.services["alertmanager_presence"]({fp: None}, suppressed=True) == {fp: True}
         await engine.shutdown()
 
 
