@@ -325,9 +325,9 @@ class Engine:
         self._receiver_known: bool | None = None
         self._recheck: SharedRead[set[str] | None] = SharedRead(self._read_first_peer)
         self._recheck_all: SharedRead[list[PeerAlerts] | None] = SharedRead(self._read_every_peer)
-        self._presence_reads: dict[bool, SharedRead[list[PeerAlerts]]] = {
-            suppressed: SharedRead(functools.partial(self._read_peers, suppressed=suppressed))
-            for suppressed in (False, True)}
+        self._presence_reads: dict[tuple[bool, bool], SharedRead[list[PeerAlerts]]] = {
+            (inh, sil): SharedRead(functools.partial(self._read_peers, inhibited=inh, silenced=sil))
+            for inh in (False, True) for sil in (False, True)}
         if self.services.get("alertmanager") is not None:
             self.services[PRESENCE] = self.presence
         self._closing = False
@@ -833,12 +833,12 @@ class Engine:
         return len(gone)
 
     # ------------------------------------------------------------------ Alertmanager's view
-    async def _read_peers(self, suppressed: bool = False) -> list[PeerAlerts]:
-        """Every peer's active alerts, silenced and inhibited ones too when ``suppressed`` (a
-        client without ``alerts_by_peer``: its one answer, from a peer of unknown age)."""
+    async def _read_peers(self, inhibited: bool = False, silenced: bool = False) -> list[PeerAlerts]:
+        """Every peer's active alerts, inhibited and silenced ones too when asked (a client
+        without ``alerts_by_peer``: its one answer, from a peer of unknown age)."""
         am = self.services["alertmanager"]
         by_peer = getattr(am, "alerts_by_peer", None)
-        kw = {"suppressed": True} if suppressed else {}  # (clients that lack the parameter read the default)
+        kw = {k: True for k, v in (("inhibited", inhibited), ("silenced", silenced)) if v}  # (clients that lack the parameter read the default)
         if by_peer is None:
             return [PeerAlerts("alertmanager", await am.active_alerts(**kw))]
         views: list[PeerAlerts] = await by_peer(**kw)
@@ -874,20 +874,21 @@ class Engine:
             witnesses.append((settled, memory.listed, peer.started))
         return ClusterView(present, witnesses, young)
 
-    async def presence(self, alerts: Mapping[str, datetime | None], suppressed: bool = False) -> dict[str, bool | None]:
+    async def presence(self, alerts: Mapping[str, datetime | None], inhibited: bool = False,
+                       silenced: bool = False) -> dict[str, bool | None]:
         """Whether Alertmanager still has each alert (fingerprint -> the ``startsAt`` of the
         episode held, or None), for an action that must confirm, after a restart, what it held
         before, or whether what it keeps still fires (offered as
         ``services["alertmanager_presence"]``): True when a peer lists it, False when no peer
         does and one that answered proves its absence (as the reconciliation resolves:
         :meth:`ClusterView.proves_absent`), None when only peers that started within
-        ``alertmanager_restart_grace`` answered (the grace bounds the wait). ``suppressed``: a
-        silenced or inhibited alert counts as listed (the rca action's incident: muting a slow
-        service's alert does not make it fast); by default, as the reconciliation reads, it does not. Every peer is read
-        (concurrent callers with the same ``suppressed`` share one read) and what each lists is
+        ``alertmanager_restart_grace`` answered (the grace bounds the wait). ``inhibited``,
+        ``silenced``: such an alert counts as listed (the rca action's incident: muting a slow
+        service's alert does not make it fast); by default, as the reconciliation reads, not. Every peer is read
+        (concurrent callers asking the same share one read) and what each lists is
         remembered as a reconciliation's read is (a peer that listed an alert had received it,
         inhibited or not). Raises when no peer answered."""
-        view = self._cluster_view(await self._presence_reads[suppressed](), self.clock())
+        view = self._cluster_view(await self._presence_reads[(inhibited, silenced)](), self.clock())
         return {fp: True if fp in view.present else False if view.proves_absent(fp, starts) else None
                 for fp, starts in alerts.items()}
 

@@ -145,21 +145,21 @@ class AlertmanagerClient(_Servers):
 
     what = "Alertmanager peer"
 
-    async def active_alerts(self, *, suppressed: bool = False) -> list[dict[str, Any]]:
-        """Alerts that are firing now and neither silenced nor inhibited (with ``suppressed``,
-        those too: every alert Alertmanager holds), in API v2 shape. A controller converges on
-        the default view; an analysis that needs every symptom asks for ``suppressed=True``
-        (inhibiting or silencing a slow service's alert mutes it, it does not make it fast).
+    async def active_alerts(self, *, inhibited: bool = False, silenced: bool = False) -> list[dict[str, Any]]:
+        """Alerts that are firing now, not silenced unless ``silenced``, not inhibited unless
+        ``inhibited``, in API v2 shape. A controller converges on the default view; an analysis
+        that needs every symptom asks for ``inhibited=True`` (an inhibited one is still slow),
+        and an incident that must not end because its root's alert was silenced, for both.
 
         Alertmanager 0.25 keeps resolved alerts in ``?active=true`` answers (state "active",
         ``endsAt`` in the past) until it garbage-collects them, so those are filtered out here,
         as are entries whose ``endsAt`` cannot be read: a controller must not treat a resolved
         alert as firing."""
-        return await self._each_peer(lambda url: self._alerts(url, suppressed))
+        return await self._each_peer(lambda url: self._alerts(url, inhibited, silenced))
 
-    async def _alerts(self, url: str, suppressed: bool) -> list[dict[str, Any]]:
-        flag = str(suppressed).lower()
-        params = {"active": "true", "silenced": flag, "inhibited": flag, "unprocessed": "true"}
+    async def _alerts(self, url: str, inhibited: bool, silenced: bool = False) -> list[dict[str, Any]]:
+        params = {"active": "true", "silenced": str(silenced).lower(), "inhibited": str(inhibited).lower(),
+                  "unprocessed": "true"}
         async with self.session.get(f"{url}/api/v2/alerts", params=params, timeout=self.timeout) as resp:
             if resp.status != 200:
                 raise APIError(f"GET /api/v2/alerts: {resp.status} {await resp.text()}")
@@ -188,7 +188,7 @@ class AlertmanagerClient(_Servers):
         except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
 
-    async def alerts_by_peer(self, *, suppressed: bool = False) -> list[PeerAlerts]:
+    async def alerts_by_peer(self, *, inhibited: bool = False, silenced: bool = False) -> list[PeerAlerts]:
         """Every peer's active alerts (as :meth:`active_alerts` filters them), all peers read at
         once, each with the time that peer started (read after its alerts: a peer that restarts
         between the two reads looks young, never old and empty). Raises :class:`APIError` only
@@ -197,7 +197,7 @@ class AlertmanagerClient(_Servers):
 
         async def one(url: str) -> PeerAlerts:
             try:
-                alerts = await self._alerts(url, suppressed)
+                alerts = await self._alerts(url, inhibited, silenced)
             except (TimeoutError, aiohttp.ClientError, APIError) as e:
                 return PeerAlerts(url, None, error=why(e))
             return PeerAlerts(url, alerts, await self._started(url))

@@ -227,12 +227,18 @@ class Stack:
         """``promtool check rules`` over every rules file Prometheus would load, one problem per
         file it refuses (Prometheus refuses a whole reload, keeping its old rules, or its start,
         for one bad file). Nothing to say when promtool is not installed."""
-        promtool = shutil.which("promtool") or "/usr/bin/promtool"
-        files = sorted({f for pattern in self.rule_files() for f in glob.glob(pattern)})
-        if not files or not os.access(promtool, os.X_OK):
+        prometheus = next((p.binary for p in self.processes if p.name == "prometheus" and p.binary), None)
+        beside = Path(prometheus).with_name("promtool") if prometheus else None  # the same release's
+        promtool = str(beside) if beside and os.access(beside, os.X_OK) else shutil.which("promtool") or ""
+        # (hidden files too: Prometheus' Go glob loads an editor's `.#x.rules.yml`, Python's skips it)
+        files = sorted({f for pattern in self.rule_files() for f in glob.glob(pattern, include_hidden=True)})
+        if not files or not promtool:
             return []
-        r = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True, timeout=300,
-                           check=False)
+        try:
+            r = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True, timeout=300,
+                               check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return [f"promtool check rules could not run: {e}"]
         if r.returncode == 0:
             return []
         said = [ln.strip() for ln in r.stderr.splitlines() if ln.strip() and ln.strip() != "FAILED:"]
@@ -498,6 +504,9 @@ class Stack:
         if unknown:
             raise StackError(f"no component {', '.join(unknown)}; the stack's: {', '.join(known)}")
         todo = list(names) or self.dead()
+        bad_rules = self.rules_problems() if "prometheus" in todo else []
+        if bad_rules:  # (a running Prometheus keeps its rules; one started with these would not start)
+            raise StackError("Prometheus would refuse these rules, nothing restarted:\n" + "\n".join(bad_rules))
         for name in todo:
             if name in recorded:
                 self.stop_component(name)

@@ -128,22 +128,28 @@ _REGISTRY: dict[str, type[Action]] = {}
 #: Action modules that could not be loaded (``controllers/<name>/action.py`` -> why, one line):
 #: the other actions stay usable, and a route naming an action that is not there says why.
 _BROKEN: dict[str, str] = {}
+#: Names two modules' actions claim: neither is used (which one a route meant cannot be told,
+#: and the first by folder order may be a newcomer's, not the shipped one).
+_CLASHED: dict[str, str] = {}
 
 
 def register(cls: type[Action]) -> type[Action]:
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        first = _REGISTRY[cls.name]
-        raise ValueError(f"two actions are named {cls.name!r}: {first.__module__}.{first.__qualname__} "
-                         f"and {cls.__module__}.{cls.__qualname__}")
-    _REGISTRY[cls.name] = cls
+    first = _REGISTRY.get(cls.name)
+    if first is not None and first is not cls and (first.__module__, first.__qualname__) != (cls.__module__, cls.__qualname__):
+        why = (f"two actions are named {cls.name!r}: {first.__module__}.{first.__qualname__} and "
+               f"{cls.__module__}.{cls.__qualname__}; neither is used until one is renamed")
+        _CLASHED[cls.name] = why
+        raise ValueError(why)
+    _REGISTRY[cls.name] = cls  # (the same class again: a module imported anew after a failure)
     return cls
 
 
 def registry() -> dict[str, type[Action]]:
     """Every action: the built-in ones and each capability's ``controllers/<name>/action.py``
-    (imported here, registering itself with :func:`register`). A module that fails to import,
-    or whose action's name another one has, is left out and said in :func:`broken_actions`:
-    one capability's mistake does not take every other capability's actions with it."""
+    (imported here, registering itself with :func:`register`). A module that fails to import is
+    left out, with what it registered before failing; a name two modules claim is left out for
+    both; each is said in :func:`broken_actions`: one capability's mistake does not take every
+    other capability's actions with it, nor a shipped action's routes to someone else's class."""
     import importlib
     import pkgutil
     from pathlib import Path
@@ -152,19 +158,23 @@ def registry() -> dict[str, type[Action]]:
 
     importlib.import_module("controllers.actions.builtin")
     _BROKEN.clear()
+    _CLASHED.clear()
     for root in map(Path, controllers.__path__):  # a test adds a folder of its own
         for pkg in pkgutil.iter_modules([str(root)]):
             if not (pkg.ispkg and (root / pkg.name / "action.py").is_file()):
                 continue
-            where = f"controllers/{pkg.name}/action.py"
+            where, module = f"controllers/{pkg.name}/action.py", f"controllers.{pkg.name}.action"
             try:
-                importlib.import_module(f"controllers.{pkg.name}.action")
+                importlib.import_module(module)
             except Exception as e:  # noqa: BLE001 - any failure of a capability's module is one line
                 _BROKEN[where] = f"{type(e).__name__}: {e}"
-    return dict(_REGISTRY)
+                for name in [n for n, c in _REGISTRY.items() if c.__module__ == module]:
+                    del _REGISTRY[name]  # registered before the module failed: not usable
+    return {name: cls for name, cls in _REGISTRY.items() if name not in _CLASHED}
 
 
 def broken_actions() -> dict[str, str]:
-    """The action modules :func:`registry` could not load, with why (one line each)."""
+    """What :func:`registry` left out, with why (one line each): modules by path, clashing
+    action names as ``action '<name>'``."""
     registry()
-    return dict(_BROKEN)
+    return {**_BROKEN, **{f"action {name!r}": why for name, why in _CLASHED.items()}}

@@ -3,8 +3,8 @@
 One incident, not one analysis per alert. A fault in a deep service makes every service above
 it slow at about the same time, so several ``ServiceResponseTimeHigh`` alerts arrive within a
 few evaluations of each other. The first ``fire`` waits ``settle`` seconds, then takes every
-``ServiceResponseTimeHigh`` that Alertmanager holds (firing; inhibited and silenced ones
-included: muted, they are still slow) as the candidates, reads the call graph, latencies and resources
+``ServiceResponseTimeHigh`` that Alertmanager holds (firing, not silenced; inhibited ones
+included, they are still slow) as the candidates, reads the call graph, latencies and resources
 from Prometheus (:mod:`controllers.rca.promsource`), and runs :func:`controllers.rca.analyse`.
 A later alert of a service the incident already explains is answered at once without a new
 analysis; an alert of a service it does not explain starts a new analysis (the incident grows).
@@ -445,8 +445,8 @@ class RcaAction(Action):
         return p.analysis.model_copy(update={"threshold_s": value})
 
     async def _candidates(self, p: RcaParams) -> dict[str, dict[str, str | None]] | None:
-        """Services whose ``alertname`` alert Alertmanager holds firing (inhibited and silenced
-        included), each with its alerts: fingerprint -> startsAt. A union over every peer when the client
+        """Services whose ``alertname`` alert Alertmanager holds firing (inhibited included,
+        silenced not: a service muted on purpose is no candidate), each with its alerts: fingerprint -> startsAt. A union over every peer when the client
         reads them apart (a peer that restarted or lags lists less; a listing is proof enough
         to analyse), else the one peer reads stick to; None when no peer can be asked."""
         am = self.services.get("alertmanager")
@@ -498,7 +498,7 @@ class RcaAction(Action):
 
     async def _check_presence(self, inc: Incident, presence: Any) -> str:
         try:
-            verdict: dict[str, bool | None] = await presence(inc.starts(), suppressed=True)
+            verdict: dict[str, bool | None] = await presence(inc.starts(), inhibited=True, silenced=True)
         except Exception as e:  # noqa: BLE001 - no peer answered: "unknown", never "none firing"
             log.warning("cannot read Alertmanager's alerts: %r", e)
             return "cannot read Alertmanager: the incident is kept until it can"
@@ -620,15 +620,16 @@ class RcaAction(Action):
 
 
 async def held_alerts(am: Any) -> list[dict[str, Any]]:
-    """Alerts Alertmanager holds as firing, inhibited and silenced ones included: the incident
-    needs them, since muting a slow service's alert does not make it fast (a silence on the
-    root's alert, "we are on it", ended the incident and un-inhibited every dependant). Every peer's, when
+    """Alerts Alertmanager holds as firing, inhibited ones included (silenced ones not): the
+    candidates of an analysis, since inhibiting a symptom does not make it fast, while a service
+    silenced on purpose (maintenance, retired) is no one's candidate. An incident in progress
+    asks the engine's presence with silenced ones too (:meth:`_check_presence`). Every peer's, when
     the client reads them apart (the union; raises only when no peer answered)."""
     by_peer = getattr(am, "alerts_by_peer", None)
     if by_peer is None:
-        items: list[dict[str, Any]] = await am.active_alerts(suppressed=True)
+        items: list[dict[str, Any]] = await am.active_alerts(inhibited=True)
         return items
-    return [i for peer in await by_peer(suppressed=True) for i in peer.alerts or ()]
+    return [i for peer in await by_peer(inhibited=True) for i in peer.alerts or ()]
 
 
 def _iso(ctx: ActionContext) -> str:

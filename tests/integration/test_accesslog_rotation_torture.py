@@ -139,15 +139,20 @@ http {{
         """With traffic paused and quiesced every line is in the files: wait until this run has
         counted up to them (not "3 s without change": a stall right after a partial read could
         pass for caught up), then 1 s more for a double count to show (the final assertion
-        reports either)."""
+        reports it). A run that never gets there has lost lines: said at once, with the logs."""
         target = self.logged() - self.counted
         try:
             wait_until(lambda: self.requests_now() >= target, timeout=60, interval=0.1,
                        what=f"exporter caught up to {target:.0f} lines")
-        except Exception:  # noqa: BLE001 - a loss is the final assertion's to report, with the logs
-            return self.requests_now()
+        except Exception as e:
+            raise AssertionError(
+                f"exporter run {self.runs} counted {self.requests_now():.0f} of the {target:.0f} lines nginx "
+                f"logged since the last run ({e})\n" + self.logs()) from e
         time.sleep(1.0)
         return self.requests_now()
+
+    def logs(self) -> str:
+        return "\n".join((self.d / f"exporter-{i}.out").read_text()[-1500:] for i in range(1, self.runs + 1))
 
     def stop(self) -> None:
         assert self.exporter is not None
@@ -315,6 +320,5 @@ def test_rotation_torture_loses_and_double_counts_nothing(rig: Rig) -> None:
     assert rig.traffic.sent == logged, "nginx logged every request sent"
     assert rig.counted == logged, (
         f"exporter counted {rig.counted} over {rig.runs} runs, nginx logged {logged} "
-        f"(inode reused: {reused})\n" + "\n".join(
-            (rig.d / f"exporter-{i}.out").read_text()[-1500:] for i in range(1, rig.runs + 1)))
+        f"(inode reused: {reused})\n" + rig.logs())
     print(f"{logged} requests, {rig.runs} exporter runs, inode reused by the new log: {reused}")

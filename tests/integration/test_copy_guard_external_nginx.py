@@ -143,6 +143,7 @@ def test_guard_an_nginx_that_already_runs(tmp_path, capsys):
         # each may add its third of a visitor for 3 s, more than half the read, to the median
         failed = float(_query(prom, 'count_over_time(up{job="nginx"}[9s]) - sum_over_time(up{job="nginx"}[9s])')
                        [0]["value"][1])
+        assert failed <= 2, f"{failed:.0f} of the nginx exporter's scrapes failed in 9 s"  # (else no bound holds)
         assert median < 0.1 + failed / 3 and peak < 1.0 + failed / 3, (median, peak, failed)
         registry = tmp_path / "copies"
         registry.mkdir(mode=0o700)

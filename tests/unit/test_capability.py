@@ -237,7 +237,15 @@ def test_a_rules_file_prometheus_would_refuse_refuses_stack_up_and_reload(tmp_pa
     with pytest.raises(StackError, match="(?s)the configuration is refused, nothing reloaded.*newbie.rules.yml"):
         stack.reload(progress=lambda line: None)
     assert signalled == [] and not (tmp_path / "state" / "prometheus").exists()  # nothing signalled or rendered
-    (rules / "newbie.rules.yml").unlink()
+    (rules / "newbie.rules.yml").rename(rules / ".#newbie.rules.yml")  # an editor's lock file: Prometheus loads it
+    assert [p for p in stack.rules_problems() if ".#newbie.rules.yml" in p]
+    monkeypatch.setattr(Stack, "_recorded", lambda self: {"prometheus": {"pid": 1}})
+    stopped: list[str] = []
+    monkeypatch.setattr(Stack, "stop_component", lambda self, name: stopped.append(name))
+    with pytest.raises(StackError, match="(?s)Prometheus would refuse these rules, nothing restarted"):
+        stack.restart(["prometheus"], progress=lambda line: None)
+    assert stopped == []  # the healthy Prometheus was not stopped
+    (rules / ".#newbie.rules.yml").unlink()
     assert stack.rules_problems() == []
 
 

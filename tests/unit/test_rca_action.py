@@ -174,7 +174,7 @@ async def test_fire_names_the_root_and_flags_it_everywhere(env):
         "alertname": "MeshRootCauseSymptom", "service": "a", "root_cause": "c", "severity": "none"}
     ends = datetime.fromisoformat(root["endsAt"].replace("Z", "+00:00"))
     assert 25 < (ends - datetime.now(UTC)).total_seconds() <= 30  # the lease
-    assert am.gets[0]["inhibited"] == "true" and am.gets[0]["silenced"] == "true"
+    assert am.gets[0]["inhibited"] == "true" and am.gets[0]["silenced"] == "false"
 
     report = Finding.load(tmp / "rca" / "latest.json")
     assert report.root_cause == "c"

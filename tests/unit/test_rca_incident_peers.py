@@ -242,6 +242,30 @@ async def test_a_silenced_root_alert_still_fires(tmp_path):
         await engine.shutdown()
 
 
+async def test_a_service_silenced_before_the_analysis_is_no_candidate(tmp_path):
+    """A service muted on purpose (maintenance, its alert silenced for the week) is no one's
+    candidate: with silenced alerts counted as candidates it joined an unrelated incident, which
+    then lasted as long as the silence (a review of the fix above)."""
+    legacy = alert("ServiceResponseTimeHigh", starts=STARTS, service="legacy", severity="warning")
+    slow_b = alert("ServiceResponseTimeHigh", starts=STARTS, service="b", severity="warning")
+    async with cluster(1) as ((am,), client):
+        am.fire(legacy)
+        am.silence(legacy["fingerprint"], "maintenance-week")
+        am.fire(SLOW_A)
+        am.fire(slow_b)
+        engine = make_engine(tmp_path, client, Clock())
+        rca = await boot(engine)
+        await engine.handle_payload(WebhookPayload.model_validate(payload(SLOW_A, slow_b)))
+        await engine.drain()
+        assert rca.incident is not None and "legacy" not in rca.incident.covered | rca.incident.watch
+        for fp in (SLOW_A["fingerprint"], slow_b["fingerprint"]):
+            am.end(fp)
+        am.gc()
+        detail = await check(rca)
+        assert detail.startswith("incident over"), detail
+        await engine.shutdown()
+
+
 async def test_the_incident_file_keeps_the_watched_alerts_and_an_old_file_learns_them(tmp_path):
     """The incident file keeps each watched alert's fingerprint and startsAt. A file written
     before (no ``alerts``) is still resumed: it is judged by service over every peer's
@@ -294,7 +318,7 @@ async def test_a_later_alert_of_a_watched_service_is_watched_too(tmp_path):
 async def test_presence_reads_inhibited_alerts_only_when_asked(tmp_path):
     """``Engine.presence``: by default (the copy guard's read, the reconciliation's) an
     inhibited alert is not listed, and a settled peer's omission proves it absent; with
-    ``suppressed=True`` (the rca's) it is listed."""
+    ``inhibited=True`` (the rca's) it is listed."""
     clock = Clock()
     async with cluster(1) as ((am,), client):
         am.fire(SLOW_C)
@@ -303,8 +327,8 @@ async def test_presence_reads_inhibited_alerts_only_when_asked(tmp_path):
         await engine.start()
         fp = SLOW_C["fingerprint"]
         assert await engine.presence({fp: None}) == {fp: False}
-        assert await engine.presence({fp: None}, suppressed=True) == {fp: True}
-        assert await engine.services["alertmanager_presence"]({fp: None}, suppressed=True) == {fp: True}
+        assert await engine.presence({fp: None}, inhibited=True) == {fp: True}
+        assert await engine.services["alertmanager_presence"]({fp: None}, inhibited=True) == {fp: True}
         await engine.shutdown()
 
 
