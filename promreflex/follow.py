@@ -486,19 +486,6 @@ class LogFollower:
         """One sentence on where reading (re)started and, when it started fresh, why."""
         return self._resume_info
 
-    def follows(self, p: Path) -> bool:
-        """Whether ``p`` is a file this follower reads now or drains, or one it read as its log
-        before (a rotated copy, compressed or not): a caller that expands a glob again must not
-        follow it a second time. Not thread-safe against a running :meth:`poll`."""
-        try:
-            st = p.stat()
-        except OSError:
-            return False
-        handles = ([self._cur] if self._cur is not None else []) + list(self._draining)
-        if any((h.dev, h.ino) == (st.st_dev, st.st_ino) for h in handles):
-            return True
-        return self._head_known(p)
-
     def close(self) -> None:
         """Persist the state and close every file descriptor. Safe to call twice."""
         self._save_state()

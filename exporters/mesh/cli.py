@@ -15,8 +15,7 @@ import hashlib
 import logging
 import re
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
@@ -57,23 +56,20 @@ class MissingLogError(UserError):
     """A configured log path (or glob) names no file."""
 
 
-def expand(cfg: MeshExporterConfig, *, must_exist: bool, globs_only: bool = False) -> list[tuple[LogSource, Path]]:
+def expand(cfg: MeshExporterConfig, *, must_exist: bool) -> list[tuple[LogSource, Path]]:
     """Every (log source, file) the configuration names: globs expanded (sorted), plain paths
     as given. ``must_exist``: a path or glob that names no file is an error (``--oneshot``);
     otherwise a plain path may appear later (the follower waits for it) and an empty glob is
-    an error, since nothing would ever be read for it. ``globs_only``: the globs' files alone,
-    an empty glob no error (the exporter's rescans)."""
+    an error, since nothing would ever be read for it."""
     out: list[tuple[LogSource, Path]] = []
     missing: list[str] = []
     for src in cfg.logs:
         text = str(src.path)
         if _GLOB.search(text):
             matches = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
-            if not matches and not globs_only:
+            if not matches:
                 missing.append(f"{text} (a pattern that matches no file)")
             out += [(src, m) for m in matches]
-        elif globs_only:
-            continue
         elif must_exist and not src.path.is_file():
             missing.append(text)
         else:
@@ -111,41 +107,28 @@ def build(
     exporter = _exporter(cfg, registry)
     pairs = []
     for src, path in expand(cfg, must_exist=False):
-        pairs.append(_pair(exporter, cfg, src, path, src.from_start if from_start is None else from_start))
-        log.info("%s", pairs[-1][0].resume_info())
+        stream = _stream(exporter, src, path)
+        state = None
+        if cfg.state_dir is not None:
+            digest = hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()
+            state = cfg.state_dir / f"mesh-{src.workload}-{digest}.json"
+        follower = LogFollower(
+            path,
+            state_file=state,
+            from_start=src.from_start if from_start is None else from_start,
+            max_line_bytes=cfg.max_line_bytes,
+        )
+        log.info("%s", follower.resume_info())
+        pairs.append((follower, stream))
     return exporter, pairs
 
 
-def _pair(exporter: MeshExporter, cfg: MeshExporterConfig, src: LogSource, path: Path,
-          from_start: bool) -> tuple[LogFollower, MeshStream]:
-    stream = _stream(exporter, src, path)
-    state = None
-    if cfg.state_dir is not None:
-        digest = hashlib.blake2b(str(path).encode(), digest_size=6).hexdigest()
-        state = cfg.state_dir / f"mesh-{src.workload}-{digest}.json"
-    follower = LogFollower(path, state_file=state, from_start=from_start, max_line_bytes=cfg.max_line_bytes)
-    return follower, stream
-
-
-#: Seconds between two expansions of the log paths' globs while serving: a file that appears
-#: later (a restarted container's next ``N.log``, a replaced pod's folder) is followed from its
-#: start, as Promtail or Fluent Bit's tail do; a rotated copy of a followed file is not.
-RESCAN_S = 10.0
-
-
 class _Feeder:
-    """Hands each poll's lines to the right stream; oversized lines the follower dropped count as
-    too_long. With ``rescan``, calls it every ``RESCAN_S`` (between two polls: no poll runs)."""
+    """Hands each poll's lines to the right stream; oversized lines the follower dropped count as too_long."""
 
-    def __init__(self, pairs: list[tuple[LogFollower, MeshStream]], rescan: Callable[[], None] | None = None):
+    def __init__(self, pairs: list[tuple[LogFollower, MeshStream]]):
         self.streams = {id(f): s for f, s in pairs}
         self.oversized = {id(f): 0 for f, _ in pairs}
-        self.rescan = rescan
-        self.next_scan = time.monotonic() + RESCAN_S
-
-    def add(self, follower: LogFollower, stream: MeshStream) -> None:
-        self.streams[id(follower)] = stream
-        self.oversized[id(follower)] = 0
 
     def __call__(self, follower: LogFollower, lines: list[str]) -> None:
         stream = self.streams[id(follower)]
@@ -154,20 +137,6 @@ class _Feeder:
             self.oversized[id(follower)] = follower.stats.oversized_lines
             stream.reject("too_long", dropped)
         stream.feed(lines)
-        if self.rescan is not None and time.monotonic() >= self.next_scan:
-            self.next_scan = time.monotonic() + RESCAN_S
-            self.rescan()
-
-
-def rescan(cfg: MeshExporterConfig, exporter: MeshExporter, feeder: _Feeder, followers: list[LogFollower]) -> None:
-    """Follow, from its start, each file a glob names now that no follower reads or read."""
-    for src, path in expand(cfg, must_exist=False, globs_only=True):
-        if any(f.path == path or f.follows(path) for f in followers):
-            continue
-        follower, stream = _pair(exporter, cfg, src, path, from_start=True)
-        log.info("a new log file for %s: %s", src.workload, follower.resume_info())
-        feeder.add(follower, stream)
-        followers.append(follower)
 
 
 def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
@@ -189,16 +158,13 @@ def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
 async def serve(cfg: MeshExporterConfig, registry: CollectorRegistry, stop: asyncio.Event | None = None) -> None:
     """Follow the logs and serve ``/metrics`` until ``stop`` is set (SIGINT/SIGTERM when none is given)."""
     stop = stop or stop_on_signals()
-    exporter, pairs = build(cfg, registry)
-    followers = [f for f, _ in pairs]  # grows with each rescan; follow() reads it every round
-    feeder = _Feeder(pairs)
-    feeder.rescan = lambda: rescan(cfg, exporter, feeder, followers)
+    _, pairs = build(cfg, registry)
     try:
         async with serving(cfg.listen_address, metrics_app(registry, "promreflex mesh exporter")):
             log.info("serving /metrics on %s", cfg.listen_address)
-            await follow(followers, feeder, interval=cfg.poll_interval, stop=stop)
+            await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop)
     finally:
-        for f in followers:
+        for f, _ in pairs:
             f.close()
 
 

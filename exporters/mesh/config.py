@@ -38,10 +38,7 @@ class LogSource(Strict):
 
     ``path`` may be a glob (``/var/log/pods/*_carts-*/istio-proxy/*.log``): every matching
     file is read, as the same workload (or the one ``workload_field`` names per record). The
-    pattern is expanded when the exporter starts (the files there then are read from their
-    end unless ``from_start``), and again every 10 s while it serves: a file that appears later
-    (a restarted container's next log, a replaced pod's) is read from its start, a rotated copy
-    of a file already read is not."""
+    pattern is expanded when the exporter starts."""
 
     workload: str = Field(pattern=_DNS_LABEL, description="source label for its records (a DNS label)")
     path: Path
