@@ -14,6 +14,7 @@ import glob
 import hashlib
 import logging
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,13 +157,23 @@ def oneshot(cfg: MeshExporterConfig, registry: CollectorRegistry) -> bytes:
 
 
 async def serve(cfg: MeshExporterConfig, registry: CollectorRegistry, stop: asyncio.Event | None = None) -> None:
-    """Follow the logs and serve ``/metrics`` until ``stop`` is set (SIGINT/SIGTERM when none is given)."""
-    stop = stop or stop_on_signals()
+    """Follow the logs and serve ``/metrics`` until ``stop`` is set (SIGINT/SIGTERM when none is
+    given; SIGHUP then re-checks every log at once, as the access-log exporter does: a logrotate
+    ``postrotate`` that signals the log readers killed it)."""
+    wake = asyncio.Event()
+    if stop is None:
+        stop = stop_on_signals()
+
+        def on_sighup() -> None:
+            log.info("SIGHUP: re-checking every log now (the configuration is not reloaded: restart to change it)")
+            wake.set()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
     _, pairs = build(cfg, registry)
     try:
         async with serving(cfg.listen_address, metrics_app(registry, "promreflex mesh exporter")):
             log.info("serving /metrics on %s", cfg.listen_address)
-            await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop)
+            await follow([f for f, _ in pairs], _Feeder(pairs), interval=cfg.poll_interval, stop=stop, wake=wake)
     finally:
         for f, _ in pairs:
             f.close()

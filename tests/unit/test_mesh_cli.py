@@ -169,6 +169,37 @@ async def test_serve_follows_a_growing_log(tmp_path: Path) -> None:
     assert list((tmp_path / "state").glob("mesh-front-end-*.json"))  # read position persisted
 
 
+def test_sighup_does_not_stop_the_exporter(tmp_path: Path) -> None:
+    """A logrotate ``postrotate`` that signals the log readers (the access-log exporter's README
+    recipe) killed the mesh exporter: SIGHUP's default action. It re-checks the logs now."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    log = tmp_path / "front-end.log"
+    log.write_text("")
+    port = free_port()
+    config = tmp_path / "mesh.yml"
+    config.write_text(yaml.safe_dump({"listen_address": f"127.0.0.1:{port}", "poll_interval": "50ms",
+                                      "logs": [{"workload": "front-end", "path": str(log)}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "promreflex", "exporter-mesh", "--config.file", str(config)],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_until(lambda: "promreflex_mesh_lines_total" in scrape(url), 30, 0.1, "exporter up")
+        os.kill(proc.pid, signal.SIGHUP)
+        with AccessLogWriter(log) as w:
+            w.write(RECORD)
+        wait_until(lambda: 'lines_total{workload="front-end"} 1.0' in scrape(url), 30, 0.1, "a line after SIGHUP")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "SIGHUP: re-checking every log now" in err.decode()
+
+
 # ---------------------------------------------------------------- writer round trip
 
 
