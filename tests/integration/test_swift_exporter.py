@@ -19,7 +19,7 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +145,22 @@ def _tcpdump(ns: str, iface: str, out: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
+def _settled(paths: Collection[Path], quiet: float = 1.0) -> None:
+    """Until no capture file has grown for ``quiet`` seconds (tcpdump writes each packet at once,
+    ``-U``): a tcpdump a second behind on a busy machine lost the last request's segments to a
+    fixed 1 s sleep and SIGINT."""
+    seen: list[list[int]] = [[]]
+    since = [time.monotonic()]
+
+    def quiet_now() -> bool:
+        sizes = [p.stat().st_size for p in paths]
+        if sizes != seen[0]:
+            seen[0], since[0] = sizes, time.monotonic()
+        return time.monotonic() - since[0] >= quiet
+
+    wait_until(quiet_now, timeout=30, interval=0.1, what="the captures to stop growing")
+
+
 def _client(lab_dir: Path, n: int) -> None:
     subprocess.run(["ip", "netns", "exec", NS["client"], PY, str(lab_dir / "client.py"), str(n)], check=True,
                    timeout=120)
@@ -159,7 +175,7 @@ def test_captures_attribute_the_storage_delay_to_the_storage_node(lab: Path) -> 
                    what="tcpdump to open its files")
         time.sleep(0.5)
         _client(lab, N_REQUESTS)
-        time.sleep(1.0)  # the last segments reach every capture
+        _settled(files.values())  # the last segments reach every capture
     finally:
         for d in dumps:
             d.send_signal(signal.SIGINT)
