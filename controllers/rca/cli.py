@@ -24,6 +24,7 @@ from promreflex.config import parse_duration
 
 if TYPE_CHECKING:
     from controllers.rca.models import Finding
+    from controllers.rca.offline import OfflineOptions
     from controllers.rca.tabular import TableOptions
 
 
@@ -49,7 +50,19 @@ def _time(text: str) -> float:
 def _table_options(args: argparse.Namespace) -> TableOptions:
     from controllers.rca.tabular import TableOptions, parse_mapping
 
-    return TableOptions(column_map=parse_mapping(args.map or []), latency_unit_s=args.latency_unit)
+    unit = {} if args.latency_unit is None else {"latency_unit_s": args.latency_unit}
+    return TableOptions(column_map=parse_mapping(args.map or []), **unit)
+
+
+def _microrca_options(args: argparse.Namespace) -> OfflineOptions:
+    """The flags that apply to a MicroRCA folder (its latencies are in ms unless
+    ``--latency-unit`` says otherwise); ``--map`` is for tables, and refused here."""
+    from controllers.rca.offline import OfflineDataError, OfflineOptions
+
+    if args.map:
+        raise OfflineDataError("--map applies to tables (RCD, RCAEval), not to a MicroRCA folder, "
+                               "whose columns are edges and the collector's ctn_* series")
+    return OfflineOptions() if args.latency_unit is None else OfflineOptions(latency_unit_s=args.latency_unit)
 
 
 def _offline(args: argparse.Namespace) -> int:
@@ -70,7 +83,8 @@ def _offline(args: argparse.Namespace) -> int:
             data = load_case(path, inject_time=args.inject_time, graph=graph, options=_table_options(args))
             finding = analyse(data, AnalysisConfig(threshold_s=args.threshold))
         else:
-            finding = analyse_dir(path, threshold=args.threshold)
+            finding = analyse_dir(path, threshold=args.threshold, options=_microrca_options(args),
+                                  inject_time=args.inject_time)
     except OfflineDataError as e:
         print(f"rca offline: {e}", file=sys.stderr)
         return 2
@@ -113,6 +127,7 @@ def _eval(args: argparse.Namespace) -> int:
         graph = read_graph(args.graph) if args.graph else None
         results = evaluate.run(
             args.dataset, graph=graph, options=_table_options(args), use_split=not args.no_split, errors=errors,
+            microrca=None if args.map else _microrca_options(args),
         )
     except OfflineDataError as e:
         print(f"rca eval: {e}", file=sys.stderr)
@@ -200,8 +215,9 @@ def _add_table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--map", action="append", metavar="PATTERN=KIND",
                    help="metric-name pattern -> latency, cpu, memory, disk_io, network, errors or ignore "
                         "(repeatable; tried before the built-in patterns)")
-    p.add_argument("--latency-unit", dest="latency_unit", type=_seconds, default=1.0, metavar="DURATION",
-                   help="unit of CSV latency columns: 1s (default), 1ms")
+    p.add_argument("--latency-unit", dest="latency_unit", type=_seconds, default=None, metavar="DURATION",
+                   help="unit of latency columns whose names do not say it: 1s, 1ms "
+                        "(default: 1s in tables, 1ms in MicroRCA folders, as their collectors write them)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

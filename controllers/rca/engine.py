@@ -44,7 +44,7 @@ from controllers.rca.models import (
     TimeSeries,
     fmt_seconds,
 )
-from controllers.rca.stats import RobustScore, p99, robust_score, split
+from controllers.rca.stats import RobustScore, p99, robust_score, split, stopped_before
 
 _GROUP_ORDER: dict[Group, int] = {"root_cause": 0, "symptom": 1, "not_slow": 2}
 
@@ -192,11 +192,7 @@ def _with_start(data: AnalysisInput, cfg: AnalysisConfig) -> AnalysisInput:
     """``data`` with a baseline end: its own, or the change point over all its series."""
     if data.baseline_end is not None or not cfg.detect_start:
         return data
-    every = [
-        x for d in data.services.values()
-        for x in ([d.latency.series] if d.latency and d.latency.series else []) + list(d.resources.values())
-        + [m.series for m in d.metrics]
-    ]
+    every = [x for d in data.services.values() for _, x in d.named_series()]
     cp = detect(every, cfg.change_min_segment)
     if cp is None:
         note = (
@@ -210,6 +206,28 @@ def _with_start(data: AnalysisInput, cfg: AnalysisConfig) -> AnalysisInput:
         f"t={cp.start:.0f} (summed log-likelihood ratio {cp.llr:.1f}); what came before it is the baseline."
     )
     return data.model_copy(update={"baseline_end": cp.baseline_end, "notes": [*data.notes, note]})
+
+
+def _stopped(data: AnalysisInput) -> AnalysisInput:
+    """``data`` with a note naming the services whose series stop before the anomaly's start:
+    they are not scored (:func:`~controllers.rca.stats.stopped_before`), and a service that
+    went silent at the fault is worth a look of its own."""
+    end = data.baseline_end
+    if end is None:
+        return data
+    gone = []
+    for name, d in sorted(data.services.items()):
+        stopped = [k for k, x in d.named_series() if stopped_before(x, end)]
+        if stopped:
+            gone.append(f"{name} ({', '.join(stopped)})")
+    if not gone:
+        return data
+    note = (
+        f"No samples after the start (t={end:.0f}), so not scored: {', '.join(gone)}. A service that "
+        "stopped reporting at the fault (crashed, OOM-killed, no longer scraped) shows no evidence here: "
+        "check it apart."
+    )
+    return data.model_copy(update={"notes": [*data.notes, note]})
 
 
 def _latency_series(data: ServiceData | None) -> list[TimeSeries]:
@@ -230,7 +248,7 @@ def _rank_key(v: ServiceVerdict, cfg: AnalysisConfig) -> tuple[int, int, float, 
 def analyse(data: AnalysisInput, config: AnalysisConfig | None = None) -> Finding:
     """Rank every service of ``data`` as the root cause, with the reasoning."""
     cfg = config or AnalysisConfig()
-    data = _with_start(data, cfg)
+    data = _stopped(_with_start(data, cfg))
     services = data.all_services()
     adj = adjacency(data.edges, services)
     alerting = set(data.alerting)

@@ -14,7 +14,9 @@ service and fault names may hold ``-`` and ``_`` themselves (``ts-order-service_
 ``carts_db_cpu``); the rest is the fault kind. When no service of the data fits, the name is
 split at its last ``-``/``_`` and the case's line says that this truth is not a service in the
 data (the case counts as a miss). The truth is used for scoring only: the analysis never sees
-the path. Every case runs with the same settings.
+the path. A MicroRCA folder's truth is its files' prefix (``service_cpu_carts_mpg.csv``: carts,
+cpu), which names the fault in MicroRCA's published data, when it ends with a service of the
+data. Every case runs with the same settings.
 
 A case that cannot be read (or whose folder name has no ``<service>-<fault>`` form) does not
 stop the run: it is listed as an error with its path and the reason, and left out of the
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from controllers.rca.engine import analyse
 from controllers.rca.models import AnalysisConfig
-from controllers.rca.offline import OfflineDataError, load_dir
+from controllers.rca.offline import OfflineDataError, OfflineOptions, load_dir, microrca_config
 from controllers.rca.tabular import TABLE_FILES, TableOptions, is_table_case, load_case, table_file
 
 #: Avg@5 on Sock Shop, BARO paper (FSE 2024) Table 3, by fault kind.
@@ -89,6 +91,11 @@ def find_cases(root: Path) -> list[Path]:
     """Every case folder under ``root``, linked folders followed (a dataset kept on another disk
     and linked into a benchmark root: ``rglob`` does not follow links, "no cases"); a folder
     reached twice by links (or a link loop) is read once."""
+    return [p for p in _folders(root) if _is_case(p)]
+
+
+def _folders(root: Path) -> list[Path]:
+    """``root`` and every folder below it, sorted, links followed, each real folder once."""
     dirs, seen = [root], {root.resolve()}
     # The folders themselves first (their names carry the labels), then what links add.
     for follow in (False, True):
@@ -104,17 +111,62 @@ def find_cases(root: Path) -> list[Path]:
                     continue  # (the second pass)
                 seen.add(real)
                 dirs.append(d)
-    found = []
-    for p in sorted(dirs):
-        if (p / "anomalous.csv").is_file() or table_file(p) is not None or any(p.glob("*_mpg.csv")):
-            found.append(p)
-    return found
+    return sorted(dirs)
+
+
+def _is_case(p: Path) -> bool:
+    return (p / "anomalous.csv").is_file() or table_file(p) is not None or any(p.glob("*_mpg.csv"))
+
+
+#: Files that look like a case's data (any case of letters, compressed or not).
+_DATA_FILE = re.compile(r"\.(csv|tsv)(\.(gz|bz2|xz|zst|zip))?$", re.IGNORECASE)
+
+
+def find_unread(root: Path, cases: Sequence[Path]) -> list[tuple[Path, str]]:
+    """Folders under ``root`` that hold data files but are no case and hold none (a lone
+    ``normal.csv``, ``Anomalous.csv``, ``data.csv.gz``), with what they hold: ``rca eval`` lists
+    them as not read, so a figure over 27 cases of 30 says so."""
+    real_cases = {c.resolve() for c in cases}
+    holds_case = {p for c in real_cases for p in c.parents}
+    out: list[tuple[Path, str]] = []
+    for d in _folders(root):
+        real = d.resolve()
+        if real in real_cases or real in holds_case or any(p in real_cases for p in real.parents):
+            continue
+        if any(d.is_relative_to(o) for o, _ in out):
+            continue  # inside a folder listed already
+        data = sorted(f.name for f in d.iterdir() if f.is_file() and _DATA_FILE.search(f.name))
+        if data:
+            out.append((d, ", ".join(data[:6]) + (", ..." if len(data) > 6 else "")))
+    return out
 
 
 def truth_folder(case: Path) -> str:
-    """The name of the ``<service>_<fault>`` folder holding ``case`` (see the module docstring)."""
-    case = case.resolve() if case.name in ("", ".", "..") else case
+    """The name of the ``<service>_<fault>`` folder holding ``case`` (see the module docstring);
+    a relative path (``./3``, ``../3``, ``.``) is made absolute first, links kept."""
+    case = Path(os.path.abspath(case))
     return case.parent.name if case.name.isdigit() else case.name
+
+
+#: MicroRCA's file prefix, ``<fault type>_<service>`` (``service_cpu_carts``, ``svc_latency_orders``,
+#: ``service_memory_user``, elastisys/MicroRCA): the fault type's leading word is dropped.
+_MICRORCA_FAULT = re.compile(r"^(?:service|svc)_(?P<fault>[a-z]+)$", re.IGNORECASE)
+
+
+def microrca_truth(case: Path, services: Sequence[str]) -> tuple[str, str] | None:
+    """(service, fault) from the prefix of a MicroRCA folder's ``*_mpg.csv``, which names the
+    injected fault in the published data; None when the prefix names no service of the data."""
+    graphs = sorted(case.glob("*_mpg.csv"))
+    if len(graphs) != 1:
+        return None
+    prefix = graphs[0].stem[: -len("_mpg")]
+    fits = [s for s in services if prefix.endswith("_" + s) and len(prefix) > len(s) + 1]
+    if not fits:
+        return None
+    service = max(fits, key=len)
+    kind = prefix[: -len(service) - 1]
+    m = _MICRORCA_FAULT.match(kind)
+    return service, (m["fault"] if m else kind).lower()
 
 
 #: A pod of a service: a StatefulSet ordinal (``-0``), a Deployment's ``-<hash>-<5>`` or a bare
@@ -132,11 +184,15 @@ def pods_of(service: str, services: Sequence[str]) -> list[str]:
 
 def truth_of(case: Path, services: Sequence[str] = ()) -> tuple[str, str, str | None]:
     """(service, fault, note): the truth of ``case`` among ``services`` (those in its data);
-    the note is set when no service of the data fits the folder name."""
+    the note is set when no service of the data fits the folder name. A MicroRCA folder's truth
+    is its file prefix's (:func:`microrca_truth`) when that names a service of the data."""
+    if (named := microrca_truth(case, services)) is not None:
+        return named[0], named[1], None
     name = truth_folder(case)
     # A repetition folder need not be all digits (``carts-cpu/run3``): when the case folder's
     # own name names no service of the data, its parent's may.
-    names = [name] if name != case.name or case.parent.name in ("", ".") else [name, case.parent.name]
+    absolute = Path(os.path.abspath(case))
+    names = [name] if name != absolute.name or not absolute.parent.name else [name, absolute.parent.name]
     for candidate in names:
         fits = [s for s in services if len(candidate) > len(s) + 1 and candidate.startswith(s)
                 and candidate[len(s)] in "-_"]
@@ -157,22 +213,38 @@ def run(
     config: AnalysisConfig | None = None,
     use_split: bool = True,
     errors: list[CaseError] | None = None,
+    microrca: OfflineOptions | None = None,
 ) -> list[CaseResult]:
     """Every case below ``root``, scored. With an ``errors`` list, a case that cannot be read
-    is appended to it and the run goes on; without one, the first such case raises."""
+    (and a folder of data files that is no case, :func:`find_unread`) is appended to it and the
+    run goes on; without one, the first such case raises. ``microrca``: the options for MicroRCA
+    folders, analysed with the same settings as ``rca offline`` (:func:`microrca_config`)."""
     root = Path(root)
+    if not root.is_dir():
+        raise OfflineDataError(f"{root}: no such folder")
     cases = find_cases(root)
     if not cases:
         raise OfflineDataError(
             f"{root}: no cases (folders with anomalous.csv + normal.csv, {', '.join(TABLE_FILES)} or *_mpg.csv)"
         )
+
+    def label_of(case: Path) -> str:
+        return str(case.relative_to(root)) if case != root else Path(os.path.abspath(case)).name
+
+    for folder, held in find_unread(root, cases):
+        reason = (f"no case here: it holds {held}, not anomalous.csv + normal.csv, {', '.join(TABLE_FILES)} "
+                  "or *_mpg.csv (names are case-sensitive; unpack compressed files)")
+        if errors is None:
+            raise OfflineDataError(f"{folder}: {reason}")
+        errors.append(CaseError(case=label_of(folder), path=str(folder), reason=reason))
     out = []
     for case in cases:
-        label = str(case.relative_to(root)) if case != root else case.name
+        label = label_of(case)
+        table = is_table_case(case)
         try:
             data = (
-                load_case(case, graph=graph, options=options, use_split=use_split) if is_table_case(case)
-                else load_dir(case)
+                load_case(case, graph=graph, options=options, use_split=use_split) if table
+                else load_dir(case, microrca)
             )
             service, fault, note = truth_of(case, list(data.services))
         except (ValueError, OSError) as e:  # OfflineDataError is a ValueError
@@ -180,12 +252,13 @@ def run(
                 raise
             errors.append(CaseError(case=label, path=str(case), reason=str(e)))
             continue
-        finding = analyse(data, config)
+        finding = analyse(data, config if table else microrca_config(microrca, config))
         truth = {service}
-        if note is not None and (pods := pods_of(service, list(data.services))):
+        if pods := pods_of(service, list(data.services)):
             # pod-level data (AIOps challenge, Nezha: cartservice-0, -1, -2): the service is
-            # named by any of its pods
-            truth, note = set(pods), f"truth {service!r} read as its pods {', '.join(pods)}"
+            # named by any of its pods, also where other series are the service's own
+            truth = {service, *pods} if note is None else set(pods)
+            note = f"truth {service!r} read as {'itself and ' if note is None else ''}its pods {', '.join(pods)}"
         ranks = [r for r in map(finding.rank_of, sorted(truth)) if r is not None]
         mine = max((v.score for v in finding.ranking if v.service in truth), default=None)
         other = max((v.score for v in finding.ranking if v.service not in truth), default=0.0)

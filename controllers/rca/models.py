@@ -102,6 +102,11 @@ class ServiceData(_Model):
     resources: dict[Resource, TimeSeries] = Field(default_factory=dict)
     metrics: list[Metric] = Field(default_factory=list)
 
+    def named_series(self) -> list[tuple[str, TimeSeries]]:
+        """Every series of the service with its name: latency, each resource, each metric."""
+        return ([("latency", self.latency.series)] if self.latency and self.latency.series else []) + [
+            (str(k), x) for k, x in self.resources.items()] + [(m.name, m.series) for m in self.metrics]
+
 
 _SCALE_FLOORS: dict[Kind, float] = {
     "cpu": 0.001, "memory": 1024.0 * 1024.0, "disk_io": 1024.0, "network": 1024.0, "errors": 0.01,

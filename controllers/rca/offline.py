@@ -27,7 +27,8 @@ all files sharing one prefix:
   the faulty service, is slowed; the last set before this rule named user). The note in the
   report says so; ``OfflineOptions.resource_columns`` can add it back.
 
-The prefix (which in the published data names the injected fault) is never read for meaning:
+The analysis never reads the prefix (which in the published data names the injected fault;
+``rca eval`` takes its truth from it) for meaning:
 a service's latency is the element-wise maximum over the edges it receives, and the file name
 of a resource series is only matched against service names the graph and latency files
 already gave.
@@ -57,7 +58,12 @@ class OfflineOptions(BaseModel):
 
     latency_unit_s: float = Field(default=0.001, gt=0)
     latency_preference: list[str] = ["latency_destination", "latency_source"]
-    throughput_callee: str = r"(?:^|[-_])db$|^rabbitmq$"
+    # Sock Shop's databases (``carts-db``) and RabbitMQ, and the stores of other demo shops
+    # (Online Boutique's ``redis-cart``): TCP, not HTTP, so their columns are byte rates.
+    throughput_callee: str = (
+        r"(?:^|[-_])(?:db|redis|memcached|mongo(?:db)?|mysql|mariadb|postgres(?:ql)?|cassandra|rabbitmq|kafka"
+        r"|zookeeper)(?:$|[-_])"
+    )
     resource_columns: dict[Resource, str] = {"cpu": "ctn_cpu", "network": "ctn_network", "disk_io": "ctn_disk_io"}
     # Columns the collector squared: their square root is the measurement (ctn_network).
     squared_columns: tuple[str, ...] = ("ctn_network",)
@@ -139,6 +145,44 @@ def _timestamp(text: str, where: str) -> float:
     return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)).timestamp()
 
 
+def _check_inject(inject_time: float, times: list[float], path: Path) -> tuple[float, str | None]:
+    """The inject time to use and a note when it was rescaled. It must lie within the data's
+    time range; a factor of 1000 (seconds against milliseconds) is detected and undone."""
+    lo, hi = min(times), max(times)
+    if lo <= inject_time <= hi:
+        return _rows_around(inject_time, times, path), None
+    for scaled, how in ((inject_time * 1000, "times 1000 (seconds against milliseconds)"),
+                        (inject_time / 1000, "divided by 1000 (milliseconds against seconds)")):
+        if lo <= scaled <= hi:
+            return _rows_around(scaled, times, path), (
+                f"The inject time {inject_time:.0f} lies outside the data's time range "
+                f"[{lo:.0f}, {hi:.0f}]; {how} it lies inside, so t={scaled:.0f} is used."
+            )
+    raise OfflineDataError(
+        f"{path}: the inject time {inject_time:.3f} lies outside the data's time range [{lo:.3f}, {hi:.3f}] "
+        "(also times 1000 and divided by 1000): check the units (seconds or milliseconds) and the time zone "
+        "of both (a naive ISO time is read as UTC)"
+    )
+
+
+#: Rows an inject time must leave before it (the engine's ``min_baseline_points``) and after it:
+#: with fewer, every series would be scored against its whole window, the fault included.
+MIN_ROWS_BEFORE, MIN_ROWS_AFTER = 3, 1
+
+
+def _rows_around(inject_time: float, times: list[float], path: Path) -> float:
+    """``inject_time``, refused when it leaves too few rows on either side (on the first or the
+    last row: nothing to compare the fault with, or no fault to score)."""
+    before = len({t for t in times if t <= inject_time})
+    after = len({t for t in times if t > inject_time})
+    if before < MIN_ROWS_BEFORE or after < MIN_ROWS_AFTER:
+        raise OfflineDataError(
+            f"{path}: the inject time {inject_time:.3f} leaves {before} row(s) before it and {after} after it; "
+            f"at least {MIN_ROWS_BEFORE} before (the baseline) and {MIN_ROWS_AFTER} after (the fault) are needed"
+        )
+    return inject_time
+
+
 def _series(path: Path, rows: list[dict[str, str]], column: str, unit: float, notes: _Notes) -> TimeSeries:
     points = []
     for line, row in enumerate(rows, 2):
@@ -167,8 +211,9 @@ def _split_edge(column: str, known: set[str]) -> tuple[str, str] | None:
     return None
 
 
-def load_dir(path: str | Path, options: OfflineOptions | None = None) -> AnalysisInput:
-    """Read a MicroRCA-style folder into analysis inputs (see the module docstring)."""
+def load_dir(path: str | Path, options: OfflineOptions | None = None, *, inject_time: float | None = None) -> AnalysisInput:
+    """Read a MicroRCA-style folder into analysis inputs (see the module docstring); with
+    ``inject_time`` the rows up to it are the baseline (checked as a table's inject time is)."""
     opts = options or OfflineOptions()
     folder = Path(path)
     if not folder.is_dir():
@@ -182,13 +227,22 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
             "simple_data.csv, simple_metrics.csv or metrics.csv"
         )
     notes = _Notes()
+    graph = graphs[0]
+    # The files of the case share the graph file's prefix, which names the fault in the published
+    # data (``svc_latency_carts_mpg.csv``: "latency" is in every name): only the part after it says
+    # what a file holds (``latency_source_50``, ``carts``).
+    prefix = graph.stem[: -len("mpg")]
+    own = {f: f.stem[len(prefix):] for f in files if f != graph and f.stem.startswith(prefix)}
+    foreign = [f.name for f in files if f != graph and f not in own]
+    if foreign:
+        notes.lines.append(f"Files without the graph file's prefix {prefix!r}, skipped: {', '.join(foreign)}.")
 
-    _, graph_rows = _read(graphs[0], ("source", "destination"))
+    _, graph_rows = _read(graph, ("source", "destination"))
     raw_edges = [(r["source"], r["destination"]) for r in graph_rows if r["source"] and r["destination"]]
 
-    latency_files = [f for f in files if "latency" in f.stem]
+    latency_files = [f for f, part in own.items() if part.startswith("latency")]
     rank = {p: i for i, p in enumerate(opts.latency_preference)}
-    latency_files.sort(key=lambda f: (min((rank[p] for p in rank if p in f.stem), default=len(rank)), f.name))
+    latency_files.sort(key=lambda f: (min((rank[p] for p in rank if own[f].startswith(p)), default=len(rank)), f.name))
     tables = {f: _read(f, ("timestamp",)) for f in latency_files}
 
     known = {n for e in raw_edges for n in e}
@@ -209,11 +263,11 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
     if unparsed:
         notes.lines.append(f"Columns not of the form caller_callee, skipped: {', '.join(unparsed)}.")
 
-    resource_files = [f for f in files if f not in graphs and f not in tables]
+    resource_files = [f for f in own if f not in tables]
     services_seen = callers | named_in_latency
     resource_of: dict[str, Path] = {}
     for f in resource_files:
-        parts = f.stem.split("_")
+        parts = own[f].split("_")
         suffixes = ["_".join(parts[i:]) for i in range(len(parts))]
         match = next((s for s in suffixes if s in services_seen or s in known), None)
         if match is None:
@@ -258,7 +312,25 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None) -> Analysi
         data[svc] = ServiceData(latency=latency, resources=resources)
     for col in sorted(unscored):
         notes.lines.append(f"{col} is not scored: {opts.unscored_columns[col]}.")
-    return AnalysisInput(edges=edges, services=data, source=str(folder), notes=notes.finish())
+    baseline_end = None
+    if inject_time is not None:
+        times = sorted({t for d in data.values() for _, x in d.named_series() for t, _ in x.points})
+        if not times:
+            raise OfflineDataError(f"{folder}: no samples to place the inject time in")
+        baseline_end, rescaled = _check_inject(inject_time, times, folder)
+        if rescaled:
+            notes.lines.append(rescaled)
+        notes.lines.append(f"Baseline: the rows before the inject time t={baseline_end:.0f}.")
+    return AnalysisInput(edges=edges, services=data, source=str(folder), notes=notes.finish(), baseline_end=baseline_end)
+
+
+def microrca_config(options: OfflineOptions | None = None, config: AnalysisConfig | None = None) -> AnalysisConfig:
+    """The analysis settings for a MicroRCA folder: ``config`` as given, else the resource spread
+    floors in the collector's units (``options.resource_scale_floor``): ``rca offline`` and
+    ``rca eval`` analyse a folder alike."""
+    if config is not None:
+        return config
+    return AnalysisConfig.model_validate({"resource_scale_floor": (options or OfflineOptions()).resource_scale_floor})
 
 
 def analyse_dir(
@@ -267,12 +339,12 @@ def analyse_dir(
     *,
     config: AnalysisConfig | None = None,
     options: OfflineOptions | None = None,
+    inject_time: float | None = None,
 ) -> Finding:
     """Analyse a MicroRCA-style folder; ``threshold`` (seconds) is the absolute candidate line.
 
     Without ``config`` the resource spread floors follow the collector's units
     (``options.resource_scale_floor``); a given ``config`` is used as is, threshold aside."""
     opts = options or OfflineOptions()
-    base = config.model_dump() if config else {"resource_scale_floor": opts.resource_scale_floor}
-    cfg = AnalysisConfig.model_validate({**base, "threshold_s": threshold})
-    return analyse(load_dir(path, opts), cfg)
+    cfg = AnalysisConfig.model_validate({**microrca_config(opts, config).model_dump(), "threshold_s": threshold})
+    return analyse(load_dir(path, opts, inject_time=inject_time), cfg)

@@ -61,6 +61,13 @@ def split(series: TimeSeries, baseline_end: float | None, min_baseline_points: i
     return values, values, True
 
 
+def stopped_before(series: TimeSeries, baseline_end: float | None) -> bool:
+    """True when ``series`` has samples, all of them at or before the anomaly's start: it stopped
+    reporting (a container crashed or OOM-killed at the fault, a target no longer scraped). It
+    has nothing to score: scored against itself, its baseline would read as the fault's peak."""
+    return baseline_end is not None and bool(series.points) and series.points[-1][0] <= baseline_end
+
+
 def robust_score(
     series: TimeSeries,
     baseline_end: float | None = None,
@@ -69,14 +76,15 @@ def robust_score(
     floor_abs: float = 0.0,
     floor_ratio: float = 0.0,
 ) -> RobustScore | None:
-    """Score the recent peak of ``series``; ``None`` for an empty series, and for one whose
-    statistics are not finite (values so large that their sums overflow): such a series is not
-    usable, and is left out as a series without data is.
+    """Score the recent peak of ``series``; ``None`` for an empty series, for one with no sample
+    after ``baseline_end`` (:func:`stopped_before`), and for one whose statistics are not
+    finite (values so large that their sums overflow): such a series is not usable, and is
+    left out as a series without data is.
 
     The spread is floored at ``floor_abs`` (in the series' unit) and at ``floor_ratio`` times
     the baseline median, so a flat baseline does not turn noise into an infinite score.
     """
-    if not series.points:
+    if not series.points or stopped_before(series, baseline_end):
         return None
     base, recent, whole = split(series, baseline_end, min_baseline_points)
     try:

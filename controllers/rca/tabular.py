@@ -57,7 +57,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from controllers.rca.models import AnalysisInput, Kind, Metric, ServiceData, TimeSeries
-from controllers.rca.offline import OfflineDataError, _read, _timestamp
+from controllers.rca.offline import OfflineDataError, _check_inject, _read, _timestamp
 
 #: metric suffix pattern -> kind (None: not scored). First match wins.
 DEFAULT_COLUMN_MAP: list[tuple[str, Kind | None]] = [
@@ -221,26 +221,6 @@ def _summable(pts: list[tuple[float, float]]) -> bool:
         return False
 
 
-def _check_inject(inject_time: float, times: list[float], path: Path) -> tuple[float, str | None]:
-    """The inject time to use and a note when it was rescaled. It must lie within the data's
-    time range; a factor of 1000 (seconds against milliseconds) is detected and undone."""
-    lo, hi = min(times), max(times)
-    if lo <= inject_time <= hi:
-        return inject_time, None
-    for scaled, how in ((inject_time * 1000, "times 1000 (seconds against milliseconds)"),
-                        (inject_time / 1000, "divided by 1000 (milliseconds against seconds)")):
-        if lo <= scaled <= hi:
-            return scaled, (
-                f"The inject time {inject_time:.0f} lies outside the data's time range "
-                f"[{lo:.0f}, {hi:.0f}]; {how} it lies inside, so t={scaled:.0f} is used."
-            )
-    raise OfflineDataError(
-        f"{path}: the inject time {inject_time:.3f} lies outside the data's time range [{lo:.3f}, {hi:.3f}] "
-        "(also times 1000 and divided by 1000): check the units (seconds or milliseconds) and the time zone "
-        "of both (a naive ISO time is read as UTC)"
-    )
-
-
 def read_graph(path: str | Path) -> list[tuple[str, str]]:
     """``source,destination`` rows of a CSV (MicroRCA's ``*_mpg.csv`` included)."""
     _, rows = _read(Path(path), ("source", "destination"))
@@ -372,6 +352,11 @@ def load_case(
     if p.is_file():
         return load_table(p, inject_time=inject_time if use_split else None, graph=graph, options=options)
     if (p / "anomalous.csv").is_file() and (p / "normal.csv").is_file():
+        if inject_time is not None and use_split:
+            raise OfflineDataError(
+                f"{p}: normal.csv and anomalous.csv give the split (normal.csv is the baseline); an inject time "
+                "is for one table (data.csv, a CSV file) or a MicroRCA folder: give anomalous.csv alone with it"
+            )
         if use_split:
             return load_table(p / "anomalous.csv", normal=p / "normal.csv", graph=graph, options=options)
         data = load_table(p / "anomalous.csv", normal=p / "normal.csv", graph=graph, options=options)

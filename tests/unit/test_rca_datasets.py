@@ -272,3 +272,83 @@ def test_pod_level_data_names_the_service_by_its_pods(tmp_path, capsys):
     # Kubernetes' suffixes have no vowels: a sibling service is not a pod
     assert pods_of("carts", ["carts-redis", "carts-mongo", "carts-0", "carts-7d9fbc6b8d-x2k4p", "carts-bx9lq"]) == [
         "carts-0", "carts-7d9fbc6b8d-x2k4p", "carts-bx9lq"]
+
+
+def test_an_inject_time_on_the_first_or_last_row_is_refused(tmp_path, capsys):
+    """Nothing before it (or after it) to score: every series was scored against its whole window,
+    fault included, and a wrong root cause named with no word of it."""
+    start = 1_692_569_000
+    for at, before, after in ((start, 1, 39), (start + 39, 40, 0), (start + 1, 2, 38)):
+        folder = case(tmp_path / f"at{at}" / "ts-order-service_cpu" / "1", inject=f"{at}\n")
+        with pytest.raises(OfflineDataError, match=f"leaves {before} row.s. before it and {after} after"):
+            load_case(folder)
+        assert main(["rca", "offline", str(folder)]) == 2
+        assert "at least 3 before" in capsys.readouterr().err
+    assert load_case(case(tmp_path / "ok" / "x_cpu" / "1", inject=f"{start + 3}\n")).baseline_end == start + 3
+
+
+def test_a_service_that_stops_reporting_at_the_fault_is_said_not_scored_on_its_baseline(tmp_path):
+    """A crashed container's columns are empty after the inject time: its baseline was scored
+    against itself and shown as the fault's peak ("carts is slow")."""
+    folder = case(tmp_path / "ts-order-service_cpu" / "1")
+    table = folder / "data.csv"
+    rows = list(csv.reader(table.open()))
+    carts = [i for i, c in enumerate(rows[0]) if c.startswith("carts_")]
+    for r in rows[21:]:
+        for i in carts:
+            r[i] = ""
+    with table.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    finding = analyse(load_case(folder))
+    carts_verdict = finding.verdict("carts")
+    assert carts_verdict.signals == [] and carts_verdict.latency_s is None
+    assert "No samples after the start (t=1692569020), so not scored: carts (carts_cpu, carts_mem, carts_latency-90)" in finding.explain()
+    assert finding.top(1) == ["ts-order-service"]
+    assert robust_score(TimeSeries.of([1, 2, 3, 9]), baseline_end=5) is None
+    assert robust_score(TimeSeries.of([1, 2, 3, 9]), baseline_end=2).max == 9
+
+
+def test_an_inject_time_beside_a_normal_anomalous_pair_is_refused(tmp_path, capsys):
+    folder = tmp_path / "carts-cpu" / "1"
+    case(folder, name="normal.csv", inject=None)
+    case(folder, name="anomalous.csv", inject=None, start=1_692_569_100)
+    assert main(["rca", "offline", str(folder), "--inject-time", "1692569110"]) == 2
+    assert "normal.csv and anomalous.csv give the split" in capsys.readouterr().err
+
+
+def test_pods_count_for_their_service_beside_its_own_series(tmp_path):
+    """Istio latency by workload and cAdvisor by pod: the service's pod at rank 1 was a rank 3 miss."""
+    services = ["cartservice", "cartservice-579f59597d-wc2lz", "frontend", "redis-cart"]
+    case(tmp_path / "ds" / "cartservice_cpu" / "1", root="cartservice-579f59597d-wc2lz", services=services)
+    [r] = run(tmp_path / "ds")
+    assert r.rank == 1 and r.note and "itself and its pods cartservice-579f59597d-wc2lz" in r.note
+
+
+def test_folders_of_data_that_are_no_case_are_listed_not_dropped(tmp_path, capsys):
+    import gzip
+
+    ds = tmp_path / "ds"
+    case(ds / "ts-order-service_cpu" / "1")
+    case(ds / "carts_cpu" / "1", name="normal.csv", inject=None)
+    gz = case(ds / "frontend_cpu" / "1", root="frontend") / "data.csv"
+    (gz.parent / "data.csv.gz").write_bytes(gzip.compress(gz.read_bytes()))
+    gz.unlink()
+    errors: list = []
+    results = run(ds, errors=errors)
+    assert [r.case for r in results] == ["ts-order-service_cpu/1"]
+    assert sorted(e.case for e in errors) == ["carts_cpu/1", "frontend_cpu/1"]
+    assert all("no case here" in e.reason for e in errors)
+    assert main(["rca", "eval", str(ds)]) == 0
+    out = capsys.readouterr()
+    assert "carts_cpu/1" in out.out + out.err and "frontend_cpu/1" in out.out + out.err
+
+
+def test_relative_paths_keep_the_truth(tmp_path, monkeypatch, capsys):
+    case(tmp_path / "ts-order-service_cpu" / "3")
+    monkeypatch.chdir(tmp_path / "ts-order-service_cpu")
+    assert [r.rank for r in run("./3/")] == [1]
+    monkeypatch.chdir(tmp_path / "ts-order-service_cpu" / "3")
+    assert [(r.case, r.rank) for r in run(".")] == [("3", 1)]
+    assert [r.rank for r in run("../")] == [1]
+    assert main(["rca", "eval", "/nonexistent/x"]) == 2
+    assert "no such folder" in capsys.readouterr().err

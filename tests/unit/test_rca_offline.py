@@ -125,3 +125,68 @@ def test_names_with_underscores_and_unknown_columns(tmp_path):
     assert data.services["cart_svc"].latency is not None
     assert any("a_b_c" in n for n in data.notes)
     assert analyse_dir(tmp_path).root_causes == ["cart_svc"]
+
+
+@needs_corpus
+@pytest.mark.parametrize("prefix", ["svc_latency_carts", "service_memory_carts"])
+def test_microrca_fault_prefixes_are_read_after_the_prefix(tmp_path, capsys, prefix):
+    """MicroRCA names a case's files <fault type>_<service>_*: under its latency faults'
+    ``svc_latency_`` every file name holds "latency" (the graph file was read as a latency table:
+    refused), and ``rca eval`` takes the truth from the prefix (it read the folder name)."""
+    from controllers.rca.evaluate import run
+    from promreflex.cli import main
+
+    folder = neutral_copy(SOCK_SHOP, tmp_path / "1", prefix)
+    (folder / "other_run_carts.csv").write_text("timestamp,ctn_cpu\n1,2\n")
+    data = load_dir(folder)
+    assert data.services["user"].resources and data.services["carts"].latency is not None
+    assert any("without the graph file's prefix" in n and "other_run_carts.csv" in n for n in data.notes)
+    assert analyse_dir(folder).top(1) == ["carts"]
+    [r] = run(tmp_path)
+    assert (r.service, r.fault, r.rank, r.note) == ("carts", prefix.split("_")[1], 1, None)
+    assert main(["rca", "eval", str(tmp_path)]) == 0
+    assert "truth carts" in capsys.readouterr().out
+
+
+@needs_corpus
+def test_microrca_flags_inject_time_and_latency_unit_are_used(tmp_path, capsys):
+    """``--inject-time`` and ``--latency-unit`` were dropped for MicroRCA folders (the report asked
+    for the inject time it had been given; latencies in seconds read as 1000x too small)."""
+    import csv
+
+    from promreflex.cli import main
+
+    dst = tmp_path / "seconds"
+    dst.mkdir()
+    for f in SOCK_SHOP.glob("*.csv"):
+        rows = list(csv.reader(f.open()))
+        if "_latency_" in f.name:
+            rows = rows[:1] + [r[:2] + [str(float(v) / 1000) if v else v for v in r[2:]] for r in rows[1:]]
+        with (dst / f.name).open("w", newline="") as out:
+            csv.writer(out).writerows(rows)
+    assert main(["rca", "offline", str(dst), "--latency-unit", "1s", "--json"]) == 0
+    import json
+
+    finding = json.loads(capsys.readouterr().out)
+    assert finding["ranking"][0]["service"] == "carts"
+    assert main(["rca", "offline", str(SOCK_SHOP), "--inject-time", "2019-09-17T11:31:30"]) == 0
+    out = capsys.readouterr().out
+    assert "No anomaly start was given" not in out and "the inject time t=1568719890" in out
+    assert main(["rca", "offline", str(SOCK_SHOP), "--inject-time", "12345"]) == 2
+    assert "outside the data's time range" in capsys.readouterr().err
+    assert main(["rca", "offline", str(SOCK_SHOP), "--map", "x=cpu"]) == 2
+    assert "--map applies to tables" in capsys.readouterr().err
+
+
+def test_a_tcp_store_of_another_shop_is_not_read_as_latency(tmp_path):
+    """Online Boutique's ``redis-cart``: the collector writes its byte rate in the latency file."""
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "hipster_cpu_cartservice_mpg.csv").write_text(
+        "source,destination\nfrontend,cartservice\ncartservice,redis-cart\n")
+    rows = ["timestamp,frontend_cartservice,cartservice_redis-cart"]
+    rows += [f"{1000 + 5 * i},{10 + (i % 3)},{30 + (i % 4) + (40 if 30 <= i < 33 else 0)}" for i in range(60)]
+    (folder / "hipster_cpu_cartservice_latency_destination_50.csv").write_text("\n".join(rows) + "\n")
+    data = load_dir(folder)
+    assert data.services["redis-cart"].latency is None
+    assert any("redis-cart" in n and "byte rates" in n for n in data.notes)
