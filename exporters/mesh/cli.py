@@ -77,6 +77,24 @@ def expand(cfg: MeshExporterConfig, *, must_exist: bool) -> list[tuple[LogSource
             out.append((src, src.path))
     if missing:
         raise MissingLogError(f"no such log: {', '.join(missing)}")
+    return _first_entry_wins(out)
+
+
+def _first_entry_wins(pairs: list[tuple[LogSource, Path]]) -> list[tuple[LogSource, Path]]:
+    """Each file once, under the first entry that names it: a specific glob before a catch-all
+    one (``sock-shop_carts-*`` for carts, then ``sock-shop_*`` for the rest) is a natural
+    configuration, and a file read twice would count every request twice. Links are followed
+    (``/var/log/containers/*.log`` links into ``/var/log/pods``)."""
+    seen: dict[Path, LogSource] = {}
+    out = []
+    for src, path in pairs:
+        real = path.resolve()
+        first = seen.setdefault(real, src)
+        if first is not src:
+            log.warning("%s is named by %s (workload %s) and %s: read once, as %s",
+                        path, first.path, first.workload, src.path, first.workload)
+            continue
+        out.append((src, path))
     return out
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
-from exporters.mesh.envoy_format import ParseError
+from exporters.mesh.envoy_format import MAX_TIMED_MS, ParseError
 from exporters.mesh.formats import PROXY_LOG_CONTINUATION, LineFormat, get_format, proxy_log_continues, proxy_log_line
 from exporters.mesh.labels import (
     OTHER,
@@ -38,7 +38,7 @@ from exporters.mesh.labels import (
     tcp_class,
     tcp_failed,
 )
-from exporters.mesh.runtime import RuntimeUnwrapper
+from exporters.mesh.runtime import RFC3339_PREFIX, RuntimeUnwrapper
 
 log = logging.getLogger("promreflex.exporter.mesh")
 
@@ -204,14 +204,17 @@ class MeshExporter:
         if record.get("l4"):  # a ztunnel connection: no HTTP status; failed = no answer
             connection, status = True, tcp_class(bool(record.get("failed")))
         elif is_tcp_record(record, grpc):  # a sidecar's TCP connection ("- - -" 0): the same
-            connection, status = True, tcp_class(tcp_failed(record.get("response_flags")))
+            connection, status = True, tcp_class(
+                tcp_failed(record.get("response_flags"), record.get("connection_termination_details")))
         else:
-            connection, status = False, code_class(record.get("response_code"), grpc)
+            connection, status = False, code_class(record.get("response_code"), grpc, record.get("response_flags"))
         # A connection's DURATION is its lifetime (minutes for a pooled one), not a request's
         # latency: it stays out of the request histograms; so does an upgraded one's (a
         # WebSocket's 101, logged when the socket closes) and a CONNECT tunnel's.
         tunnel = record.get("response_code") == 101 or record.get("method") == "CONNECT"
         duration = None if connection or tunnel else record.get("duration")
+        if isinstance(duration, int) and duration > MAX_TIMED_MS:
+            duration = None  # a day-long "request" is a stream (a watch, server-sent events): counted, not timed
         upstream = None if connection else record.get("upstream_service_time")
         src, dst = self.budget.admit(src, "source"), self.budget.admit(dst, "destination")
         m.requests.labels(src, dst, status, flags).inc()
@@ -267,7 +270,7 @@ class MeshStream:
                 self._reject(out, "empty")
                 continue
             try:
-                record = self.format.parse(item.text)
+                record = self._parse(item.text)
             except ParseError as e:
                 run, self._proxy_log_run = self._proxy_log_run, None
                 if e.reason in _PROXY_LOG_REJECTIONS:
@@ -327,6 +330,21 @@ class MeshStream:
         m.parse_errors.labels(self.workload, reason).inc()
         out.lines += 1
         out.rejected[reason] += 1
+
+    def _parse(self, text: str) -> dict[str, Any]:
+        """The record of ``text``; a line that does not match and starts with an RFC 3339 time
+        and a space is tried once more without it (``kubectl logs --timestamps`` before a format
+        the runtime unwrapper cannot tell from one that starts with its own time)."""
+        try:
+            return self.format.parse(text)
+        except ParseError as e:
+            stamp = RFC3339_PREFIX.match(text) if e.reason in ("format_mismatch", "truncated") else None
+            if stamp is None:
+                raise
+            try:
+                return self.format.parse(text[stamp.end():])
+            except ParseError:
+                raise e from None
 
     def _source_workload(self, record: Mapping[str, Any]) -> str:
         """The workload that wrote this record: its ``workload_field`` when valid, else the stream's."""

@@ -142,7 +142,11 @@ FLAG_COMMANDS = frozenset({"RESPONSE_FLAGS", "RESPONSE_FLAGS_LONG"})
 TIME_COMMANDS = frozenset({"START_TIME", "EMIT_TIME"})
 DURATION_COMMANDS = frozenset({"DURATION", "REQUEST_DURATION", "REQUEST_TX_DURATION", "RESPONSE_DURATION",
                                "RESPONSE_TX_DURATION"})
-MAX_DURATION_MS = 86_400_000  # a day: beyond it a logged duration is junk, not a slow request
+# A year: beyond it a logged duration is junk. A proxied TCP connection's or a WebSocket's
+# DURATION is its lifetime, and pooled connections live for days; they are counted, not timed
+# (the collector times no request over MAX_TIMED_MS either: that is a stream, not a slow answer).
+MAX_DURATION_MS = 366 * 86_400_000
+MAX_TIMED_MS = 86_400_000
 MAX_INT = 2**53
 HEADER_COMMANDS = frozenset({"REQ", "RESP", "TRAILER"})
 # Envoy's long names for the header commands (its current default format and Cilium's default
@@ -163,6 +167,10 @@ _NAMED: dict[tuple[str, str | None], str] = {
     ("REQ", "X-ENVOY-ORIGINAL-PATH?:PATH"): "path",
     ("REQ", ":PATH"): "path",
     ("REQ", ":AUTHORITY"): "authority",
+    ("REQ", "HOST"): "authority",  # Envoy stores HTTP/1's Host as :authority: the same value
+    ("GRPC_STATUS", "CAMEL_STRING"): "grpc_status",
+    ("GRPC_STATUS", "SNAKE_STRING"): "grpc_status",
+    ("GRPC_STATUS", "NUMBER"): "grpc_status_number",
     ("REQ", "X-ENVOY-ORIGINAL-HOST?:AUTHORITY"): "authority",
     ("REQ", "X-FORWARDED-FOR"): "x_forwarded_for",
     ("REQ", "USER-AGENT"): "user_agent",
@@ -439,9 +447,26 @@ def _split_run(body: str, stop: str, bound: int) -> str:
     return _give_back(f"(?:{other}++|{unit})", unit, bound)  # never empty, as [body]+
 
 
-def _text_class(stop: str, max_length: int | None) -> str:
-    """Free text up to the next literal's first character (anything at the end of the line)."""
-    body = "." if not stop else "[^" + re.escape(stop) + "\\n]"
+# Values Envoy writes itself (cluster and route names, addresses, its own detail codes): they
+# never hold a quote. Envoy does not escape a quote in a logged header (envoyproxy/envoy#4191),
+# so a User-Agent of ``x" "y`` shifts every quoted field after it by one; these fields then hold
+# one (``"10.244.1.5:9080"`` as the cluster) and the line is refused, not read with the request
+# id as its destination.
+QUOTE_FREE_COMMANDS = frozenset({
+    "UPSTREAM_CLUSTER", "UPSTREAM_CLUSTER_RAW", "UPSTREAM_HOST", "UPSTREAM_LOCAL_ADDRESS",
+    "UPSTREAM_REMOTE_ADDRESS", "DOWNSTREAM_LOCAL_ADDRESS", "DOWNSTREAM_REMOTE_ADDRESS",
+    "DOWNSTREAM_DIRECT_REMOTE_ADDRESS", "DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT",
+    "DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT", "DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT",
+    "UPSTREAM_HOST_NAME", "ROUTE_NAME", "RESPONSE_CODE_DETAILS", "CONNECTION_TERMINATION_DETAILS",
+    "UPSTREAM_TRANSPORT_FAILURE_REASON",
+})
+
+
+def _text_class(stop: str, max_length: int | None, quote_free: bool = False) -> str:
+    """Free text up to the next literal's first character (anything at the end of the line);
+    ``quote_free``: a value that never holds a ``"`` (:data:`QUOTE_FREE_COMMANDS`)."""
+    excluded = re.escape(stop) + ('"' if quote_free and stop != '"' else "")
+    body = "." if not excluded else "[^" + excluded + "\\n]"
     count = "*+" if max_length is None else "{0,%d}+" % max(max_length, 1)
     return body + count
 
@@ -472,7 +497,7 @@ def value_pattern(op: Operator, stop: str, bound: int = GIVE_BACK) -> str:
         pattern, exact = strftime_pattern(op.arg or "")
         # (an unknown directive: its 1-64 characters must be free to grow, at most 64 ways each)
         return f"(?>-|{pattern})" if exact else f"(?:-|{pattern})"
-    return _text_class(stop, op.max_length)
+    return _text_class(stop, op.max_length, op.command in QUOTE_FREE_COMMANDS)
 
 
 def partial_pattern(op: Operator, stop: str, in_chain: bool = False) -> str:
@@ -490,7 +515,7 @@ def partial_pattern(op: Operator, stop: str, in_chain: bool = False) -> str:
         return _atom(_TOKEN_BODY, stop if in_chain and stop != "-" and _in_class(kind, stop) else "") + "*+"
     if kind == "strftime":
         return _text_class(stop, None)
-    return _text_class(stop, op.max_length)
+    return _text_class(stop, op.max_length, op.command in QUOTE_FREE_COMMANDS)
 
 
 def _chain_typed(op: Operator, stop: str) -> str:

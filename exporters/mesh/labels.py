@@ -16,10 +16,14 @@ Edge derivation, for a record written by workload ``W``'s sidecar:
   in ``HOST``; the waypoint is not the caller, so the source is the caller's service account
   when logged, else ``unknown``: edge ``unknown -> reviews``.
 * ``PassthroughCluster`` / ``BlackHoleCluster``: ``W -> external`` / ``W -> blackhole``.
+* Consul Connect: ``local_app`` is inbound (``unknown -> W``); ``<service>.<ns>.<dc>.internal.<domain>.consul``
+  is outbound (``W -> service``).
 * otherwise (``-``, no route): the ``authority`` (``carts:80``, ``carts.sock-shop.svc.cluster.local``).
 
-A host that is not a mesh service (an FQDN outside ``*.svc*``, unless its second label is a
-configured namespace) is ``external``; an IP literal or nothing is ``unknown``.
+A host that is not a mesh service (an FQDN outside ``*.svc*``, unless it is ``<name>.<configured
+namespace>``) is ``external``; an IP literal, ``localhost`` or nothing is ``unknown``. In
+``<a>.<b>.<ns>.svc...`` the service is ``<b>``: ``<a>`` is a pod (a StatefulSet's ``es-master-0``,
+a pod IP written ``10-244-1-5``). The service account ``default`` names no caller (``unknown``).
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ GRPC_STATUS_NAMES = (
     "DataLoss",
     "Unauthenticated",
 )
+# Looked up lower-cased without underscores: Envoy's %GRPC_STATUS% writes ``NotFound`` (CAMEL_STRING),
+# ``NOT_FOUND`` with ``(SNAKE_STRING)``, and gRPC's own spelling is ``CANCELLED``.
 _GRPC_BY_LOWER = {n.lower(): n for n in GRPC_STATUS_NAMES} | {"cancelled": "Canceled"}
 
 
@@ -141,6 +147,16 @@ TCP_FAILURE_FLAGS = frozenset(
 )
 
 
+# What Envoy answers itself when a flag says it could not get an answer from upstream: for a
+# gRPC call that answer is HTTP 200 with a grpc-status (14 Unavailable for no healthy upstream,
+# a failed connection, an overflow), so ``200 UH`` is logged. In a format that does not log the
+# gRPC status (Istio's default text and JSON), the flag is all that tells the failure apart.
+LOCAL_REPLY_CODE: dict[str, int] = {
+    "UH": 503, "UF": 503, "UO": 503, "URX": 503, "UPE": 503, "DF": 503, "DO": 503, "OM": 503, "LH": 503,
+    "NC": 503, "NFCF": 500, "RLSE": 500, "UT": 504, "NR": 404, "RL": 429, "UAEX": 403,
+}
+
+
 def _absent(value: Any) -> bool:
     return value is None or value in ("", "-")
 
@@ -161,11 +177,19 @@ def is_tcp_record(record: Mapping[str, Any], grpc_status: str | None = None) -> 
     return _absent(record.get("method")) and _absent(record.get("protocol"))
 
 
-def tcp_failed(flags: Iterable[str] | None) -> bool:
-    """Whether a TCP record's response flags say the connection failed (:data:`TCP_FAILURE_FLAGS`)."""
+def _short_flags(flags: Iterable[str] | None) -> list[str]:
     if isinstance(flags, str):
         flags = (flags,)
-    return any(_LONG_TO_SHORT.get(f, f) in TCP_FAILURE_FLAGS for f in flags or () if isinstance(f, str))
+    return [_LONG_TO_SHORT.get(f, f) for f in flags or () if isinstance(f, str)]
+
+
+def tcp_failed(flags: Iterable[str] | None, termination: Any = None) -> bool:
+    """Whether a TCP record says the connection failed: a flag of :data:`TCP_FAILURE_FLAGS`, or
+    the RBAC filter's refusal, which sets no flag, only ``%CONNECTION_TERMINATION_DETAILS%``
+    ``rbac_access_denied_matched_policy[...]`` (an ext_authz refusal is the flag ``UAEX``)."""
+    if isinstance(termination, str) and termination.startswith("rbac_access_denied"):
+        return True
+    return any(f in TCP_FAILURE_FLAGS for f in _short_flags(flags))
 
 
 def tcp_class(failed: bool) -> str:
@@ -175,19 +199,25 @@ def tcp_class(failed: bool) -> str:
     return NONE if failed else L4
 
 
-def code_class(code: int | None, grpc_status: str | None = None) -> str:
+def code_class(code: int | None, grpc_status: str | None = None, flags: Iterable[str] | None = None) -> str:
     """``2xx`` .. ``5xx``; ``none`` for 0 or missing (Envoy logs 0 when no response was sent).
 
     For an HTTP request only: a TCP connection's class is :func:`tcp_class` (the collector
     tells them apart with :func:`is_tcp_record`).
 
     A 2xx answer carrying a gRPC status other than OK takes the class of the status' HTTP
-    equivalent (``Unavailable`` -> ``5xx``), so a gRPC failure is a failure."""
+    equivalent (``Unavailable`` -> ``5xx``), so a gRPC failure is a failure. With no gRPC status
+    logged, a 2xx with a flag of Envoy's own failed answer (``200 UH``: :data:`LOCAL_REPLY_CODE`)
+    takes that answer's class."""
     if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
         return OTHER  # (a record's code is an int or None; anything else is junk, not a crash)
     if code and 200 <= code <= 299 and grpc_status not in (None, "OK"):
         equivalent = GRPC_HTTP_EQUIVALENT.get(grpc_status, 500)
         return f"{equivalent // 100}xx"
+    if code and 200 <= code <= 299 and grpc_status is None:
+        local = [LOCAL_REPLY_CODE[f] for f in _short_flags(flags) if f in LOCAL_REPLY_CODE]
+        if local:
+            return f"{max(local) // 100}xx"
     if not code:
         return NONE
     if 100 <= code <= 599:
@@ -205,7 +235,7 @@ def grpc_status_label(status: Any) -> str | None:
     if isinstance(status, int) or (isinstance(status, str) and status.isascii() and status.isdigit()):
         n = int(status)
         return GRPC_STATUS_NAMES[n] if 0 <= n < len(GRPC_STATUS_NAMES) else OTHER
-    return _GRPC_BY_LOWER.get(str(status).lower(), OTHER)
+    return _GRPC_BY_LOWER.get(str(status).lower().replace("_", ""), OTHER)
 
 
 def service_name(value: Any) -> str | None:
@@ -248,8 +278,13 @@ def service_of_host(host: str | None, namespaces: frozenset[str] = frozenset()) 
         return UNKNOWN
     labels = h.split(".")
     if len(labels) == 1:
-        return service_name(h) or UNKNOWN
-    if "svc" in labels[2:] or labels[1] == "svc" or labels[1] in namespaces:
+        return UNKNOWN if h == "localhost" else service_name(h) or UNKNOWN
+    if "svc" in labels[1:]:
+        # <service>.<namespace>.svc...; a pod's own name comes before them (a StatefulSet's
+        # es-master-0.es-master-headless.logging.svc, a pod IP's 10-244-1-5.reviews.default.svc)
+        at = labels.index("svc", 1)
+        return service_name(labels[at - 2] if at >= 2 else labels[0]) or UNKNOWN
+    if len(labels) == 2 and labels[1] in namespaces:
         return service_name(labels[0]) or UNKNOWN
     return EXTERNAL
 
@@ -259,7 +294,8 @@ def peer_service_account(san: Any) -> str | None:
     if not isinstance(san, str):
         return None
     m = _SPIFFE_SA.match(san)
-    return service_name(m.group(1)) if m else None
+    # A namespace's ``default`` account runs every pod that names none: it identifies no caller.
+    return service_name(m.group(1)) if m and m.group(1) != "default" else None
 
 
 def derive_edge(
@@ -280,6 +316,10 @@ def derive_edge(
             return peer or UNKNOWN, service_of_host(parts[3], namespaces)
         if len(parts) == 4 and parts[0] == "outbound" and parts[3]:
             return workload, service_of_host(parts[3], namespaces)
+        if cluster == "local_app":  # Consul Connect's inbound cluster: the request arrived at W
+            return peer_service_account(record.get("downstream_peer_uri_san")) or UNKNOWN, workload
+        if cluster.endswith(".consul"):  # Consul's <service>.<namespace>.<dc>.internal.<domain>.consul
+            return workload, service_name(cluster.split(".")[0]) or UNKNOWN
         if cluster == "PassthroughCluster":
             return workload, EXTERNAL
         if cluster == "BlackHoleCluster":

@@ -12,10 +12,12 @@ A sidecar's access log usually reaches disk through the container runtime, not a
   stays, its format reads it).
 * Filebeat/Elastic Agent output: ``{"@timestamp":...,"message":"<message>",...}``, a JSON
   object whose ``message`` is the original line (recognised by ``message`` plus one of
-  Beats' own keys: ``@timestamp``, ``agent``, ``ecs``, ``input``, ``log``).
+  Beats' own keys: ``agent``, ``ecs``, ``input``, a ``log`` object, or Logstash's ``@version``;
+  not by ``@timestamp``, which an access log written for Elasticsearch may have itself).
 * Fluent Bit's records as its tail input with the CRI or Docker parser writes them (to a file,
   Elasticsearch, CloudWatch: AWS Container Insights): ``{"time":...,"stream":"stdout",
-  "_p":"F","log":"<message>",...}`` (any key order; ``_p`` ``P``: a partial piece), or with
+  "_p":"F","log":"<message>",...}`` (any key order, ``log`` first included; ``_p`` ``P``: a
+  partial piece; ``{"log":"<raw runtime line>"}`` without a parser is unwrapped again), or with
   ``message`` and ``logtag`` for ``log`` and ``_p``; Vector's ``kubernetes_logs`` source:
   ``{"message":"<message>","source_type":"kubernetes_logs","stream":"stdout",...}``.
 * ``kubectl logs --prefix``: ``[pod/<pod>/<container>] <message>``.
@@ -36,7 +38,10 @@ from typing import Any
 _CRI = re.compile(r"(\d{4}-\d{2}-\d{2}T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})) (stdout|stderr) ([A-Z](?::[A-Z]+)*) ?")
 _DOCKER_PREFIX = '{"log":'
 _KUBECTL_TS = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}) (?=[\[{]|\d{4}-)")
-_BEATS_KEYS = ("@timestamp", "agent", "ecs", "input", "log")
+RFC3339_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2}) ")
+# Keys only a Beats (or Logstash) event has: an access log written for Elasticsearch may itself
+# have ``@timestamp`` and ``message`` (ECS style), so those two alone say nothing.
+_BEATS_KEYS = ("agent", "ecs", "input", "@version")
 _KUBECTL_PREFIX = re.compile(r"\[pod/[^/\]\s]+/[^\]\s]+\] ")
 _STREAMS = ("stdout", "stderr")
 
@@ -91,15 +96,15 @@ class RuntimeUnwrapper:
         ts = _KUBECTL_TS.match(line)
         if ts is not None:
             line = line[ts.end():]
-        if line.startswith("{") and '"message"' in line:
-            beats = _beats_message(line)
-            if beats is not None:  # Filebeat's "log" input keeps a runtime wrapper inside
-                return self.push(beats)
         if line.startswith("{") and not line.startswith(_DOCKER_PREFIX) and '"stream"' in line:
             env = _collector_record(line)
             if env is not None:  # Fluent Bit, Vector: the runtime's own pieces, re-encoded
                 stream, msg, final = env
                 return self._piece(stream, msg, final=final, fields={})
+        if line.startswith("{") and '"message"' in line:
+            beats = _beats_message(line)
+            if beats is not None:  # Filebeat's "log" input keeps a runtime wrapper inside
+                return self.push(beats)
         if line.startswith(_DOCKER_PREFIX):
             try:
                 obj = json.loads(line)
@@ -109,6 +114,11 @@ class RuntimeUnwrapper:
                     raise TypeError("log and stream must be strings")
             except (ValueError, KeyError, TypeError, RecursionError) as e:
                 return [*self.flush(), Unwrapped(None, "bad_wrapper", {"detail": str(e)[:80]})]
+            if "_p" in obj or "logtag" in obj:  # Fluent Bit's record with "log" first: its flag says
+                tag = obj.get("_p", obj.get("logtag"))
+                return self._piece(stream, msg.rstrip("\r\n"), final=tag != "P", fields={})
+            if "stream" not in obj:  # a collector's record of the raw line (Fluent Bit's tail, no parser)
+                return self.push(msg) if msg.strip() else [*self.flush(), Unwrapped(msg)]
             attrs = obj.get("attrs")
             fields = {k: v for k, v in attrs.items() if isinstance(v, str)} if isinstance(attrs, dict) else {}
             final = msg.endswith("\n")
@@ -156,8 +166,8 @@ def _collector_record(line: str) -> tuple[str, str, bool] | None:
         return None
     if not isinstance(obj, dict) or obj.get("stream") not in _STREAMS:
         return None
-    if isinstance(obj.get("log"), str):
-        msg, tag = obj["log"], obj.get("_p")
+    if isinstance(obj.get("log"), str):  # Fluent Bit's _p; fluentd's CRI parser's logtag
+        msg, tag = obj["log"], obj.get("_p", obj.get("logtag"))
     elif isinstance(obj.get("message"), str) and ("logtag" in obj or obj.get("source_type") == "kubernetes_logs"):
         msg, tag = obj["message"], obj.get("logtag")
     else:
@@ -173,7 +183,8 @@ def _beats_message(line: str) -> str | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("message"), str):
         return None
-    return obj["message"] if any(k in obj for k in _BEATS_KEYS) else None
+    beats = any(k in obj for k in _BEATS_KEYS) or isinstance(obj.get("log"), dict)  # Filebeat's log.file.path
+    return obj["message"] if beats else None
 
 
 def wrap_cri(message: str, timestamp: str, stream: str = "stdout", max_piece: int | None = None) -> list[str]:
