@@ -1,8 +1,11 @@
 """HTTP exchanges seen by each node, the proxy's joins, node processing and request phases.
 
 **Exchanges.** On each captured connection (HTTP/1.1, keep-alive, no pipelining: what Swift
-and python-swiftclient do), a request starts with a segment whose payload begins with a method
-and a final response with ``HTTP/`` and a status other than 1xx (``100 Continue`` is interim).
+and python-swiftclient do), a request starts with a segment whose payload begins with a method,
+the connection's first or one after the previous request's final response began (a body segment
+may begin with ``COPY`` or ``GET /``: an object's content), and a final response with ``HTTP/``
+and a status other than 1xx (``100 Continue`` is interim). Pipelined requests (several sent
+before the first answer) are read as one exchange.
 Times come from the capture of the node itself: ``req_start`` (first request segment),
 ``req_end`` (last request segment before the final response: the body after a 100 Continue
 included), ``resp_start``, ``resp_end`` (last response segment before the next request).
@@ -192,8 +195,18 @@ def exchanges_of(d: Directed, roles: RoleMap, start_index: int = 0) -> list[Exch
     new_conn[1:] = conn[1:] != conn[:-1]
     conn_id = np.cumsum(new_conn) - 1
     conn_end = np.append(np.flatnonzero(new_conn)[1:], n)[conn_id]  # index past the connection's last
-    req = np.flatnonzero(~from_server & (tok == TOK_REQUEST))
     resp = np.flatnonzero(from_server & (tok == TOK_RESPONSE))
+    req = np.flatnonzero(~from_server & (tok == TOK_REQUEST))
+    if len(req) > 1:
+        # HTTP/1.1 without pipelining: the next request on a connection comes after the previous
+        # one's final response began. A segment that starts with a method before that is the
+        # request's body: Swift's proxy writes an object's body after the 100 Continue in 64 KiB
+        # writes, so a body that starts (or has at a 64 KiB boundary) "COPYRIGHT", "GET /page",
+        # "DELETE FROM" starts a segment; read as a request, it hid the PUT and charged the object
+        # server's time to the proxy.
+        last_resp = np.maximum.accumulate(np.where(from_server & (tok == TOK_RESPONSE), idx, -1))
+        answered_since = last_resp[req[1:]] > req[:-1]
+        req = req[np.append(True, (conn_id[req[1:]] != conn_id[req[:-1]]) | answered_since)]
     if not len(req):
         return []
     last_to = np.maximum.accumulate(np.where(~from_server, idx, -1))

@@ -164,3 +164,18 @@ def test_a_leaf_put_without_100_continue_waits_for_its_body_as_receive_wait(tmp_
     own = 20 + (0.1 if expect else 0)  # (with the header: head in -> 100 Continue out counts too)
     assert _object_ms(b)["s1"] == pytest.approx(own, abs=0.05)
     assert _object_ms(b, "receive_wait")["s1"] == pytest.approx(200, abs=0.5)
+
+
+def test_an_object_body_that_starts_with_a_method_is_body_not_a_request(tmp_path: Path) -> None:
+    """Swift's proxy writes an object's body after the 100 Continue, so a body that starts (or has
+    at a write boundary) "COPYRIGHT" or "GET /page" starts a segment: read as a request, it hid
+    the replicas' PUTs and published s2's 50 ms as the proxy's processing (a stranger's review on
+    a real Swift: a COPYRIGHT file, a web archive)."""
+    body = b"COPYRIGHT (c) 2026 Example Corp.\n".ljust(600, b".") + b"GET /page/1 HTTP/1.1\r\n".ljust(600, b".")
+    b = _run(tmp_path, header_ns={"s2": 50 * MS}, body=body, body_pieces=2)
+    own = (OWN["header_ns"] + OWN["object_ns"] + OWN["after_update_ns"]) / MS
+    got = _object_ms(b)
+    assert got["s2"] == pytest.approx(own + 50 - 0.5, abs=0.05)
+    assert got["s1"] == pytest.approx(own, abs=0.05)
+    assert _proxy_ms(b) == pytest.approx(0.6, abs=0.05)
+    assert {x.method for x in b.exchanges} == {"PUT"}
