@@ -276,6 +276,10 @@ class PeerMemory:
 
     started: datetime | None
     listed: set[str] = field(default_factory=set)
+    # Every (start, name) this URL answered with: a real peer moves to a new one when it restarts
+    # and never returns to an old one; a URL that does reaches several Alertmanagers (``shared``).
+    seen: list[tuple[datetime | None, str | None]] = field(default_factory=list)
+    shared: bool = False
 
 
 @dataclass
@@ -322,6 +326,7 @@ class Engine:
         self._applied: dict[str, int] = {name: 0 for name in self.actions}
         self._tasks: set[asyncio.Task] = set()
         self._peers: dict[str, PeerMemory] = {}
+        self._shared_warned: set[str] = set()  # URLs said to reach several Alertmanagers
         self._receiver_known: bool | None = None
         self._recheck: SharedRead[set[str] | None] = SharedRead(self._read_first_peer)
         self._recheck_all: SharedRead[list[PeerAlerts] | None] = SharedRead(self._read_every_peer)
@@ -865,8 +870,28 @@ class Engine:
                 if fp not in present:
                     present[fp] = (alert_from_api(item), item)
             memory = self._peers.get(peer.url)
+            who = (peer.started, getattr(peer, "name", None))
             if memory is None or memory.started != peer.started:  # first read, or it restarted
+                old = memory
                 memory = self._peers[peer.url] = PeerMemory(peer.started)
+                if old is not None:
+                    memory.seen, memory.shared = old.seen, old.shared or who in old.seen
+            if who not in memory.seen:
+                memory.seen.append(who)
+            if getattr(peer, "mixed", False) or memory.shared:
+                # One URL, several Alertmanagers (a load balancer, a Kubernetes Service): a restarted
+                # one's empty list was judged with another's age, and every reconciliation resolved
+                # and fired again what still fired. Its lists count; its silences prove nothing.
+                if peer.url not in self._shared_warned:
+                    self._shared_warned.add(peer.url)
+                    log.warning(
+                        "Alertmanager URL %s answers as more than one Alertmanager (a load balancer or a "
+                        "Service in front of a cluster): its reads never prove an alert ended; give each "
+                        "peer's own URL in alertmanager_url", peer.url)
+                memory.shared = True
+                memory.listed |= listed
+                young.append(peer.url)
+                continue
             memory.listed |= listed
             settled = peer.started is None or (at - peer.started).total_seconds() >= grace
             if not settled:

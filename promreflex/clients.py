@@ -129,6 +129,12 @@ class PeerAlerts:
     # its alerts; None when it could not be read.
     started: datetime | None = None
     error: str = ""
+    # The peer's cluster name (``GET /api/v2/status``: ``cluster.name``, a new one each start),
+    # when readable; and whether the status read before the alerts and the one after disagree
+    # (``mixed``): then the URL reached two Alertmanagers (a load balancer, a Kubernetes
+    # Service) and its list is not one peer's.
+    name: str | None = None
+    mixed: bool = False
 
 
 class AlertmanagerClient(_Servers):
@@ -172,35 +178,47 @@ class AlertmanagerClient(_Servers):
         now = datetime.now(UTC)
         return [i for i in items if isinstance(i, dict) and not _ended_or_unreadable(i.get("endsAt"), now)]
 
-    async def _started(self, url: str) -> datetime | None:
-        """When the Alertmanager at ``url`` started (``GET /api/v2/status``: ``uptime``, a
-        timestamp despite its name), or None when it cannot be read."""
+    async def _status(self, url: str) -> tuple[datetime | None, str | None]:
+        """(when it started: ``uptime``, a timestamp despite its name; its cluster name) from
+        ``GET /api/v2/status``; None for what cannot be read."""
         try:
             async with self.session.get(f"{url}/api/v2/status", timeout=self.timeout) as resp:
                 if resp.status != 200:
-                    return None
+                    return None, None
                 body = await resp.json(content_type=None)
-            uptime = body.get("uptime") if isinstance(body, dict) else None
-            if not isinstance(uptime, str):
-                return None
-            started = datetime.fromisoformat(uptime.replace("Z", "+00:00"))
-            return started.astimezone(UTC) if started.tzinfo else None
         except (TimeoutError, aiohttp.ClientError, ValueError):
-            return None
+            return None, None
+        if not isinstance(body, dict):
+            return None, None
+        cluster = body.get("cluster")
+        name = cluster.get("name") if isinstance(cluster, dict) else None
+        name = name if isinstance(name, str) and name else None
+        uptime = body.get("uptime")
+        if not isinstance(uptime, str):
+            return None, name
+        try:
+            started = datetime.fromisoformat(uptime.replace("Z", "+00:00"))
+        except ValueError:
+            return None, name
+        return (started.astimezone(UTC) if started.tzinfo else None), name
 
     async def alerts_by_peer(self, *, inhibited: bool = False, silenced: bool = False) -> list[PeerAlerts]:
         """Every peer's active alerts (as :meth:`active_alerts` filters them), all peers read at
-        once, each with the time that peer started (read after its alerts: a peer that restarts
-        between the two reads looks young, never old and empty). Raises :class:`APIError` only
+        once, each with the time that peer started and its name (read before and after its
+        alerts: a peer that restarts between the reads looks young, never old and empty, and a
+        URL that answers as two Alertmanagers is ``mixed``). Raises :class:`APIError` only
         when no peer answered. Peers do not gossip alerts: an alert is absent from the cluster
         only when no peer lists it, and a peer that started moments ago lists nothing yet."""
 
         async def one(url: str) -> PeerAlerts:
+            before = await self._status(url)
             try:
                 alerts = await self._alerts(url, inhibited, silenced)
             except (TimeoutError, aiohttp.ClientError, APIError) as e:
                 return PeerAlerts(url, None, error=why(e))
-            return PeerAlerts(url, alerts, await self._started(url))
+            started, name = after = await self._status(url)
+            mixed = None not in (*before, *after) and before != after
+            return PeerAlerts(url, alerts, started, name=name, mixed=mixed)
 
         views = list(await asyncio.gather(*(one(url) for url in self.base_urls)))
         if all(v.alerts is None for v in views):

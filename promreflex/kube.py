@@ -45,8 +45,11 @@ IMAGE = "ghcr.io/promreflex/promreflex:0.1.0"
 LABELS = {"app.kubernetes.io/part-of": "promreflex"}
 CONTROLLER_PORT = 9095
 TOKEN_SECRET = "promreflex-webhook-token"
-#: Where the Prometheus Operator's Alertmanager answers, as a kustomize user would patch it.
-ALERTMANAGER_URL = "http://alertmanager-operated.monitoring.svc:9093"
+#: Where the Prometheus Operator's Alertmanager answers, as a kustomize user would patch it:
+#: kube-prometheus' ``main`` with its 3 replicas, each pod by its own name under the operator's
+#: headless Service. Not the Service itself: one URL for every peer reads a restarted peer's empty
+#: list with another's age (the controller says so in its log and believes no absence from it).
+ALERTMANAGER_URL = [f"http://alertmanager-main-{i}.alertmanager-operated.monitoring.svc:9093" for i in range(3)]
 #: The label that names an alert's node; host agents own the alerts carrying their node name.
 OWNER_LABEL = "node"
 

@@ -11,7 +11,8 @@ It models what a controller's view depends on, as Alertmanager 0.25 does it:
   Alertmanager's API handler does;
 - each alert lists the receivers its routing sends it to (``receivers``; ``fire(...,
   receivers=[...])``), and ``GET /api/v2/receivers`` the configured ones;
-- ``GET /api/v2/status`` says when the process started (``uptime``, a timestamp); a
+- ``GET /api/v2/status`` says when the process started (``uptime``, a timestamp) and its
+  cluster name (``cluster.name``, new at every start, as Alertmanager's peer ULID); a
   :meth:`restart` forgets every alert (Alertmanager keeps silences and the notification log on
   disk, alerts in memory only) and starts again: it lists nothing until Prometheus re-sends.
 """
@@ -100,7 +101,9 @@ class FakeAlertmanagerAPI:
         self.requests += 1
         if self.fail:
             return web.json_response({"error": "injected"}, status=500)
-        return web.json_response({"uptime": _millis(self.started), "cluster": {"status": "disabled", "peers": []},
+        name = f"01PEER{id(self):x}{self.started.timestamp():.3f}"
+        return web.json_response({"uptime": _millis(self.started),
+                                  "cluster": {"name": name, "status": "ready", "peers": []},
                                   "versionInfo": {"version": "0.25.0"}})
 
     async def _receivers(self, request: web.Request) -> web.Response:

@@ -442,3 +442,57 @@ async def test_a_young_alertmanager_that_was_up_when_the_episode_began_proves_it
         await converge(engine4)
         assert kinds() == ["fire", "resolve"]
         await engine4.shutdown()
+
+
+async def test_one_url_in_front_of_two_alertmanagers_never_resolves_what_still_fires(tmp_path, caplog):
+    """A load balancer (or a Kubernetes Service) in front of a 2-peer cluster, one URL in the
+    configuration; one peer restarts and lists nothing yet. Its empty list was judged with the
+    other peer's age (the status read landed there): every reconciliation resolved the alert
+    and the next fired it again (a review: 8 fires, 7 resolves in 45 s). Now the URL is seen to
+    answer as two Alertmanagers, said once in the log, and no absence is believed from it."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from promreflex.clients import AlertmanagerClient
+    from tests.fake_alertmanager import FakeAlertmanagerAPI
+
+    peers = [FakeAlertmanagerAPI(), FakeAlertmanagerAPI()]
+    turn = [0]
+
+    def rr(handler: str):
+        async def call(request: web.Request) -> web.Response:
+            turn[0] += 1
+            return await getattr(peers[turn[0] % 2], handler)(request)
+        return call
+
+    lb = web.Application()
+    lb.router.add_get("/api/v2/alerts", rr("_get"))
+    lb.router.add_get("/api/v2/status", rr("_status"))
+    lb.router.add_get("/api/v2/receivers", rr("_receivers"))
+    clock = Clock()
+    async with TestServer(lb) as server, aiohttp_session() as session:
+        client = AlertmanagerClient(str(server.make_url("")), session)
+        engine, _ = make_engine(tmp_path, client, clock)
+        for p in peers:
+            p.fire(FIRING)
+        await converge(engine)
+        assert kinds() == ["fire"]
+        peers[1].restart(started=clock.t)  # back at once, empty, young
+        after_detection = None
+        with caplog.at_level("WARNING"):
+            for i in range(12):
+                clock.t += 3
+                await converge(engine)
+                turn[0] += i % 3  # other clients' requests through the balancer shift the parity
+                if after_detection is None and "answers as more than one Alertmanager" in caplog.text:
+                    after_detection = list(kinds())
+        assert after_detection is not None, "the URL was not seen to reach two Alertmanagers"
+        assert kinds() == after_detection and kinds()[-1] == "fire"  # no flapping once seen
+        assert kinds().count("resolve") <= 1, kinds()  # at most once, before it was seen
+        await engine.shutdown()
+
+
+def aiohttp_session():
+    import aiohttp
+
+    return aiohttp.ClientSession()
