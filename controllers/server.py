@@ -11,7 +11,8 @@ answers 5xx to bad input. What it does with hostile or broken input:
   model refuses (422 ``invalid_payload``), a body above ``max_body_bytes`` (413 ``too_large``,
   refused from ``Content-Length`` before a byte is read, and counted after decompression), a
   body not received within 10 s (408 ``timeout``), a body whose ``Content-Encoding`` does not
-  decode (400 ``bad_body``).
+  decode (400 ``bad_body``), a sender that closed its connection before the whole body came
+  (``client_disconnected``: its own timeout or a proxy's abort, not our error).
 - The bearer token (``token_file``) is required on ``/webhook`` *and* ``/api/v1/state``; a
   missing, wrong or undecodable (non-UTF-8) ``Authorization`` header is a 401
   ``unauthorized``, answered before the body is read, and the connection is then closed.

@@ -8,7 +8,6 @@ discovered through entry points: this module names none of them.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shlex
 import shutil
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from promreflex.logs import setup as setup_logging
 from promreflex import __version__
 from promreflex.capability import Capability, CapabilityError, Context, default_ports
 from promreflex.config import DEFAULT_CONFIG, REPO_ROOT, Config, ConfigError, all_capabilities, load_config
@@ -315,8 +315,7 @@ def main(argv: list[str] | None = None, capabilities: Sequence[Capability] | Non
             from promreflex.compose import COMPOSE_DIR
 
             args.dir = COMPOSE_DIR
-        logging.basicConfig(level=getattr(logging, getattr(args, "log_level", "info").upper(), logging.INFO),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(getattr(args, "log_level", "info"))
         return args.func(args) or 0
     except ConfigError as e:
         print(f"promreflex: configuration error in {e}", file=sys.stderr)

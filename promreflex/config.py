@@ -377,11 +377,37 @@ def validation_problems(err: ValidationError) -> list[str]:
 M = TypeVar("M", bound=BaseModel)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as Prometheus and Alertmanager read it (Go's yaml, strict): a key given twice in one
+    mapping is an error. PyYAML keeps the last one: a second ``controller:`` pasted below the
+    first replaced its routes and token with the defaults, and a repeated ``matchers:`` the first,
+    while check-config said OK."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)  # YAML merge keys (<<) first, as SafeLoader does
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:
+            continue  # an unhashable key: construct_mapping says so
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first on line {first})", key_node.start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def read_yaml_mapping(path: str | Path, top_level_hint: str) -> dict[str, Any]:
-    """Read a YAML file whose top level must be a mapping; ConfigError otherwise."""
+    """Read a YAML file whose top level must be a mapping (a key given twice in a mapping is an
+    error, as in Prometheus' and Alertmanager's files); ConfigError otherwise."""
     source = str(path)
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.load(Path(path).read_text(), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
     except OSError as e:
         raise ConfigError(source, [f"cannot read: {e.strerror}"]) from e
     except UnicodeDecodeError as e:

@@ -340,6 +340,14 @@ class BodyTimeout(BodyError):
     reason = "timeout"
 
 
+class BodyLost(BodyError):
+    """The sender closed or reset its connection before the whole body came (its own timeout, a
+    proxy aborting the upload): its fault, not ours; the answer reaches no one."""
+
+    status = 400
+    reason = "client_disconnected"
+
+
 async def read_body(request: web.Request, limit: int, timeout: float | None = None) -> bytes:
     """The request body, at most ``limit`` bytes, read within ``timeout`` seconds (default: the
     ``body_timeout`` of the limits the app is served with).
@@ -375,6 +383,8 @@ async def read_head(request: web.Request, limit: int, timeout: float) -> tuple[b
         raise BodyTimeout(f"the body was not received within {timeout:g}s ({len(buf)} bytes arrived)") from None
     except web.RequestPayloadError as e:
         raise BodyError(f"the body cannot be read: {str(e).strip()}") from None
+    except ConnectionError as e:  # aiohttp: ConnectionResetError("Connection lost")
+        raise BodyLost(f"the sender's connection closed after {len(buf)} bytes of the body: {e}") from None
     return bytes(buf), False
 
 

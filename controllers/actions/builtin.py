@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +50,9 @@ class LogAction(Action):
         self.log.info("%s", line)
         if params.path is not None:
             params.path.parent.mkdir(parents=True, exist_ok=True)
-            with params.path.open("a") as f:
+            # 0600 as the audit log: the records hold alert labels (hosts, users, whatever the
+            # rules put there); a file that already exists keeps its mode
+            fd = os.open(params.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as f:
                 f.write(line + "\n")
         return f"{transition}: {params.message}"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from promreflex.logs import setup as setup_logging
 from controllers.admission.config import AdmissionSection, load_section
 from controllers.admission.cookies import append_key
 from promreflex.errors import UserError
@@ -123,8 +124,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     cfg = load_section(args.config_file, _overrides(args))
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         with asyncio.Runner(loop_factory=loop_factory(cfg.event_loop)) as runner:
             return runner.run(serve(cfg))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import re
 import sys
 import urllib.request
 from pathlib import Path
 
+from promreflex.logs import setup as setup_logging
 from controllers.copy_guard import freeze
 from controllers.copy_guard.copier import IO_MODES
 from controllers.copy_guard.registry import (
@@ -75,8 +75,7 @@ def _warn_unwatched(command: str, directory: Path) -> None:
 def _copy(args: argparse.Namespace) -> int:
     from controllers.copy_guard.service import run_copy
 
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     if args.id is not None and not ID_RE.match(args.id):
         print("copy: --id must be 1-64 of letters, digits, '_', '.', '-'", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from promreflex.logs import setup as setup_logging
 from controllers.copy_guard import freeze
 from controllers.copy_guard.registry import Registry
 from promreflex.proc import pid_alive
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.2)
     parser.add_argument("--idle", type=float, default=60.0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     return run(args.registry_dir, args.parent_pid, args.interval, args.idle)
 
 

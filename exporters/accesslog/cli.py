@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from promreflex.logs import setup as setup_logging
 from exporters.accesslog.config import AccessLogConfig, default_state_dir, load_accesslog_config
 from exporters.accesslog.parse import FORMATS
 from promreflex.config import ConfigError, validation_problems
@@ -187,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     try:
         return cmd_exporter_accesslog(args)
     except ConfigError as e:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, generate_latest
 
+from promreflex.logs import setup as setup_logging
 from promreflex.config import ConfigError
 from promreflex.errors import UserError
 from promreflex.follow import FollowStats, LogFollower, follow, read_lines
@@ -218,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text.decode())
         return 0
     disable_created_metrics()  # _created series only double the output of a log exporter
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
         asyncio.run(serve(cfg, REGISTRY))
     except MissingLogError as e:

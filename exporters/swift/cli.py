@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from promreflex.logs import setup as setup_logging
 from exporters.swift.roles import RoleMap, load_roles
 from promreflex.config import is_loopback, parse_duration, split_host_port
 from promreflex.errors import UserError
@@ -285,7 +286,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError(f"--web.listen-address {args.listen_address} is beyond loopback: give --web.token-file")
     sources = _check_live(args)
     roles = _roles(args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     return asyncio.run(_serve(args, roles, token, sources))
 
 

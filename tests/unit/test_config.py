@@ -166,3 +166,24 @@ def test_a_file_without_routes_keeps_the_default_routes_and_an_empty_list_means_
     none.write_text("controller:\n  routes: []\n")
     assert load_config(none).controller.routes == []
     assert load_config(None).controller.routes == []
+
+
+@pytest.mark.parametrize("text, key, first", [
+    # a second controller: section pasted below the first (its routes and token were lost, the
+    # default routes loaded, and check-config said OK)
+    ("controller:\n  listen_address: 127.0.0.1:9095\ncontroller:\n  listen_address: 127.0.0.1:9096\n", "controller", 1),
+    ("controller:\n  routes:\n    - name: a\n      matchers: ['x=\"1\"']\n      action: log\n      matchers: ['y=\"2\"']\n",
+     "matchers", 4),
+])
+def test_a_key_given_twice_is_an_error_as_in_prometheus(tmp_path, capsys, text, key, first):
+    from promreflex.cli import main
+
+    path = tmp_path / "dup.yml"
+    path.write_text(text)
+    assert main(["check-config", "--config.file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"key {key!r} is given twice in one mapping (first on line {first})" in err
+    merged = tmp_path / "merge.yml"  # YAML merge keys are not duplicates
+    merged.write_text("x: &d {listen_address: '127.0.0.1:9095'}\ncontroller:\n  <<: *d\n  alertmanager_url: null\n")
+    assert main(["check-config", "--config.file", str(merged)]) in (0, 2)
+    assert "given twice" not in capsys.readouterr().err

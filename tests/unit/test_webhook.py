@@ -61,10 +61,21 @@ async def _client(tmp_path, token: str | None = "s3cret", limits: Limits | None 
     app = build_app(cfg, engine, engine.metrics, registry, audit)
     if limits is not None:
         app[LIMITS] = limits
-    c = TestClient(TestServer(app))
+    c = TestClient(ServedAsInProduction(app))
     await c.start_server()
     c.registry, c.engine, c.audit_path = registry, engine, cfg.audit_log
     return c
+
+
+class ServedAsInProduction(TestServer):
+    """aiohttp's TestServer cancels a handler whose client went away (``handler_cancellation``
+    True); the controller's server (promreflex.httpd.serving) leaves it running, so a body cut
+    mid-way is an error the handler sees, as in production."""
+
+    async def _make_runner(self, **kwargs):
+        from aiohttp.web_runner import AppRunner
+
+        return AppRunner(self.app, **{**kwargs, "handler_cancellation": False})
 
 
 @pytest.fixture
@@ -257,6 +268,25 @@ async def test_a_body_that_does_not_arrive_in_time_is_a_408(tmp_path):
     finally:
         await c.close()
         await c.engine.shutdown()
+
+
+async def test_a_sender_that_leaves_mid_body_is_a_counted_rejection_not_our_500(client):
+    """Alertmanager's own webhook timeout, or a proxy that aborts the upload: it was counted as a
+    500, audited internal_error and logged with a traceback."""
+    head = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer s3cret\r\nContent-Length: 100\r\n\r\n")
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+        writer.write(head + b'{"version": "4", "alerts"')
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    deadline = asyncio.get_running_loop().time() + 20
+    while rejections(client, "client_disconnected") != 2 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert rejections(client, "client_disconnected") == 2
+    assert client.registry.get_sample_value("promreflex_controller_webhook_requests_total", {"code": "500"}) in (None, 0)
+    assert "internal_error" not in client.audit_path.read_text()
 
 
 async def test_state_needs_the_token(client):
