@@ -612,25 +612,28 @@ class CopyGuardAction(Action):
             self._confirm_read = time.monotonic()
         return verdict
 
-    async def _confirm(self, verdict: dict[str, bool | None] | None = None) -> None:
+    async def _confirm(self, verdict: dict[str, bool | None] | None = None) -> bool:
         """Confirm or drop the holders a previous controller left (unconfirmed), every episode's
         at once, by the engine's judgement (``verdict``, read by the supervisor before it took
         the lock; else read here): confirmed when an Alertmanager peer lists the alert, dropped
         when one that can be believed omits it, kept (holding nothing) while only peers that
         restarted within the grace answered. Without Alertmanager every holder is confirmed;
         with one but without that judgement (outside a controller) they wait: the engine's
-        resolve ends them."""
+        resolve ends them. An episode whose every holder is let go ends there: its copies were
+        released at the restart and run free (a throttle that climbed back from its saved share
+        pushed a free copy down to 20 %, a review). Returns whether an episode ended."""
         pending = self._pending()
         if not pending:
-            return
+            return False
         if self.services.get(PRESENCE) is None:
             if self.services.get("alertmanager") is None:
                 for h in pending.values():
                     h["confirmed"] = True
-            return
+            return False
         active = verdict if verdict is not None else await self._ask_presence()
         if active is None:
-            return
+            return False
+        ended = []
         for ep in self.episodes.values():
             for fp in [fp for fp in ep.holders if fp in pending]:
                 if active.get(fp):
@@ -640,6 +643,13 @@ class CopyGuardAction(Action):
                 elif active.get(fp) is False:
                     log.info("site %s: alert %s (%s) is no longer active in Alertmanager: let go", ep.site,
                              ep.holders.pop(fp)["alertname"], fp)
+                    if not ep.holders:
+                        ended.append(ep)
+        for ep in ended:
+            log.info("site %s: every alert that held it ended while the controller was down: the episode ends",
+                     ep.site)
+            await self._end(ep, "resolved")
+        return bool(ended)
 
     # ------------------------------------------------------------------ the supervisor
     def _note_watches(self) -> None:
@@ -685,8 +695,7 @@ class CopyGuardAction(Action):
         now, mono = time.time(), time.monotonic()
         elapsed, self._last_tick = mono - self._last_tick, mono
         m = self._m()
-        changed = False
-        await self._confirm(presence)
+        changed = await self._confirm(presence)
         for site, ep in list(self.episodes.items()):
             if ep.held:
                 m.pause_seconds.labels(site).inc(elapsed)

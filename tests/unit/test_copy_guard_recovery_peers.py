@@ -54,12 +54,12 @@ class Clock:
         return self.t
 
 
-def make_engine(tmp_path, reg, client: Any, clock: Clock) -> Engine:  # noqa: F811 - the fixture's value
+def make_engine(tmp_path, reg, client: Any, clock: Clock, mode: str = "pause") -> Engine:  # noqa: F811 - the fixture's value
     cfg = ControllerConfig(
         audit_log=tmp_path / "audit.jsonl", state_file=tmp_path / "state.db", alertmanager_url=None,
         alertmanager_restart_grace=GRACE,
         routes=[Route(name="copy-guard", matchers=['alertname="CopyGuardSiteOverloaded"'], action="copy-guard",
-                      params={"registry_dir": str(reg.dir), "mode": "pause", "watchdog": False})],
+                      params={"registry_dir": str(reg.dir), "mode": mode, "watchdog": False})],
     )
     return Engine(cfg, ControllerMetrics(CollectorRegistry(), ["copy-guard"]), AuditLog(cfg.audit_log),
                   services={"alertmanager": client, "registry": CollectorRegistry()}, clock=clock)
@@ -329,4 +329,35 @@ async def test_a_young_peer_that_was_up_when_the_episode_began_proves_its_end(co
         guard = await boot(engine)
         await guard.tick()
         assert "shop" not in guard.episodes and copies.paused() == set()
+        await engine.shutdown()
+
+
+async def test_an_adaptive_episode_whose_alert_ended_while_down_ends_at_recovery(copies, reg, tmp_path):  # noqa: F811
+    """The adaptive throttle held the shop's copies at a low share; the controller was killed,
+    the alert ended meanwhile. At restart the copies are released (they run free); when a
+    settled peer says the alert is gone, the holder is let go and the episode ends. Before, the
+    throttle stepped up from its saved share and pushed the free copies back down to 20 %, one
+    step per decision back to 100 % (a review: about 9 minutes at 15 s scrapes)."""
+    clock = Clock()
+    async with cluster(1) as ((am,), client):
+        am.fire(OVERLOAD)
+        engine = make_engine(tmp_path, reg, client, clock, mode="adaptive")
+        guard = await boot(engine)
+        await engine.handle_payload(WebhookPayload.model_validate(payload(OVERLOAD)))
+        await engine.drain()
+        for _ in range(5):
+            clock.t += 1
+            await guard.tick()
+        assert guard.episodes["shop"].throttle is not None
+        crash(engine)
+        am.end(FP)
+        am.gc()
+        engine = make_engine(tmp_path, reg, client, clock, mode="adaptive")
+        guard = await boot(engine)
+        copies.shares.clear()
+        for _ in range(5):
+            clock.t += 1
+            await guard.tick()
+        assert "shop" not in guard.episodes
+        assert all(share == 1.0 for share in copies.shares.values()), copies.shares
         await engine.shutdown()
