@@ -423,6 +423,7 @@ class CopyGuardAction(Action):
         self._signals: dict[str, Signal] | None = None
         self._signals_read = -math.inf  # monotonic time of the last read
         self._confirm_read = -math.inf  # monotonic time of the last confirmation read
+        self._warned_watchers: set[tuple[Path, str]] = set()  # (registry, other controller) said once
 
     # ------------------------------------------------------------------ engine hooks
     def target(self, ctx: ActionContext) -> str:
@@ -659,9 +660,16 @@ class CopyGuardAction(Action):
         self._watch_noted = time.monotonic()
         for reg_dir in {Path(p.registry_dir) for p in self.route_params if isinstance(p, CopyGuardParams)}:
             try:
-                note_watched(reg_dir)
+                others = note_watched(reg_dir)
             except OSError as e:
                 log.warning("cannot note the watch in %s: %r", reg_dir, e)
+                continue
+            for other in others:
+                if (reg_dir, other) not in self._warned_watchers:
+                    self._warned_watchers.add((reg_dir, other))
+                    log.warning("copy registry %s is also watched by the controller %s: both guards write its "
+                                "copy-guard.state and take up each other's episodes after a restart; give each "
+                                "controller its own registry_dir", reg_dir, other)
 
     async def _supervise(self) -> None:
         while True:

@@ -217,18 +217,22 @@ def _watchers(directory: Path) -> dict[str, dict[str, Any]]:
     return {k: v for k, v in watchers.items() if isinstance(v, dict)} if isinstance(watchers, dict) else {}
 
 
-def note_watched(directory: str | Path) -> None:
+def note_watched(directory: str | Path) -> list[str]:
     """Say in ``directory`` that this process's copy guard watches it: one entry per controller
     (host and pid), so controllers sharing a registry (an agent and a central controller, a
-    pair) do not erase each other; entries of this host's controllers that are gone are dropped."""
+    pair) do not erase each other; entries of this host's controllers that are gone are dropped.
+    Returns the other controllers noted there (``host:pid``): two guards on one registry share
+    its state file, and each takes up the other's episodes after a restart."""
     import socket
 
     d, host, me = Path(directory), socket.gethostname(), os.getpid()
     keep = {k: v for k, v in _watchers(d).items()
             if v.get("host") != host or (isinstance(v.get("pid"), int) and v["pid"] != me
                                          and same_process(v["pid"], v.get("pid_start")))}
+    others = sorted(keep)
     keep[f"{host}:{me}"] = {"host": host, "pid": me, "pid_start": process_start(me), "since": time.time()}
     atomic_write_json(d / WATCH_NAME, {"watchers": keep})
+    return others
 
 
 def unwatched(directory: str | Path) -> str | None:

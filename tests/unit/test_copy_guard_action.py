@@ -889,3 +889,35 @@ async def test_a_pause_taken_up_after_a_crash_does_not_count_the_downtime(copies
     await step(fresh, prom, served=99.0)
     assert metric(fresh, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)
     await fresh.shutdown()
+
+
+async def test_a_second_live_controller_on_the_same_registry_is_said(tmp_path, caplog):
+    """Two controllers whose routes use one registry share its copy-guard.state: after a restart
+    one took up the other's episode and held its copy at 10 % with no end (a review). The watch
+    file already names both: the guard says so, once per other controller."""
+    import subprocess
+    import sys
+
+    from controllers.copy_guard.registry import WATCH_NAME, note_watched, process_start
+
+    reg_dir = tmp_path / "copies"
+    reg_dir.mkdir(mode=0o700)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+
+        host = socket.gethostname()
+        (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {f"{host}:{other.pid}": {
+            "host": host, "pid": other.pid, "pid_start": process_start(other.pid), "since": 0}}}))
+        assert note_watched(reg_dir) == [f"{host}:{other.pid}"]
+        a = CopyGuardAction()
+        a.route_params = [CopyGuardParams(registry_dir=reg_dir, watchdog=False)]
+        with caplog.at_level("WARNING"):
+            a._note_watches()
+            a._note_watches()
+        said = [r for r in caplog.records if "is also watched by the controller" in r.getMessage()]
+        assert len(said) == 1 and str(other.pid) in said[0].getMessage()
+    finally:
+        other.kill()
+        other.wait()
+    assert note_watched(reg_dir) == []  # a controller that is gone is dropped, not reported
