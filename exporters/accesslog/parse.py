@@ -199,6 +199,13 @@ def _field_pattern(next_literal: str, quoted: str = _QUOTED) -> str:
     return f"(?:[^{sep}]|{sep}(?= ))*" + ("" if next_literal[1:2] == " " else "+")
 
 
+# $remote_user (Apache's %u) as logged: nginx takes it from any client's Authorization header and
+# writes it unescaped, spaces included ("John Smith", RFC 7617 allows them), so a field up to the
+# next space lost that request (and a client could hide its requests so). Before " [$time_local]"
+# it runs to the first " [dd/Mon/yyyy:", possessive: linear, never backtracking.
+_USER_BEFORE_TIME = r"[^ \n]*+(?= \[)|[^ \n]*+(?: (?!\[\d{2}/[A-Za-z]{3}/\d{4}:)[^ \n]*+)*+"
+
+
 def compile_log_format(log_format: str, *, trailing: bool = False,
                        escapes: bool = False) -> tuple[re.Pattern[str], list[str]]:
     """Compile an nginx ``log_format`` string into an anchored regex; return it and its variables.
@@ -230,6 +237,8 @@ def compile_log_format(log_format: str, *, trailing: bool = False,
             )
         # with trailing text allowed, a format-final variable ends at the next space
         body = _shape(name, following) or _field_pattern(following or (" " if trailing else ""), quoted)
+        if name == "remote_user" and following == " [" and names[i + 1:i + 2] == ["time_local"]:
+            body = _USER_BEFORE_TIME
         if body == _NO_SPACE:
             body = _no_space(following)
         if name in seen:

@@ -401,3 +401,19 @@ def test_nginx_timed_reads_urt_after_other_labelled_fields() -> None:
     assert r.request_time == 0.305 and r.upstream_time == pytest.approx(0.305), r
     r = p.parse(unquoted.replace(", 0.001", " : 0.001"))
     assert r.upstream_time == pytest.approx(0.305), r
+
+
+@pytest.mark.parametrize("fmt", ["nginx_combined", "nginx_timed", "apache_combined", "apache_common",
+                                 "apache_vhost_combined"])
+def test_a_user_name_with_spaces_is_counted(fmt: str) -> None:
+    """nginx logs $remote_user (Apache %u) unescaped, from any client's Authorization header
+    (curl -u 'John Smith:pw'): a field up to the next space rejected the line, and any client
+    could hide its requests so (a stranger's review on nginx 1.22)."""
+    p = build_parser(fmt)
+    tail = ' "-" "curl/7.88.1" rt=0.120 urt="0.100"' if fmt == "nginx_timed" else ' "-" "curl/7.88.1"'
+    tail = "" if fmt == "apache_common" else tail
+    head = "shop:80 " if fmt == "apache_vhost_combined" else ""
+    for user in ("John Smith", "x rt=1 y", "a [b] c", "-"):
+        line = f'{head}127.0.0.1 - {user} [28/Nov/2026:12:58:15 +0000] "GET /x HTTP/1.1" 401 6{tail}'
+        r = p.parse(line)
+        assert isinstance(r, Parsed) and r.status == 401 and r.body_bytes == 6, (user, r)
