@@ -250,37 +250,73 @@ def rotated_siblings(path: str | os.PathLike, pattern: str | None = None) -> lis
     """The rotated copies of ``path``, oldest first (see the module docstring for the names).
 
     ``X`` and ``X.gz`` both present means gzip is still writing ``X.gz``: only ``X`` is listed.
+    A ``path`` that is a symbolic link is rotated where its file is (logrotate rotates the
+    target's path: it refuses a link): both folders are looked in.
     """
     path = Path(path)
-    found: list[Path] = []
+    found: list[tuple[Path, str]] = []  # (a rotated copy, the name it was rotated from)
     if pattern:
-        found = [Path(p) for p in glob.glob(pattern)]
+        found = [(Path(p), path.name) for p in glob.glob(pattern)]
     else:
+        bases = [path]
         try:
-            with os.scandir(path.parent) as it:
-                for e in it:
-                    rest = e.name[len(path.name):]
-                    if e.name.startswith(path.name) and rest and _ROTATED_SUFFIX.fullmatch(rest):
-                        found.append(Path(e.path))
-        except OSError:
-            return []
-    names = {p.name for p in found}
-    out: list[tuple[tuple[int, int, str], Path]] = []
-    for p in found:
+            target = path.resolve() if path.is_symlink() else path
+        except (OSError, RuntimeError):  # a link loop
+            target = path
+        if target != path:
+            bases.append(target)
+        for live in bases:
+            try:
+                with os.scandir(live.parent) as it:
+                    for e in it:
+                        rest = e.name[len(live.name):]
+                        if e.name.startswith(live.name) and rest and _ROTATED_SUFFIX.fullmatch(rest):
+                            found.append((Path(e.path), live.name))
+            except OSError:
+                continue
+    names = {p.name for p, _ in found}
+    out: list[tuple[tuple[int, int, str], Path, str]] = []
+    seen: set[tuple[int, int]] = set()
+    for p, base in found:
         if p.absolute() == path.absolute() or (p.suffix == ".gz" and p.name[:-3] in names):
             continue
         try:
             st = p.stat()
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
             continue
-        out.append(((0, st.st_mtime_ns, p.name), p))
-    numbers = [_NUMBERED_SUFFIX.fullmatch(p.name[len(path.name):]) for _, p in out]
+        try:
+            if p.samefile(path):  # the live file itself, reached through the link's folder
+                continue
+        except OSError:
+            pass
+        seen.add((st.st_dev, st.st_ino))
+        out.append(((0, st.st_mtime_ns, p.name), p, base))
+    numbers = [_NUMBERED_SUFFIX.fullmatch(p.name[len(base):]) for _, p, base in out]
     if out and all(numbers):  # access.log.3.gz, access.log.2, access.log.1: by number
         nums = [int(m.group(1)) for m in numbers if m is not None]
-        return [p for _, (_, p) in sorted(zip(nums, out, strict=True), key=lambda t: -t[0])]
-    return [p for _, p in sorted(out)]
+        return [p for _, (_, p, _) in sorted(zip(nums, out, strict=True), key=lambda t: -t[0])]
+    return [p for _, p, _ in sorted(out)]
+
+
+def _line_start(fd: int, size: int, window: int) -> int:
+    """Where the line that ``size`` falls in begins: ``size`` after a newline; else the start of
+    the line being written (a first start at the end while a writer is mid-line: its rest, read
+    alone, was a rejected line). A line longer than ``window`` is skipped whole (``size``)."""
+    if size == 0:
+        return 0
+    start = max(0, size - window)
+    try:
+        tail = os.pread(fd, size - start, start)
+    except OSError:
+        return size
+    if tail.endswith(b"\n"):
+        return size
+    cut = tail.rfind(b"\n")
+    if cut >= 0:
+        return start + cut + 1
+    return 0 if start == 0 else size
 
 
 def _open_source(path: Path) -> tuple[int, BinaryIO | None, os.stat_result]:
@@ -727,7 +763,7 @@ class LogFollower:
             return None
         self._open_error_logged = False
         h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=str(self.path))
-        self._seek(h, 0 if from_start else st.st_size)
+        self._seek(h, 0 if from_start else _line_start(fd, st.st_size, self.max_line_bytes))
         return h
 
     def _open_failed(self, why: str) -> None:

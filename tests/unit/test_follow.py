@@ -849,3 +849,50 @@ def test_deleted_rotated_files_are_let_go_sooner_and_never_piled_up(tmp_path: Pa
     f.poll()
     assert f._draining == []
     f.close()
+
+
+def test_a_log_path_that_is_a_link_finds_the_copies_rotated_beside_its_file(tmp_path: Path) -> None:
+    """/var/log/nginx/shop.log -> /srv/shop/logs/access.log: logrotate rotates the target's path
+    (it refuses a link), so the copies are beside the file, not the link. They were looked for
+    beside the link: a restart across a rotation lost the rest (a review), and --backfill read
+    only the live file."""
+    from exporters.accesslog.backfill import rotated_set
+    from promreflex.follow import rotated_siblings
+
+    real, links = tmp_path / "srv", tmp_path / "var"
+    real.mkdir()
+    links.mkdir()
+    target, log, state = real / "access.log", links / "shop.log", tmp_path / "st.json"
+    append(target, "1\n")
+    log.symlink_to(target)
+    f = LogFollower(log, state_file=state)
+    assert f.poll() == ["1"]
+    f.close()
+    append(target, "2\n")  # written while the exporter was down, then rotated away
+    os.rename(target, real / "access.log.1")
+    append(target, "3\n")
+    g = LogFollower(log, state_file=state)
+    assert sorted(g.poll()) == ["2", "3"] and g.stats.unrecovered == 0
+    g.close()
+    assert rotated_siblings(log) == [real / "access.log.1"]
+    assert rotated_set(log) == [real / "access.log.1", log]
+
+
+def test_a_first_start_at_the_end_while_a_line_is_being_written_reads_that_line_whole(tmp_path: Path) -> None:
+    """The rest of a half-written last line, read alone, was a rejected line for a request
+    that was served (a review)."""
+    log = tmp_path / "access.log"
+    line = '10.0.0.1 - - [28/Nov/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "x"'
+    append(log, line + "\n" + line[:30])
+    f = LogFollower(log, from_start=False)
+    assert f.poll() == [] and f.stats.skipped_bytes == len(line) + 1
+    append(log, line[30:] + "\n")
+    assert f.poll() == [line]
+    f.close()
+    alone = tmp_path / "one.log"  # a file that holds only the line being written
+    append(alone, line[:30])
+    g = LogFollower(alone, from_start=False)
+    assert g.poll() == [] and g.stats.skipped_bytes == 0
+    append(alone, line[30:] + "\n")
+    assert g.poll() == [line]
+    g.close()
