@@ -342,11 +342,14 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
     exchanges: list[Exchange] = []
     for d in directed:
         exchanges.extend(exchanges_of(d, roles))
+    exchanges, foreign_note = _without_other_services(exchanges, roles)
     from_logs = 0
     log_counts: dict[str, dict[str, int]] = {}
     notes: list[str] = [n for n in (capture_note(name, read[name]) for name in names
                                     if not isinstance(captures[name], Segments)) if n]
     notes += address_notes + shared_clock_notes(clocks, names)
+    if foreign_note:
+        notes.append(foreign_note)
     if logs:
         entries: list[LogRequest] = []
         for log in logs:
@@ -357,6 +360,9 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
                 notes.append(f"swift log {log}: none of its {skipped} lines is a Swift access line "
                              "(proxy or storage server): no transaction id from it")
         from_logs = apply_logs(exchanges, entries)
+    note = _missing_calls(exchanges, roles, names)
+    if note:
+        notes.append(note)
     joins = join(exchanges)
     note = ambiguity_note(joins, exchanges)
     if note:
@@ -385,6 +391,61 @@ def analyze(captures: Mapping[str, str | Path | Segments], roles: RoleMap | None
         if node is not None and node.guessed:
             b.guessed.append(name)
     return b
+
+
+def _without_other_services(exchanges: list[Exchange], roles: RoleMap) -> tuple[list[Exchange], str | None]:
+    """The exchanges without the requests a Swift node served on a port no role names (a
+    node_exporter scraped on :9100, an admin UI): another service, not Swift's. They were
+    published as the node's Swift processing (``role="storage"``) and could fire SwiftNodeSlow
+    (a review). Without any service port in the roles nothing is left out."""
+    ports = roles.service_ports()
+    if not ports:
+        return exchanges, None
+    swift_nodes = {roles.node_of(ip) for ip, _ in roles.services} - {None}
+    other: Counter[str] = Counter()
+    kept = []
+    for x in exchanges:
+        ip, port = x.server
+        if x.side == "server" and port not in ports and roles.node_of(ip) in swift_nodes:
+            other[f"{ip_str(ip)}:{port}"] += 1
+            continue
+        kept.append(x)
+    if not other:
+        return exchanges, None
+    listed = ", ".join(f"{e} ({n})" for e, n in other.most_common(5)) + (", ..." if len(other) > 5 else "")
+    return kept, (f"{sum(other.values())} requests served on ports no role names are another service's, not "
+                  f"Swift's, and are left out: {listed}")
+
+
+#: Requests other captures received from a node, with none of them in its own capture, before
+#: that node's capture is taken to have missed its calls.
+MISSING_CALLS_MIN = 3
+
+
+def _missing_calls(exchanges: list[Exchange], roles: RoleMap, names: list[str]) -> str | None:
+    """A node whose own capture holds none of the calls the other captures saw it make (captured
+    with a filter on its listening port, ``tcp port 8080``, a common habit): its waits for them
+    would be its processing (a review: the proxy's 3 ms became 107-122 ms, pointing
+    SwiftNodeSlow at it). Its requests get no processing figure; the note says why."""
+    seen: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    for x in exchanges:
+        if x.side == "server":
+            caller = roles.node_of(x.client[0])
+            if caller is not None and caller != names[x.node]:
+                seen[caller] += 1
+        else:
+            calls[names[x.node]] += 1
+    blind = sorted(n for n, k in seen.items() if k >= MISSING_CALLS_MIN and n in names and calls[n] == 0)
+    if not blind:
+        return None
+    for x in exchanges:
+        if x.side == "server" and names[x.node] in blind:
+            x.uncertain = True
+    return ("; ".join(f"{n}'s capture holds none of the {seen[n]} calls the other captures received from it"
+                      for n in blind)
+            + ": a capture filter on its listening port (tcp port 8080)? Its requests get no processing "
+              "figure (its waits for its calls would be counted as its own time); capture all its TCP traffic")
 
 
 def _tcp_events(b: Breakdown, directed: list[Directed], coder: RoleCoder,
