@@ -55,6 +55,7 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
@@ -135,6 +136,23 @@ def authorized(request: web.Request) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"), token.encode())
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` (curl sends it for a body over 1 KB): a request that will be
+    refused (no token, a Content-Length over the limit) is answered at once, not invited to send
+    its body first. Answered here, before the middlewares: counted here too."""
+    app = request.app
+    if not authorized(request):
+        resp = _reject(app, 401, "unauthorized", "a valid bearer token is required", close=True)
+    elif request.content_length is not None and request.content_length > app[MAX_BODY]:
+        resp = _reject(app, 413, "too_large",
+                       f"Content-Length {request.content_length} is above the limit of {app[MAX_BODY]} bytes", close=True)
+    else:
+        await _default_expect_handler(request)  # writes the 100 Continue
+        return None
+    app[METRICS].webhook_requests.labels(str(resp.status)).inc()
+    return resp
 
 
 async def _refuse(request: web.Request, status: int, reason: str, message: str) -> web.Response:
@@ -321,10 +339,10 @@ def build_app(cfg: ControllerConfig, engine: Engine, metrics_: ControllerMetrics
     app[ENGINE], app[METRICS], app[REGISTRY], app[AUDIT] = engine, metrics_, registry, audit
     app[TOKEN] = read_token_file(cfg.token_file)
     app[MAX_BODY] = cfg.max_body_bytes
-    app.router.add_post("/webhook", webhook)
-    app.router.add_post("/webhook/", webhook)  # (a trailing slash in the receiver's url)
+    app.router.add_post("/webhook", webhook, expect_handler=_expect)
+    app.router.add_post("/webhook/", webhook, expect_handler=_expect)  # (a trailing slash in the receiver's url)
     for path in ("/webhook", "/webhook/"):  # Grafana's webhook contact point may be set to PUT
-        app.router.add_put(path, webhook)
+        app.router.add_put(path, webhook, expect_handler=_expect)
     app.router.add_get("/api/v1/state", state)
     app.router.add_post("/-/reload", reload_handler)
     app[RELOAD] = None

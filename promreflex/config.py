@@ -31,7 +31,7 @@ from pydantic import (
 from promreflex.capability import Capability, CapabilityError, check_unique, default_ports, discover
 from promreflex.capability import format_duration as format_duration  # re-exported: it lived here
 from promreflex.foundation import FOUNDATION
-from promreflex.matchers import Matcher, parse_matcher
+from promreflex.matchers import Matcher, parse_matchers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,11 +117,12 @@ class Route(Strict):
     @classmethod
     def _matchers_parse(cls, value: list[str]) -> list[str]:
         for m in value:
-            parse_matcher(m)
+            parse_matchers(m)
         return value
 
     def parsed_matchers(self) -> list[Matcher]:
-        return [parse_matcher(m) for m in self.matchers]
+        """Every matcher of every item (an item may hold several, as in Alertmanager)."""
+        return [m for item in self.matchers for m in parse_matchers(item)]
 
 
 class Owner(Strict):

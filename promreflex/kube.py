@@ -205,7 +205,7 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
         "spec": {
             "route": {"receiver": receiver, "groupBy": ["..."], "groupWait": "0s", "groupInterval": "5s",
                       "repeatInterval": "1h",
-                      "routes": [{"receiver": receiver, "matchers": [_am_matcher(m)], "continue": True} for m in matchers]},
+                      "routes": [{"receiver": receiver, "matchers": _am_matchers(m), "continue": True} for m in matchers]},
             "receivers": [{"name": receiver, "webhookConfigs": [{
                 # Fully qualified: Alertmanager resolves it from its own namespace (a patched
                 # namespace must patch this URL too: deploy/kubernetes/README.md).
@@ -253,11 +253,11 @@ def documents(capabilities: Sequence[Capability]) -> dict[str, list[dict[str, An
     return files
 
 
-def _am_matcher(text: str) -> dict[str, Any]:
-    from promreflex.matchers import parse_matcher
+def _am_matchers(text: str) -> list[dict[str, Any]]:
+    """A route's matcher item (one or several matchers) as an AlertmanagerConfig's matchers."""
+    from promreflex.matchers import parse_matchers
 
-    m = parse_matcher(text)
-    return {"name": m.name, "value": m.value, "matchType": m.op}
+    return [{"name": m.name, "value": m.value, "matchType": m.op} for m in parse_matchers(text)]
 
 
 class _Dumper(yaml.SafeDumper):

@@ -61,5 +61,37 @@ def parse_matcher(text: str) -> Matcher:
     return Matcher(name, op, value, regex)
 
 
+def parse_matchers(text: str) -> list[Matcher]:
+    """One list item as Alertmanager takes it: a matcher, several separated by commas, or the
+    same in braces (``{alertname="X", site=~"a|b"}``); commas inside a quoted value are the
+    value's. Raises ValueError saying what is wrong."""
+    if not isinstance(text, str):
+        raise ValueError(f"a matcher is a string like alertname=\"X\", not {type(text).__name__}")
+    body = text.strip()
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    parts: list[str] = []
+    cur: list[str] = []
+    quoted = escaped = False
+    for ch in body:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quoted:
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    if len(parts) > 1 and not parts[-1].strip():
+        parts.pop()  # a trailing comma, as Alertmanager allows
+    if not any(p.strip() for p in parts):
+        raise ValueError(f"{text!r} holds no matcher")
+    return [parse_matcher(p) for p in parts]
+
+
 def matches_all(matchers: list[Matcher], labels: Mapping[str, str]) -> bool:
     return all(m.matches(labels) for m in matchers)

@@ -187,3 +187,19 @@ def test_a_key_given_twice_is_an_error_as_in_prometheus(tmp_path, capsys, text, 
     merged.write_text("x: &d {listen_address: '127.0.0.1:9095'}\ncontroller:\n  <<: *d\n  alertmanager_url: null\n")
     assert main(["check-config", "--config.file", str(merged)]) in (0, 2)
     assert "given twice" not in capsys.readouterr().err
+
+
+def test_matcher_items_as_alertmanager_takes_them(tmp_path):
+    """Several matchers in one item and the {...} form (copied from an alertmanager.yml) were
+    refused; commas inside a quoted value are the value's."""
+    from promreflex.config import Route
+    from promreflex.matchers import parse_matchers
+
+    r = Route(name="r", action="log", matchers=['{alertname="X", site=~"a|b,c"}', 'severity!="info",'])
+    got = [(m.name, m.op, m.value) for m in r.parsed_matchers()]
+    assert got == [("alertname", "=", "X"), ("site", "=~", "a|b,c"), ("severity", "!=", "info")]
+    assert all(m.matches({"alertname": "X", "site": "b,c", "severity": "page"}) for m in r.parsed_matchers())
+    with pytest.raises(ValueError, match="holds no matcher"):
+        parse_matchers("{}")
+    with pytest.raises(ValueError, match="is not a matcher"):
+        parse_matchers('a="x", oops')

@@ -289,6 +289,21 @@ async def test_a_sender_that_leaves_mid_body_is_a_counted_rejection_not_our_500(
     assert "internal_error" not in client.audit_path.read_text()
 
 
+@pytest.mark.parametrize("auth, length, code", [(b"Bearer wrong", 100, b"401"), (b"Bearer s3cret", 5_000_000, b"413")])
+async def test_a_request_that_will_be_refused_is_not_invited_to_send_its_body(client, auth, length, code):
+    """``Expect: 100-continue`` (curl sends it for bodies over 1 KB) got a 100 Continue before a
+    401 or 413: the client uploaded the body it was about to be refused for."""
+    head = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: " + auth +
+            b"\r\nExpect: 100-continue\r\nContent-Length: " + str(length).encode() + b"\r\n\r\n")
+    answer = await raw_request(client.server.port, head)
+    assert answer.startswith(b"HTTP/1.1 " + code), answer[:60]
+    assert b"100 Continue" not in answer
+    assert client.registry.get_sample_value("promreflex_controller_webhook_requests_total", {"code": code.decode()}) == 1
+    ok = (b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer s3cret"
+          b"\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    assert (await raw_request(client.server.port, ok, wait=5)).startswith(b"HTTP/1.1 100 Continue")
+
+
 async def test_state_needs_the_token(client):
     assert (await client.get("/api/v1/state")).status == 401
     assert (await client.get("/api/v1/state", headers={"Authorization": "Bearer wrong"})).status == 401
