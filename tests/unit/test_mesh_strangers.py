@@ -132,9 +132,12 @@ def test_fluent_bit_records_with_log_first_and_raw_lines():
     records += [json.dumps({"log": cri}) for cri in wrap_cri(base, "2025-09-10T03:25:30.1Z")]
     records += [json.dumps({"stream": "stdout", "logtag": "P", "log": pieces[0]}),
                 json.dumps({"stream": "stdout", "logtag": "F", "log": pieces[1]})]
+    # Fluent Bit's Elasticsearch output adds @timestamp: not a Filebeat event (its pieces joined)
+    records += [json.dumps({"@timestamp": "2025-09-10T03:25:30Z", "stream": "stdout", "logtag": tag, "message": p})
+                for tag, p in (("P", pieces[0]), ("F", pieces[1]))]
     stats, requests, _, _ = feed("istio_text", "frontend", records)
-    assert stats.parsed == 6 and dict(stats.rejected) == {}
-    assert requests == {("frontend", "maestro-grpc", "2xx"): 6}
+    assert stats.parsed == 7 and dict(stats.rejected) == {}
+    assert requests == {("frontend", "maestro-grpc", "2xx"): 7}
     out = RuntimeUnwrapper().push(json.dumps({"log": "x\n", "stream": "stdout", "time": "t"}))
     assert [u.text for u in out] == ["x"]  # Docker json-file still
 
