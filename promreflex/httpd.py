@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 import resource
 import signal
 import stat
@@ -403,6 +404,30 @@ async def discard_small_body(request: web.Request, limit: int = DISCARD_LIMIT, t
 
 
 # --------------------------------------------------------------------------- tokens
+class TokenFiles:
+    """Token files read when first needed and again whenever one changes (its size, time or
+    inode): a token rotated in the file is used from the next call, with no restart (a review:
+    an action kept the first token it read, so every call after a rotation got 401 until the
+    controller restarted). Errors as :func:`read_token_file`."""
+
+    def __init__(self) -> None:
+        self._cache: dict[Path, tuple[tuple[int, int, int], str]] = {}
+
+    def get(self, path: str | os.PathLike[str], what: str = "token file") -> str:
+        key = Path(path)
+        try:
+            st = os.stat(key)
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = (-1, -1, -1)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        token = read_token_file(key, what)
+        self._cache[key] = (stamp, token)
+        return token
+
+
 def read_token_file(path: str | os.PathLike[str] | None, what: str = "token file") -> str:
     """The bearer token in ``path`` ("" when no path is given). Raises :class:`UserError` with
     one line when the file is missing, unreadable, empty, or readable (or writable) by its group

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from controllers.actions.base import Action, ActionContext, register
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
-from promreflex.httpd import read_token_file
+from promreflex.httpd import TokenFiles
 
 log = logging.getLogger("promreflex.action.admission")
 
@@ -78,6 +78,10 @@ class ProxyError(Exception):
     pass
 
 
+class ProxyUnreachable(ProxyError):
+    """No answer, or a 5xx (the proxy restarting, overloaded): not a refusal of the hold."""
+
+
 @register
 class AdmissionAction(Action):
     name = "admission"
@@ -90,7 +94,7 @@ class AdmissionAction(Action):
         super().__init__()
         self.services: dict[str, Any] = {}
         self.held: dict[str, dict[str, Any]] = {}  # holder -> {"params": AdmissionParams, "reason": str}
-        self._tokens: dict[Path, str] = {}
+        self._tokens = TokenFiles()  # read again when the file changes (a rotated token)
         self._renewer: asyncio.Task[None] | None = None
         self._own_session: aiohttp.ClientSession | None = None
         self._metrics: tuple[Gauge, Counter] | None = None
@@ -145,8 +149,16 @@ class AdmissionAction(Action):
         self._save(params.state_dir)
         try:
             await self._call("PUT", params, holder, params.body(reason))
+        except ProxyUnreachable:
+            # Kept: the renewer PUTs it every lease/3 until the proxy answers. Dropped, an alert
+            # that fired while the proxy restarted (up to a minute in a crowd) never tightened it
+            # once the engine's retries ran out (a review). The fire still fails, counted and
+            # retried by the engine; the resolve drops the hold as ever.
+            self._m()[1].labels("hold").inc()
+            self._changed.set()
+            raise
         except ProxyError:
-            self._m()[1].labels("hold").inc()  # an unreachable proxy and a refusal (401, 400, 5xx) alike
+            self._m()[1].labels("hold").inc()  # a refusal (401, 400): the hold is not kept
             if before is None:
                 self.held.pop(holder, None)
             else:
@@ -225,9 +237,7 @@ class AdmissionAction(Action):
     def _token(self, params: AdmissionParams) -> str:
         if params.token_file is None:
             return ""
-        if params.token_file not in self._tokens:
-            self._tokens[params.token_file] = read_token_file(params.token_file, "admission token_file")
-        return self._tokens[params.token_file]
+        return self._tokens.get(params.token_file, "admission token_file")
 
     async def _call(self, method: str, params: AdmissionParams, holder: str, body: dict[str, Any] | None = None) -> None:
         session = self.services.get("session")
@@ -242,9 +252,10 @@ class AdmissionAction(Action):
                                        timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise ProxyError(f"{method} {url}: {resp.status} {text[:200].strip()}")
+                    error = ProxyUnreachable if resp.status >= 500 else ProxyError
+                    raise error(f"{method} {url}: {resp.status} {text[:200].strip()}")
         except (aiohttp.ClientError, OSError, TimeoutError) as e:  # (counted by the caller, by operation)
-            raise ProxyError(f"{method} {url}: {type(e).__name__}: {e}") from None
+            raise ProxyUnreachable(f"{method} {url}: {type(e).__name__}: {e}") from None
         self._m()[0].set(len(self.held))
 
     def _save(self, state_dir: Path) -> None:

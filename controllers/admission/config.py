@@ -126,6 +126,10 @@ class PageScheduler(Strict):
 
 class Session(Strict):
     cookie_name: str = Field(default="promreflex_session", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # The cookie's Path: a shop mounted under a sub-path of its host (nginx `location /shop/`)
+    # sets it to that path, and two proxies on one host give their cookies different names:
+    # with the same name at Path=/ each visit to one shop ended the session at the other.
+    cookie_path: str = Field(default="/", pattern=r"^/[A-Za-z0-9._~!$&'()*+,=:@%/-]{0,255}$")
     key_file: Path | None = None
     cookie_secure: bool = False
     # Lax: the browser sends the cookie on a top-level GET from another site, not on a cross-site

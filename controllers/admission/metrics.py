@@ -10,7 +10,7 @@ from controllers.admission.cookies import REASONS as COOKIE_REASONS
 OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "queue_full", "queue_timeout",
             "client_gone", "session_busy", "body_timeout")
 #: Why a new session was not admitted (answered with the waiting-room page, or gone).
-REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "sessions_full", "client_gone")
+REJECT_REASONS = ("queue_full", "waiting_room_mode", "queue_timeout", "sessions_full", "client_gone", "stopping")
 #: What became of an exempt request (forwarded without a session or a page class).
 EXEMPT_OUTCOMES = ("served", "upstream_5xx", "upstream_timeout", "upstream_error", "client_gone", "body_timeout")
 #: Requests refused before they reached a page class (bad input at the proxy's door).

@@ -121,6 +121,7 @@ MEMO_KEY_CHARS = 1024
 #: Retry-After (s) of the waiting-room page while nobody is let in for an unknown time
 #: (waiting-room mode, a full shop with no session ending yet): what waiting rooms commonly use.
 CLOSED_RETRY = 30
+STOPPING_RETRY = 2  # seconds: a restart (the next process listens within a second or two)
 #: The longest Retry-After (and estimate) the waiting-room page gives.
 MAX_RETRY = 300
 #: Set on a request whose connection the proxy cut because the app broke off its streamed answer.
@@ -368,11 +369,13 @@ def describe_error(e: BaseException) -> str:
 
 
 def header_problem(raw_headers: Any) -> str | None:
-    """Why these request headers are too large (None: they are not)."""
+    """Why these request headers are too large (None: they are not). ``Cookie`` is bounded by the
+    total only: nginx joins an HTTP/2 browser's cookies into one line for its upstream, which it
+    passes past 8 KiB (a review: 10.6 KB of cookies, 200 from nginx and the app, 431 here)."""
     total = 0
     for name, value in raw_headers:
         size = len(name) + len(value) + 4
-        if size > MAX_HEADER_LINE:
+        if size > MAX_HEADER_LINE and name.lower() not in (b"cookie", "cookie"):
             return f"a header line is longer than {MAX_HEADER_LINE} bytes"
         total += size
     if total > MAX_HEADER_BYTES:
@@ -596,6 +599,12 @@ class AdmissionProxy:
         self._stopping = True
         for watch in list(self._lingering):
             watch.drop()
+        # New sessions waiting for their turn are answered at once (come back in a moment): a
+        # restart in a crowd kept this process, its port already closed, up to max_queue_wait
+        # for them, while every admitted session's request found no one listening (a review).
+        for w in self.scheduler.flush():
+            if not w.fut.done():
+                w.fut.set_result(False)
 
     def reload_keys(self, ring: KeyRing) -> None:
         self.codec = CookieCodec(ring)
@@ -944,7 +953,7 @@ class AdmissionProxy:
         if s is not None:
             return s
         if (ticket.sid not in self.sessions.ended and self.cfg.session.readmit_after_restart
-                and ticket.issued < int(self.sessions.started)
+                and ticket.issued <= int(self.sessions.started)  # (the same second: the previous process's)
                 and len(self.sessions.active) < self.cfg.session.max_sessions):
             self.metrics.readmitted.inc()
             return self.sessions.add(ticket.sid, ticket.issued, ticket.expires, "")
@@ -953,6 +962,9 @@ class AdmissionProxy:
 
     async def admit(self, request: web.Request, page: PageClass) -> SessionState | web.Response:
         sched, m = self.scheduler, self.metrics
+        if self._stopping:  # (a new session on a connection still open while this process stops)
+            m.rejected.labels("stopping").inc()
+            return self.waiting_room("stopping")
         if self.holds.waiting_room():
             m.rejected.labels("waiting_room_mode").inc()
             return self.waiting_room("waiting_room_mode")
@@ -989,8 +1001,9 @@ class AdmissionProxy:
             raise
         m.session_wait.observe(self.clock() - w.since)
         if not admitted:
-            m.rejected.labels("waiting_room_mode").inc()
-            return "waiting_room_mode"
+            reason = "stopping" if self._stopping else "waiting_room_mode"
+            m.rejected.labels(reason).inc()
+            return reason
         return None
 
     def waiting_room(self, reason: str) -> web.Response:
@@ -1007,7 +1020,9 @@ class AdmissionProxy:
         now = self.clock()
         queued = len(self.scheduler.queue)
         headers = {"Cache-Control": "no-store"}
-        if reason == "waiting_room_mode":
+        if reason == "stopping":  # this process is stopping: the next one (a restart) takes the visitor
+            retry, text = STOPPING_RETRY, "The shop is restarting: it lets you in again in a moment."
+        elif reason == "waiting_room_mode":
             left = [h.expires - now for h in self.holds.holds.values() if h.mode == "waiting_room"]
             retry = max(1, min(CLOSED_RETRY, math.ceil(max(left, default=CLOSED_RETRY))))
             text = "The shop lets no new visitors in for the moment."
@@ -1131,7 +1146,8 @@ class AdmissionProxy:
 
     def _cookie_header(self, value: str, max_age: float) -> str:
         s = self.cfg.session
-        return (f"{s.cookie_name}={value}; Path=/; Max-Age={int(max_age)}; HttpOnly; SameSite={s.cookie_samesite}"
+        return (f"{s.cookie_name}={value}; Path={s.cookie_path}; Max-Age={int(max_age)}; HttpOnly; "
+                f"SameSite={s.cookie_samesite}"
                 + ("; Secure" if s.cookie_secure else ""))
 
     def upstream_headers(self, request: web.Request) -> tuple[list[tuple[str, str]], bool]:

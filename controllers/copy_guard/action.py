@@ -97,7 +97,7 @@ from controllers.engine import PRESENCE
 from promreflex.clients import PrometheusClient
 from promreflex.config import Duration, is_loopback
 from promreflex.fsutil import atomic_write_json, read_json
-from promreflex.httpd import read_token_file
+from promreflex.httpd import TokenFiles
 
 log = logging.getLogger("promreflex.action.copy-guard")
 
@@ -418,7 +418,7 @@ class CopyGuardAction(Action):
         self._watchdogs: dict[Path, subprocess.Popen] = {}
         self._last_tick = time.monotonic()
         self._seen_sites: set[str] = set()
-        self._tokens: dict[Path, str] = {}
+        self._tokens = TokenFiles()  # read again when the file changes (a rotated token)
         self._own_session: aiohttp.ClientSession | None = None
         self._signals: dict[str, Signal] | None = None
         self._signals_read = -math.inf  # monotonic time of the last read
@@ -937,9 +937,7 @@ class CopyGuardAction(Action):
         path = params.control_token_file
         if path is None:
             return ""
-        if path not in self._tokens:
-            self._tokens[path] = read_token_file(path, "copy-guard control_token_file")
-        return self._tokens[path]
+        return self._tokens.get(path, "copy-guard control_token_file")
 
     def _client(self, params: CopyGuardParams) -> ControlClient:
         """A control client with the route's token and hosts, on the controller's session."""

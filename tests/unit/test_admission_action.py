@@ -115,15 +115,16 @@ async def test_the_state_file_holds_the_hold_before_the_proxy_is_told(tmp_path: 
             assert seen and "flash-sale" in seen[0]
         finally:
             await action.shutdown()
-    # A fire the proxy refused leaves the file as it was.
-    gone = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path / "other")
-    action = await started(gone)
-    try:
-        with pytest.raises(Exception, match="127.0.0.1:1"):
-            await action.fire(ctx(gone))
-        assert "flash-sale" not in (tmp_path / "other" / STATE_NAME).read_text() and not action.held
-    finally:
-        await action.shutdown()
+    # A fire the proxy refused (401: no token) leaves the file as it was.
+    async with rig(token="t0ken") as r:
+        refused = AdmissionParams(control_url=r.control, mode="waiting_room", state_dir=tmp_path / "other")
+        action = await started(refused)
+        try:
+            with pytest.raises(Exception, match="401"):
+                await action.fire(ctx(refused))
+            assert "flash-sale" not in (tmp_path / "other" / STATE_NAME).read_text() and not action.held
+        finally:
+            await action.shutdown()
 
 
 async def test_unreachable_proxy_fire_fails_resolve_succeeds(tmp_path: Path):
@@ -165,20 +166,62 @@ async def test_token_is_sent(tmp_path: Path):
 async def test_a_refused_hold_reports_the_proxy_not_a_failed_restore(tmp_path: Path):
     """Restoring the state file after a refused PUT may fail too (a full disk): the error the
     controller records is the proxy's, not the file's."""
-    params = AdmissionParams(control_url="http://127.0.0.1:1", mode="waiting_room", state_dir=tmp_path)
+    async with rig(token="t0ken") as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", state_dir=tmp_path)  # no token: 401
+        action = await started(params)
+        save, calls = action._save, []
+
+        def save_then_fail(state_dir):
+            calls.append(1)
+            if len(calls) > 1:
+                raise OSError(28, "No space left on device")
+            save(state_dir)
+
+        action._save = save_then_fail  # type: ignore[method-assign]
+        try:
+            with pytest.raises(Exception, match="401"):
+                await action.fire(ctx(params))
+            assert len(calls) == 2 and not action.held
+        finally:
+            await action.shutdown()
+
+
+async def test_a_hold_fired_while_the_proxy_is_down_is_set_when_it_is_back(tmp_path: Path):
+    """The alert fired while the proxy restarted (up to a minute in a crowd): the fire failed,
+    the hold was dropped, and after the engine's retries nothing set it for the whole episode
+    (a review). It is kept now, and the renewer sets it once the proxy answers."""
+    from promreflex.proc import free_port
+
+    port = free_port()
+    params = AdmissionParams(control_url=f"http://127.0.0.1:{port}", mode="waiting_room", lease=1.5,
+                             state_dir=tmp_path)
     action = await started(params)
-    save, calls = action._save, []
-
-    def save_then_fail(state_dir):
-        calls.append(1)
-        if len(calls) > 1:
-            raise OSError(28, "No space left on device")
-        save(state_dir)
-
-    action._save = save_then_fail  # type: ignore[method-assign]
     try:
-        with pytest.raises(Exception, match="127.0.0.1:1"):
+        with pytest.raises(Exception, match=f"127.0.0.1:{port}"):
             await action.fire(ctx(params))
-        assert len(calls) == 2 and not action.held
+        assert action.held and errors(action)["hold"] == 1.0
+        async with rig(control_address=f"127.0.0.1:{port}") as r:
+            await until(lambda: r.proxy.holds.waiting_room(), timeout=15)
+            await action.resolve(ctx(params, status="resolved"))
+            assert not r.proxy.holds.waiting_room() and not action.held
     finally:
         await action.shutdown()
+
+
+async def test_a_rotated_token_is_used_without_a_restart(tmp_path: Path):
+    """The runbook's fix for a 401 (the route's token_file must hold the proxy's token) did not
+    work until the controller restarted: the action kept the first token it read (a review)."""
+    token = tmp_path / "token"
+    token.write_text("old-token\n")
+    token.chmod(0o600)
+    async with rig(token="new-token") as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", token_file=token, state_dir=tmp_path)
+        action = await started(params)
+        try:
+            with pytest.raises(Exception, match="401"):
+                await action.fire(ctx(params))
+            token.write_text("new-token\n")
+            await action.fire(ctx(params))
+            assert r.proxy.holds.waiting_room()
+        finally:
+            await action.shutdown()

@@ -472,3 +472,79 @@ async def test_a_stop_says_how_many_requests_it_waits_for_and_how_long(caplog: p
             assert await asyncio.wait_for(task, 30) == 0
     assert re.search(r"stopping: .*waiting for 1 request\(s\) in progress.*at most 60s", caplog.text), caplog.text
     assert "admission proxy stopped" in caplog.text
+
+
+async def test_a_stop_answers_new_sessions_still_queued_at_once() -> None:
+    """A restart during a crowd: the proxy closed its port at SIGTERM but waited up to
+    max_queue_wait for the new sessions still queued, so every admitted session's request met a
+    closed port meanwhile (a review: 29 s of 502s). They are answered at once now: a waiting-room
+    page saying the shop restarts, to retry in 2 s (the next process takes them)."""
+    from controllers.admission.cli import serve
+    from promreflex.proc import free_port
+    from tests.unit.test_admission_proxy import upstream_app
+
+    async with serving("127.0.0.1:0", upstream_app()) as up:
+        listen, control = free_port(), free_port()
+        cfg = section(f"http://127.0.0.1:{up[ADDRESSES][0][1]}", listen_address=f"127.0.0.1:{listen}",
+                      control__listen_address=f"127.0.0.1:{control}",
+                      session_scheduler={"initial_interval": 30, "min_interval": 30, "max_interval": 60},
+                      session__max_queue_wait=25)
+        ready, stop = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(serve(cfg, ready, stop))
+        await asyncio.wait_for(ready.wait(), 30)
+        sessions = [client() for _ in range(3)]
+        try:
+            waiting = [asyncio.ensure_future(c.get(f"http://127.0.0.1:{listen}/browse")) for c in sessions]
+            async with client() as probe:
+                deadline = time.monotonic() + 20
+                while True:
+                    async with probe.get(f"http://127.0.0.1:{control}/api/v1/state") as resp:
+                        if (await resp.json())["sessions"]["queue"] >= 2:
+                            break
+                    assert time.monotonic() < deadline, "the sessions never queued"
+                    await asyncio.sleep(0.02)
+            stop.set()
+            answers = []
+            for w in waiting:
+                resp = await w
+                answers.append((resp.status, resp.headers.get("Retry-After"), await resp.text()))
+        finally:
+            for c in sessions:
+                await c.close()
+        assert await asyncio.wait_for(task, 30) == 0
+    queued = [a for a in answers if a[0] == 503]
+    assert len(queued) >= 2 and all(a[1] == "2" and "restarting" in a[2] for a in queued), answers
+
+
+async def test_a_cookie_of_the_previous_process_is_readmitted_also_from_the_same_second() -> None:
+    """After a restart a valid cookie of the process before is tracked again. A cookie issued in
+    the second the new process started (a crash and restart within it, or the old process still
+    draining) was refused as ended and the visitor sent back to the queue (a review)."""
+    from controllers.admission.cookies import KeyRing
+
+    ring = KeyRing.ephemeral()
+    async with rig(ring=ring) as first, client() as c:
+        async with c.get(f"{first.url}/browse") as resp:
+            assert resp.status == 200
+        cookies = {m.key: m.value for m in c.cookie_jar}
+    async with rig(ring=ring) as second, client() as c2:
+        ticket = second.proxy.codec.verify(cookies[COOKIE], time.time())
+        second.proxy.sessions.started = float(ticket.issued) + 0.5  # started in the second the cookie was issued
+        c2.cookie_jar.update_cookies(cookies, URL(second.url))
+        async with c2.get(f"{second.url}/browse") as resp:
+            assert resp.status == 200
+            assert COOKIE not in {m.key for m in resp.cookies.values()}  # kept, not replaced
+        assert second.value("promreflex_admission_sessions_readmitted_total") == 1
+        assert second.value("promreflex_admission_cookie_rejections_total", reason="ended") == 0
+
+
+async def test_the_session_cookie_can_be_scoped_to_the_shops_path() -> None:
+    """Two shops under sub-paths of one host, each behind its own proxy: both set the same name
+    at Path=/, so a visit to one ended the session at the other (a review). Name and path are
+    configurable."""
+    async with rig(session__cookie_name="shopA_session", session__cookie_path="/shopA/") as r, client() as c:
+        async with c.get(f"{r.url}/browse") as resp:
+            cookie = next(v for v in resp.headers.getall("Set-Cookie") if v.startswith("shopA_session="))
+        assert "; Path=/shopA/;" in cookie
+    with pytest.raises(Exception, match="cookie_path"):
+        section("http://127.0.0.1:1", session__cookie_path="shopA; Domain=evil")
