@@ -279,6 +279,7 @@ class PeerMemory:
     # Every (start, name) this URL answered with: a real peer moves to a new one when it restarts
     # and never returns to an old one; a URL that does reaches several Alertmanagers (``shared``).
     seen: list[tuple[datetime | None, str | None]] = field(default_factory=list)
+    last: tuple[datetime | None, str | None] | None = None  # the last of them read
     shared: bool = False
 
 
@@ -870,14 +871,21 @@ class Engine:
                 if fp not in present:
                     present[fp] = (alert_from_api(item), item)
             memory = self._peers.get(peer.url)
-            who = (peer.started, getattr(peer, "name", None))
+            # Who answered, when its status could be read (an unreadable status, a 503 or a
+            # timeout, says nothing about who: taken for an identity, the next good read looked
+            # like a return to an old one, and a single Alertmanager was "shared" for good).
+            who = (peer.started, getattr(peer, "name", None)) if peer.started is not None else None
             if memory is None or memory.started != peer.started:  # first read, or it restarted
                 old = memory
                 memory = self._peers[peer.url] = PeerMemory(peer.started)
                 if old is not None:
-                    memory.seen, memory.shared = old.seen, old.shared or who in old.seen
-            if who not in memory.seen:
-                memory.seen.append(who)
+                    memory.seen, memory.last, memory.shared = old.seen, old.last, old.shared
+            if who is not None and who != memory.last:
+                if who in memory.seen:  # back to one it had left: a real peer never returns to an old start
+                    memory.shared = True
+                else:
+                    memory.seen.append(who)
+                memory.last = who
             if getattr(peer, "mixed", False) or memory.shared:
                 # One URL, several Alertmanagers (a load balancer, a Kubernetes Service): a restarted
                 # one's empty list was judged with another's age, and every reconciliation resolved

@@ -386,17 +386,21 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)  # YAML merge keys (<<) first, as SafeLoader does
+    """The keys written in the mapping itself, each once (on one line, ``{a: 1, a: 2}``, too);
+    what a merge key (``<<: *base``) brings in may be overridden, as YAML means it."""
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
-            first = seen.setdefault(key, key_node.start_mark.line + 1)
+            first = seen.get(key)
         except TypeError:
             continue  # an unhashable key: construct_mapping says so
-        if first != key_node.start_mark.line + 1:
+        if first is not None:
             raise yaml.constructor.ConstructorError(
                 None, None, f"key {key!r} is given twice in one mapping (first on line {first})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line + 1
     return loader.construct_mapping(node, deep=True)
 
 

@@ -300,6 +300,12 @@ def rotated_siblings(path: str | os.PathLike, pattern: str | None = None) -> lis
     return [p for _, p, _ in sorted(out)]
 
 
+#: A file modified this recently (seconds) whose last line has no newline is being written: a
+#: first start at its end begins at that line. Older, the fragment is dead (a writer killed, a
+#: full disk): the start is after it, or the next line would be glued to it and lost.
+LINE_BEING_WRITTEN = 2.0
+
+
 def _line_start(fd: int, size: int, window: int) -> int:
     """Where the line that ``size`` falls in begins: ``size`` after a newline; else the start of
     the line being written (a first start at the end while a writer is mid-line: its rest, read
@@ -763,7 +769,8 @@ class LogFollower:
             return None
         self._open_error_logged = False
         h = _Handle(fd=fd, ino=st.st_ino, dev=st.st_dev, name=str(self.path))
-        self._seek(h, 0 if from_start else _line_start(fd, st.st_size, self.max_line_bytes))
+        writing = time.time() - st.st_mtime < LINE_BEING_WRITTEN
+        self._seek(h, 0 if from_start else _line_start(fd, st.st_size, self.max_line_bytes) if writing else st.st_size)
         return h
 
     def _open_failed(self, why: str) -> None:

@@ -91,7 +91,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from controllers.actions.base import Action, ActionContext, register
 from controllers.copy_guard import freeze
-from controllers.copy_guard.registry import Entry, Registry, check_dir, default_dir, note_watched
+from controllers.copy_guard.registry import WATCH_NOTE_EVERY, Entry, Registry, check_dir, default_dir, note_watched
 from controllers.copy_guard.throttle import EMERGENCY_REASONS, Settings, Signal, Throttle
 from controllers.engine import PRESENCE
 from promreflex.clients import PrometheusClient
@@ -102,7 +102,6 @@ from promreflex.httpd import TokenFiles
 log = logging.getLogger("promreflex.action.copy-guard")
 
 STATE_NAME = "copy-guard.state"
-WATCH_NOTE_EVERY = 60.0  # seconds between notes of the registries watched (see _note_watches)
 RESUME_REASONS = ("resolved", "max_pause", "shutdown", "recovery", "ended")
 VERDICTS = ("below", "severe", "hold", "above", "light", "quiet", "crowd", "max_pause")
 HTTP_TIMEOUT = 2.0

@@ -206,6 +206,8 @@ def _walk(path: Path, shown: Path) -> tuple[Path, list[str]] | None:
 
 #: Written by each copy-guard action on the registries it watches: which controllers do.
 WATCH_NAME = "copy-guard.watch"
+WATCH_NOTE_EVERY = 60.0  # seconds between a running guard's notes (it refreshes its entry)
+WATCH_STALE = 600.0  # an entry of another host not refreshed for this long is dropped
 
 
 def _watchers(directory: Path) -> dict[str, dict[str, Any]]:
@@ -225,11 +227,20 @@ def note_watched(directory: str | Path) -> list[str]:
     its state file, and each takes up the other's episodes after a restart."""
     import socket
 
-    d, host, me = Path(directory), socket.gethostname(), os.getpid()
+    d, host, me, now = Path(directory), socket.gethostname(), os.getpid(), time.time()
+
+    def fresh(v: dict[str, Any], within: float) -> bool:
+        since = v.get("since")
+        return isinstance(since, (int, float)) and now - since <= within
+
+    # Another host's controller cannot be checked from here: it counts while it notes itself (every
+    # WATCH_NOTE_EVERY); one silent for WATCH_STALE is gone (a pod's hostname changes at each
+    # restart: the old entries named dead controllers, and grew with every restart).
     keep = {k: v for k, v in _watchers(d).items()
-            if v.get("host") != host or (isinstance(v.get("pid"), int) and v["pid"] != me
-                                         and same_process(v["pid"], v.get("pid_start")))}
-    others = sorted(keep)
+            if (v.get("host") != host and fresh(v, WATCH_STALE))
+            or (v.get("host") == host and isinstance(v.get("pid"), int) and v["pid"] != me
+                and same_process(v["pid"], v.get("pid_start")))}
+    others = sorted(k for k, v in keep.items() if v.get("host") == host or fresh(v, 3 * WATCH_NOTE_EVERY))
     keep[f"{host}:{me}"] = {"host": host, "pid": me, "pid_start": process_start(me), "since": time.time()}
     atomic_write_json(d / WATCH_NAME, {"watchers": keep})
     return others

@@ -318,13 +318,27 @@ def derive_edge(
             return workload, service_of_host(parts[3], namespaces)
         if cluster == "local_app":  # Consul Connect's inbound cluster: the request arrived at W
             return peer_service_account(record.get("downstream_peer_uri_san")) or UNKNOWN, workload
-        if cluster.endswith(".consul"):  # Consul's <service>.<namespace>.<dc>.internal.<domain>.consul
-            return workload, service_name(cluster.split(".")[0]) or UNKNOWN
+        if cluster.endswith(".consul"):
+            return workload, _consul_service(cluster)
         if cluster == "PassthroughCluster":
             return workload, EXTERNAL
         if cluster == "BlackHoleCluster":
             return workload, BLACKHOLE
     return workload, service_of_host(authority_host(record.get("authority")), namespaces)
+
+
+def _consul_service(cluster: str) -> str:
+    """The service of a Consul Connect upstream cluster: ``[<subset>.]<service>.<namespace>.<dc>
+    .internal.<domain>.consul``, or with a partition ``...<service>.<namespace>.<partition>.<dc>
+    .internal-v1.<domain>.consul`` (a service-resolver's subset first: ``v2.backend...`` is backend)."""
+    labels = cluster.split(".")
+    at = next((i for i, label in enumerate(labels) if label.startswith("internal")), None)
+    if at is None:
+        return UNKNOWN
+    before = 3 if labels[at] == "internal" else 4
+    if at < before:
+        return UNKNOWN
+    return service_name(labels[at - before]) or UNKNOWN
 
 
 # Kubernetes' generated suffixes use an alphabet without vowels, 0, 1 and 3 (k8s.io/apimachinery

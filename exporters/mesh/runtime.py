@@ -12,8 +12,9 @@ A sidecar's access log usually reaches disk through the container runtime, not a
   stays, its format reads it).
 * Filebeat/Elastic Agent output: ``{"@timestamp":...,"message":"<message>",...}``, a JSON
   object whose ``message`` is the original line (recognised by ``message`` plus one of
-  Beats' own keys: ``agent``, ``ecs``, ``input``, a ``log`` object, or Logstash's ``@version``;
-  not by ``@timestamp``, which an access log written for Elasticsearch may have itself).
+  Beats' own keys: ``agent``, ``ecs``, ``input``, a ``log`` object, or Logstash's ``@version``,
+  or by ``@timestamp`` with nothing but Beats metadata beside it (``drop_fields`` took the rest);
+  not by ``@timestamp`` beside access-log fields: an access log written for Elasticsearch).
 * Fluent Bit's records as its tail input with the CRI or Docker parser writes them (to a file,
   Elasticsearch, CloudWatch: AWS Container Insights): ``{"time":...,"stream":"stdout",
   "_p":"F","log":"<message>",...}`` (any key order, ``log`` first included; ``_p`` ``P``: a
@@ -42,6 +43,10 @@ RFC3339_PREFIX = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|
 # Keys only a Beats (or Logstash) event has: an access log written for Elasticsearch may itself
 # have ``@timestamp`` and ``message`` (ECS style), so those two alone say nothing.
 _BEATS_KEYS = ("agent", "ecs", "input", "@version")
+# What else a Beats event may carry when its own keys were dropped (``drop_fields: [agent, ecs,
+# input, log]`` is common): metadata, never an access log's fields.
+_BEATS_METADATA = frozenset({"@timestamp", "@metadata", "message", "kubernetes", "host", "container", "stream",
+                             "fields", "tags", "cloud", "orchestrator", "data_stream", "event", "service"})
 _KUBECTL_PREFIX = re.compile(r"\[pod/[^/\]\s]+/[^\]\s]+\] ")
 _STREAMS = ("stdout", "stderr")
 
@@ -183,7 +188,8 @@ def _beats_message(line: str) -> str | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("message"), str):
         return None
-    beats = any(k in obj for k in _BEATS_KEYS) or isinstance(obj.get("log"), dict)  # Filebeat's log.file.path
+    beats = (any(k in obj for k in _BEATS_KEYS) or isinstance(obj.get("log"), dict)  # Filebeat's log.file.path
+             or ("@timestamp" in obj and obj.keys() <= _BEATS_METADATA))
     return obj["message"] if beats else None
 
 

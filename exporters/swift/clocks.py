@@ -205,7 +205,12 @@ def _place_steps(starts: I64, off: I64, err: I64, ta: I64, da: I64, tb: I64, db:
         return starts, off, err
     diff = np.diff(off)
     changed = np.abs(diff) > err[1:] + err[:-1] + tolerance
-    mixed = np.flatnonzero(changed[:-1] & changed[1:] & (np.sign(diff[:-1]) == np.sign(diff[1:]))) + 1
+    # flat before and after: a step. A clock that slews fast (chrony up to 83 ms/s) changes in
+    # every window: no window of it is a step's (taken for steps, its transits doubled).
+    flat_before = np.concatenate([[True], ~changed[:-2]])
+    flat_after = np.concatenate([~changed[2:], [True]])
+    mixed = np.flatnonzero(changed[:-1] & changed[1:] & (np.sign(diff[:-1]) == np.sign(diff[1:]))
+                           & flat_before & flat_after) + 1
     if not len(mixed):
         return starts, off, err
     s_out, o_out, e_out = list(starts), list(off), list(err)

@@ -183,10 +183,17 @@ def test_a_key_given_twice_is_an_error_as_in_prometheus(tmp_path, capsys, text, 
     assert main(["check-config", "--config.file", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"key {key!r} is given twice in one mapping (first on line {first})" in err
-    merged = tmp_path / "merge.yml"  # YAML merge keys are not duplicates
-    merged.write_text("x: &d {listen_address: '127.0.0.1:9095'}\ncontroller:\n  <<: *d\n  alertmanager_url: null\n")
-    assert main(["check-config", "--config.file", str(merged)]) in (0, 2)
-    assert "given twice" not in capsys.readouterr().err
+    merged = tmp_path / "merge.yml"  # YAML merge keys, overridden: not duplicates (amtool takes them)
+    merged.write_text(
+        "controller:\n  alertmanager_url: null\n  routes:\n"
+        "    - &base {name: a, matchers: ['alertname=\"A\"'], action: log}\n"
+        "    - <<: *base\n      name: b\n      matchers: ['alertname=\"B\"']\n")
+    assert main(["check-config", "--config.file", str(merged)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    one_line = tmp_path / "one.yml"  # a key twice on one line
+    one_line.write_text("controller: {alertmanager_url: null, alertmanager_url: 'http://x:9093'}\n")
+    assert main(["check-config", "--config.file", str(one_line)]) == 2
+    assert "key 'alertmanager_url' is given twice" in capsys.readouterr().err
 
 
 def test_matcher_items_as_alertmanager_takes_them(tmp_path):

@@ -921,3 +921,13 @@ async def test_a_second_live_controller_on_the_same_registry_is_said(tmp_path, c
         other.kill()
         other.wait()
     assert note_watched(reg_dir) == []  # a controller that is gone is dropped, not reported
+    # Another host's controller (a pod: a new hostname at each restart) counts while it notes
+    # itself; one silent for 10 minutes is dropped, not named (they named dead pods, and grew).
+    watchers = json.loads((reg_dir / WATCH_NAME).read_text())["watchers"]
+    now = time.time()
+    watchers["pod-a:7"] = {"host": "pod-a", "pid": 7, "pid_start": 1.0, "since": now - 30}
+    watchers["pod-b:7"] = {"host": "pod-b", "pid": 7, "pid_start": 1.0, "since": now - 400}
+    watchers["pod-c:7"] = {"host": "pod-c", "pid": 7, "pid_start": 1.0, "since": now - 4000}
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": watchers}))
+    assert note_watched(reg_dir) == ["pod-a:7"]
+    assert set(json.loads((reg_dir / WATCH_NAME).read_text())["watchers"]) == {"pod-a:7", "pod-b:7", f"{host}:{os.getpid()}"}

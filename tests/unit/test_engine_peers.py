@@ -496,3 +496,38 @@ def aiohttp_session():
     import aiohttp
 
     return aiohttp.ClientSession()
+
+
+async def test_a_failed_status_read_is_not_taken_for_another_alertmanager(tmp_path):
+    """A single Alertmanager whose status read failed once (a 503, a timeout) was recorded as an
+    identity; the next good read looked like a return to an old one: "more than one
+    Alertmanager" for good, and the reconciliation never again resolved an alert that ended
+    (a review of this fix)."""
+    clock = Clock()
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path, client, clock)
+        am.fire(FIRING)
+        await converge(engine)
+        assert kinds() == ["fire"]
+        status = am._status
+        fails = [2]
+
+        async def flaky(request):
+            if fails[0] > 0:
+                fails[0] -= 1
+                from aiohttp import web
+
+                return web.json_response({"error": "injected"}, status=503)
+            return await status(request)
+
+        am._status = flaky  # type: ignore[method-assign]  # (the fake's route calls through the attribute)
+        for _ in range(4):
+            clock.t += 3
+            await converge(engine)
+        am.end(FP)
+        am.gc()
+        clock.t += 3
+        await converge(engine)
+        assert kinds() == ["fire", "resolve"]
+        assert not any(m.shared for m in engine._peers.values())
+        await engine.shutdown()

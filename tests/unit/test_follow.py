@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -896,3 +897,12 @@ def test_a_first_start_at_the_end_while_a_line_is_being_written_reads_that_line_
     append(alone, line[30:] + "\n")
     assert g.poll() == [line]
     g.close()
+    # A fragment left long ago (a writer killed, a full disk) is dead: the next line is not glued to it
+    dead = tmp_path / "dead.log"
+    append(dead, line + "\n" + line[:30])
+    os.utime(dead, (time.time() - 60, time.time() - 60))
+    h = LogFollower(dead, from_start=False)
+    assert h.poll() == [] and h.stats.skipped_bytes == len(line) + 1 + 30
+    append(dead, line + "\n")
+    assert h.poll() == [line]
+    h.close()

@@ -78,6 +78,12 @@ def test_an_ecs_style_json_log_is_not_taken_for_a_filebeat_event():
     stats, requests, _, _ = feed("istio_json", "front-end", lines("ecs.log"), json_format=jf)
     assert stats.parsed == 2
     assert requests == {("front-end", "carts", "5xx"): 1, ("front-end", "carts", "2xx"): 1}
+    # A Filebeat event whose own keys were dropped (drop_fields: agent, ecs, input, log) still is one
+    raw = lines("grpc_local_reply.log")[0]
+    event = json.dumps({"@timestamp": "2025-09-10T03:25:30.208Z", "message": raw,
+                        "kubernetes": {"pod": {"name": "frontend-1"}}, "host": {"name": "node-1"}})
+    stats, requests, _, _ = feed("istio_text", "frontend", [event])
+    assert stats.parsed == 1 and requests == {("frontend", "maestro-grpc", "5xx"): 1}
 
 
 def test_kubectl_timestamps_before_a_format_of_any_start():
@@ -102,6 +108,13 @@ def test_host_names_of_pods_kubernetes_and_consul():
     assert requests == {("app", "es-master-headless", "2xx"): 2, ("app", "reviews", "2xx"): 1}
     _, requests, _, _ = feed("istio_json", "web", lines("consul.log"))
     assert requests == {("web", "backend", "2xx"): 1, ("unknown", "web", "2xx"): 1}
+    from exporters.mesh.labels import _consul_service
+
+    # a service-resolver's subset comes first; a partition's cluster says internal-v1
+    assert [_consul_service(c) for c in ("v2.backend.default.dc1.internal.3bb1.consul",
+                                         "backend.ns.part.dc1.internal-v1.td.consul",
+                                         "v2.backend.ns.part.dc1.internal-v1.td.consul", "x.consul")] == [
+        "backend", "backend", "backend", "unknown"]
     _, requests, _, _ = feed("istio_text", "checkout", lines("nscollide.log"), namespaces=("payments",))
     assert requests == {("checkout", "external", "2xx"): 1, ("checkout", "api", "2xx"): 1}
     fmt = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '
