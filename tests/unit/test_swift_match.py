@@ -382,13 +382,7 @@ def test_a_clock_step_inside_a_busy_transfer_leaves_no_transit_wrong(tmp_path: P
     other's from after: every transit in it was off by half the step (a review on a real Swift:
     ~150 transits, hop p99 = step / 2). Now the step is placed between two segments."""
     net = SynthNet(dict(NODES), clock_offset={"storage": 7 * MS}, jump_at={"storage": (T0 + 1_030_500_000, step)})
-    c, t = net.connect("proxy", "storage", 6200, T0)
-    for i in range(2_000):
-        arrive = net.segment(c, "proxy", t + i * MS, PSH_ACK, b"x" * 200)
-        net.ack(c, "storage", arrive + 100_000)
-    roles = RoleMap()
-    roles.add_mapping_dict(roles_mapping(shared_clock=False))
-    b = analyze(net.write(tmp_path), roles)
+    b = _busy_transfer(net, tmp_path)
     for hop, values in b.hops().items():
         wrong = int(np.count_nonzero(np.abs(values - 20_000) > 1))
         assert wrong == 0, (hop, wrong, int(np.abs(values - 20_000).max()))
@@ -458,16 +452,21 @@ def test_a_clock_that_slews_is_not_taken_for_steps(tmp_path: Path, rate: int) ->
             return t + (rate * (t - T0) // 1000 if node == "storage" else 0)
 
     net = Slewing(dict(NODES))
-    c, t = net.connect("proxy", "storage", 6200, T0)
-    for i in range(2_000):
-        arrive = net.segment(c, "proxy", t + i * MS, PSH_ACK, b"x" * 200)
-        net.ack(c, "storage", arrive + 100_000)
-    roles = RoleMap()
-    roles.add_mapping_dict(roles_mapping(shared_clock=False))
-    b = analyze(net.write(tmp_path), roles)
+    b = _busy_transfer(net, tmp_path)
     pc = next(iter(b.clocks.pairs.values()))
     assert pc.jumps <= 1, pc.jumps
     worst = max(int(np.abs(v - 20_000).max()) for v in b.hops().values())
     # a slewing clock drifts within each 1/16 window (62.5 ms): an estimate per window is off by
     # up to half of that drift (rate x 31.25 us), as before the step placement; it was twice that
     assert worst <= rate * 31_250 + 10_000, worst
+
+
+def _busy_transfer(net: SynthNet, tmp_path: Path) -> Breakdown:
+    """2 s of a transfer from the proxy to storage, a segment each way every millisecond."""
+    c, t = net.connect("proxy", "storage", 6200, T0)
+    for i in range(2_000):
+        arrive = net.segment(c, "proxy", t + i * MS, PSH_ACK, b"x" * 200)
+        net.ack(c, "storage", arrive + 100_000)
+    roles = RoleMap()
+    roles.add_mapping_dict(roles_mapping(shared_clock=False))
+    return analyze(net.write(tmp_path), roles)
