@@ -214,13 +214,17 @@ def _overrides(stmts: list[dict], file: str, configs: list[dict], directive: str
 
 def _includers(configs: list[dict], file: str) -> list[tuple[str, int]]:
     """Every ``include`` (file, line) that loads ``file``: crossplane parses a file once, however
-    many places include it, so one edit there reaches all of them."""
-    idx = next((i for i, c in enumerate(configs) if c["file"] == file), None)
+    many places include it, so one edit there reaches all of them. Once per spelling of its
+    path, though (``snippets/x.conf``, ``./snippets/x.conf``, a linked folder): every entry of
+    the same real file counts (it took two spellings for a shared snippet to pass as not shared,
+    and tuning one server rewrote the other's value at every trial: a review)."""
+    real = os.path.realpath(file)
+    idx = {i for i, c in enumerate(configs) if os.path.realpath(c["file"]) == real}
     found: list[tuple[str, int]] = []
 
     def walk(stmts: list[dict], f: str) -> None:
         for st in stmts:
-            if st["directive"] == "include" and idx in st.get("includes", ()):
+            if st["directive"] == "include" and idx.intersection(st.get("includes", ())):
                 found.append((f, st["line"]))
             walk(st.get("block", []), f)
 
@@ -815,12 +819,19 @@ def set_directive(
     else:
         file = Path(scope_file)
         new_args = _validate_args([value] if isinstance(value, str) else value)
+        note = ""
+        if isinstance(value, str) and original_rest:
+            # The scope inherits a header timeout (http's ``keepalive_timeout 65 60``): written
+            # with the value, lowered to it, or nginx goes on advertising the inherited one.
+            rest, note = _clamped_header(directive, new_args[0], tuple(original_rest)) if clamp_header else (
+                tuple(original_rest), "")
+            new_args = new_args + _validate_args(list(rest))
         text = read_text(file)
         parsed = next(c["parsed"] for c in configs if c["file"] == scope_file)
         new_text, line = _insert_line(text, scope["directive"], scope["line"], _occurrence_index(parsed, scope), directive, new_args)
         parent = _flat_index(parsed, scope)
         old_args, inserted = None, True
-        msg = f"{directive} was absent from {scope_name}; inserted '{directive} {' '.join(new_args)};' at {file}:{line}"
+        msg = f"{directive} was absent from {scope_name}; inserted '{directive} {' '.join(new_args)};' at {file}:{line}{note}"
     if shadowed:
         msg += "; note: redefined in nested blocks at " + ", ".join(f"{loc.file}:{loc.line}" for loc in shadowed)
 

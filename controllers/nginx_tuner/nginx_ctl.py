@@ -78,7 +78,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from controllers.nginx_tuner import config_edit
 from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, nginx_seconds
@@ -214,6 +214,7 @@ class NginxControl:
         self.health_timeout = health_timeout
         self.metrics = metrics
         self._lock = threading.Lock()
+        self._sweep_fh: Any = None  # the sweep lock, held from begin_sweep to the sweep's end
         self._health_why = ""  # why the last probe of health_url failed
         # the arguments after the first (the Keep-Alive header timeout) as configured before
         # this control's first edit; None until read (see _original_rest)
@@ -428,6 +429,39 @@ class NginxControl:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     # ------------------------------------------------------------------ sweep journal
+    def _sweep_lock(self, hold: bool) -> None:
+        """Take the sweep lock (``backup_dir/.sweep.lock``, an flock: released when the process
+        dies); ``hold``: keep it (a sweep starts), else just check that no other sweep holds it.
+        Raises NginxError naming the process of a sweep that runs: a second run took the first's
+        live journal for an interrupted sweep's and "recovered" it mid-trial, and the two sweeps
+        then measured each other's values (a review)."""
+        if self._sweep_fh is not None:
+            return  # (ours)
+        self.backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.backup_dir / ".sweep.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fh = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = fh.read().strip()
+            fh.close()
+            raise NginxError(f"a sweep of this configuration runs ({who or 'another process'}): not starting another; "
+                             "wait for it to end (each would measure the other's values)") from None
+        if not hold:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+            return
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}, since {time.strftime('%H:%M:%S')}\n")
+        fh.flush()
+        self._sweep_fh = fh
+
+    def _sweep_unlock(self) -> None:
+        if self._sweep_fh is not None:
+            fcntl.flock(self._sweep_fh, fcntl.LOCK_UN)
+            self._sweep_fh.close()
+            self._sweep_fh = None
 
     @property
     def journal_path(self) -> Path:
@@ -441,10 +475,16 @@ class NginxControl:
         any value now (:meth:`_precheck`): nothing new starts then, and no journal is written
         (the journal of a sweep that changed nothing would later be "recovered" over a newer
         deployment)."""
+        self._sweep_lock(hold=True)
         with self._exclusive():
-            recovered = self._recover()
-            why = self._precheck()  # (each trial checks again; this one writes no journal when it fails)
+            try:
+                recovered = self._recover()
+                why = self._precheck()  # (each trial checks again; this one writes no journal when it fails)
+            except NginxError:
+                self._sweep_unlock()
+                raise
             if why:
+                self._sweep_unlock()
                 raise NginxError(f"not starting the sweep, nothing changed: {why}")
             file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
             if self._rest is None:  # (known already when this control edited before the sweep)
@@ -458,10 +498,13 @@ class NginxControl:
         """The sweep's choice is live: its original is no longer needed."""
         with self._exclusive():
             self.journal_path.unlink(missing_ok=True)
+        self._sweep_unlock()
 
     def recover(self) -> str:
         """What :meth:`restore_original` does, for a journal left by a sweep that did not end
-        (a SIGKILL): '' when there is none."""
+        (a SIGKILL): '' when there is none. Refused while another process's sweep runs (its
+        journal is live, not left)."""
+        self._sweep_lock(hold=False)
         with self._exclusive():
             return self._recover()
 
@@ -469,8 +512,13 @@ class NginxControl:
         """Put back the file as it was before the sweep and make it live; says what it did.
         The journal stays (and the next sweep or start tries again) until nginx serves it, and
         with ``keep`` after that too (a sweep that goes on)."""
-        with self._exclusive():
-            return self._recover(keep) or "no sweep journal: nothing to restore"
+        self._sweep_lock(hold=False)
+        try:
+            with self._exclusive():
+                return self._recover(keep) or "no sweep journal: nothing to restore"
+        finally:
+            if not keep:  # the sweep is over, however its restore went (a journal kept is the next start's)
+                self._sweep_unlock()
 
     def _read_journal(self) -> tuple[Path, str, tuple[str, ...] | None, frozenset[str] | None] | None:
         """The journal's (file, text, the arguments after the first as configured before the
@@ -539,9 +587,18 @@ class NginxControl:
             atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
 
     def _file_rest(self) -> tuple[str, ...]:
-        """The arguments after the first set in the tuned scope now (``()``: none, or unset)."""
+        """The arguments after the first set in the tuned scope now (``()``: none, or unset). A
+        server that sets none inherits http's (nginx merges the Keep-Alive header timeout on its
+        own): a trial written with one argument left clients told ``timeout=60`` by the header
+        while the connection closed at 20 s (a review)."""
         loc = config_edit.get_directive(self.conf_path, self.directive, self.server_name)
-        return loc.args[1:] if loc else ()
+        if loc is not None and len(loc.args) > 1:
+            return loc.args[1:]
+        if self.server_name is not None:
+            parent = config_edit.get_directive(self.conf_path, self.directive, None)
+            if parent is not None and len(parent.args) > 1:
+                return parent.args[1:]
+        return ()
 
     def _original_rest(self) -> tuple[str, ...]:
         """The arguments after the first (the Keep-Alive header timeout) as the administrator
@@ -591,7 +648,22 @@ class NginxControl:
         if changed and now is not None and not keep:  # (a trial's: kept beside the backups; mid-sweep it is this sweep's own)
             kept = f" (what it held is kept in {self._aside(file, 'at-recovery', now)})"
         if changed:
+            # Our own write bumps the time of the file's folder, which pending_files watches for a
+            # wildcard include (conf.d/*.conf, sites-enabled/): the folder keeps the time it had,
+            # or our restore refused its own reload and nginx kept serving the last trial's value
+            # (a review). A change of someone else's there still shows: its time was later already.
+            folder = (file.resolve() if file.is_symlink() else file).parent
+            try:
+                st = folder.stat()
+                folder_times: tuple[int, int] | None = (st.st_atime_ns, st.st_mtime_ns)
+            except OSError:
+                folder_times = None
             config_edit.atomic_write(file, content)
+            if folder_times is not None:
+                try:
+                    os.utime(folder, ns=folder_times)
+                except OSError:
+                    pass
         what = f"the pre-sweep {file} " + (f"put back{kept}" if changed else "already on disk")
         try:
             self.master_pid()

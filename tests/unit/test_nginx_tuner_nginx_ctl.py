@@ -189,3 +189,44 @@ def test_another_scopes_unfinished_sweep_is_named_as_such(tmp_path: Path) -> Non
     assert ctl.journal_path.exists() and "keepalive_timeout 7;" in shop.read_text()
     said = NginxControl(conf, tmp_path, pid_path=tmp_path / "none.pid", server_name="shop").recover()
     assert "put back" in said and shop.read_text() == original
+
+
+def test_putting_the_pre_sweep_file_back_in_a_globbed_folder_reloads_it(tmp_path: Path, monkeypatch) -> None:
+    """conf.d/*.conf (nginx.org's packages, the official image): the restore's own atomic write
+    bumped conf.d's time, the pending-edit check then refused the restore's reload, and nginx kept
+    serving the last trial's value while the file said the original (a review: a sweep that
+    keeps the current value, the usual outcome, ended so on every such layout)."""
+    import json
+    import os
+    import time
+
+    from controllers.nginx_tuner.nginx_ctl import ReloadResult
+
+    (tmp_path / "conf.d").mkdir()
+    shop = tmp_path / "conf.d" / "shop.conf"
+    original = "server {\n    listen 8080;\n    server_name shop;\n    keepalive_timeout 65;\n}\n"
+    shop.write_text(original.replace("65;", "30;"))  # the last trial's value, loaded
+    conf = tmp_path / "nginx.conf"
+    conf.write_text("events {}\nhttp {\n    include conf.d/*.conf;\n}\n")
+    ctl = NginxControl(conf, tmp_path, pid_path=tmp_path / "none.pid", server_name="shop")
+    ctl.backup_dir.mkdir(mode=0o700)
+    ctl.journal_path.write_text(json.dumps({"file": str(shop), "content": original, "started": 0}))
+    os.chmod(ctl.journal_path, 0o600)
+    past = time.time() - 100
+    for p in (conf, shop, tmp_path / "conf.d"):
+        os.utime(p, (past, past))  # all of it loaded by nginx at the last trial
+    reloads = []
+    monkeypatch.setattr(NginxControl, "master_pid", lambda self: 1)
+    monkeypatch.setattr(NginxControl, "loaded_at", lambda self: past + 50)
+    monkeypatch.setattr(NginxControl, "test", lambda self: (True, ""))
+    monkeypatch.setattr(NginxControl, "reload", lambda self: reloads.append(1) or ReloadResult(True, "reloaded", (), (), True))
+    monkeypatch.setattr(NginxControl, "_healthy_within", lambda self: True)
+    said = ctl.recover()
+    assert "live" in said and reloads == [1] and shop.read_text() == original
+    # someone else's change in conf.d since the last load still holds the reload back
+    shop.write_text(original.replace("65;", "30;"))
+    ctl.journal_path.write_text(json.dumps({"file": str(shop), "content": original, "started": 0}))
+    os.chmod(ctl.journal_path, 0o600)
+    (tmp_path / "conf.d" / "blog.conf").write_text("server { listen 8081; }\n")
+    with pytest.raises(NginxError, match="conf.d changed on disk"):
+        ctl.recover()

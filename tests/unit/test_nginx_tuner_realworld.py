@@ -18,7 +18,7 @@ from controllers.nginx_tuner import cli, config_edit
 from controllers.nginx_tuner.action import RetuneNginx, RetuneParams
 from controllers.nginx_tuner.config_edit import ConfigEditError, EditResult, Location, get_directive, set_directive
 from controllers.nginx_tuner.metrics import TunerMetrics
-from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl
+from controllers.nginx_tuner.nginx_ctl import ApplyResult, NginxControl, NginxError
 from controllers.nginx_tuner.procfs import children, cmdline
 from controllers.nginx_tuner.sweep import Measurement, Sweep, SweepSettings
 from promreflex.proc import wait_until
@@ -413,6 +413,24 @@ def test_named_server_edit_of_a_shared_snippet_is_refused(tmp_path: Path) -> Non
     assert snippet.read_bytes() == before
 
 
+@pytest.mark.parametrize("other", ["./snippets/tuning.conf", "linked/tuning.conf"])
+def test_a_shared_snippet_spelled_two_ways_is_still_shared(tmp_path: Path, other: str) -> None:
+    """crossplane reads a file once per spelling of its path: with ``./`` (or through a linked
+    folder) in one site, the snippet passed as included once, and tuning server a rewrote
+    server b's value at every trial (a review)."""
+    (tmp_path / "snippets").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "snippets")
+    conf = write(tmp_path, HDR + "http {\n"
+                 "    server { listen 127.0.0.1:18085; server_name a; include snippets/tuning.conf; }\n"
+                 f"    server {{ listen 127.0.0.1:18086; server_name b; include {other}; }}\n}}\n",
+                 {"snippets/tuning.conf": "keepalive_timeout 65;\nsend_timeout 30;\n"})
+    snippet = tmp_path / "snippets" / "tuning.conf"
+    before = snippet.read_bytes()
+    with pytest.raises(ConfigEditError, match="included 2 times"):
+        set_directive(conf, "keepalive_timeout", "30", server_name="a")
+    assert snippet.read_bytes() == before
+
+
 # ------------------------------------------------------------------ L2: a pid file that is not there
 
 
@@ -548,6 +566,7 @@ def test_a_control_restarted_mid_sweep_takes_the_header_from_the_journal(tmp_pat
     first.begin_sweep()
     assert json.loads(first.journal_path.read_text())["rest"] == ["60"]
     assert first.apply(30).ok and _line(conf) == "keepalive_timeout 30 30;"
+    first._sweep_unlock()  # killed: the kernel releases its sweep lock with the process
     again = control(conf, fake_master)  # restarted: nothing in memory
     res = again.apply(75)
     assert res.ok and _line(conf) == "keepalive_timeout 75 60;", res.message
@@ -588,3 +607,38 @@ def test_tune_nginx_names_every_bad_flag_before_touching_anything(tmp_path: Path
 
     ok, msg = NginxControl(conf, tmp_path, "/nonexistent/nginx").test()  # never a traceback
     assert not ok and "cannot run /nonexistent/nginx" in msg
+
+
+def test_a_second_run_while_a_sweep_runs_is_refused_and_recovers_nothing(tmp_path: Path, fake_master: Path) -> None:
+    """Two tune-nginx runs on one nginx: the second took the first's live journal for an
+    interrupted sweep's, put the original back mid-trial, and the two sweeps then measured each
+    other's values (a review). It is refused, naming the first; once the first is gone (its lock
+    goes with its process), a journal it left is recovered as before."""
+    conf = write(tmp_path, HEADER_CONF)
+    first = control(conf, fake_master)
+    first.begin_sweep()
+    assert first.apply(30).ok and _line(conf) == "keepalive_timeout 30 30;"
+    second = control(conf, fake_master)
+    with pytest.raises(NginxError, match=r"a sweep of this configuration runs \(pid \d+"):
+        second.recover()
+    with pytest.raises(NginxError, match="a sweep of this configuration runs"):
+        second.begin_sweep()
+    assert _line(conf) == "keepalive_timeout 30 30;"  # the first's trial untouched
+    first._sweep_unlock()  # the first process dies
+    assert "put back" in second.recover()
+
+
+def test_a_server_that_inherits_the_header_gets_it_lowered_with_its_value(tmp_path: Path, fake_master: Path) -> None:
+    """http sets ``keepalive_timeout 65 60``; server shop sets none. Its trial line had one
+    argument, so nginx kept the inherited Keep-Alive header: clients were told timeout=60 while
+    the connection closed at 20 s (a review). The header comes with the value, lowered to it."""
+    from controllers.nginx_tuner.config_edit import get_directive
+
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 65 60;\n"
+                 "    server { listen 127.0.0.1:18112; server_name shop; }\n}\n")
+    ctl = control(conf, fake_master, server_name="shop")
+    assert ctl.apply(20).ok
+    assert get_directive(conf, "keepalive_timeout", "shop").args == ("20", "20")
+    assert ctl.apply(75).ok
+    assert get_directive(conf, "keepalive_timeout", "shop").args == ("75", "60")
+    assert get_directive(conf, "keepalive_timeout", None).args == ("65", "60")  # http untouched
