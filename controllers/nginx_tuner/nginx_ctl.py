@@ -737,12 +737,16 @@ class NginxControl:
         (a reload would make them live with ours: :meth:`pending_files`), or a health check
         that already fails (a rollback could not bring back a health that was never there)."""
         try:
-            self.master_pid()
+            master = self.master_pid()
         except NginxError as e:
             return str(e)
         except ConfigEditError as e:  # (the pid file's path comes from the config)
             ok, msg = self.test()
             return f"it already fails nginx -t: {msg}" if not ok else str(e)
+        other = self._master_config(master)
+        if other is not None:
+            return (f"the nginx behind the pid file (master {master}) runs {other}, not {self.conf_path}: a reload "
+                    "would reload that one (a copy of a configuration that shares its pid path?)")
         ok, msg = self.test()
         if not ok:
             return f"it already fails nginx -t: {msg}"
@@ -756,6 +760,27 @@ class NginxControl:
         if not self._healthy_within():
             return "the health check already fails" + (f" ({self._health_why})" if self._health_why else "")
         return ""
+
+    def _master_config(self, master: int) -> Path | None:
+        """The configuration file the master says it runs (its title keeps the command line:
+        ``nginx: master process /usr/sbin/nginx -p /srv/x/ -c /srv/x/nginx.conf``) when that is
+        not this control's; None when it is, or when the title does not say (no ``-c``: the
+        compiled-in default). A copy of a configuration (a checkout, a staging copy) whose
+        ``pid`` path is the live one's reloaded the live nginx and made its pending edits live
+        (a review)."""
+        words = cmdline(master).split()
+        if "-c" not in words[:-1]:
+            return None
+        conf = Path(words[words.index("-c") + 1])
+        if not conf.is_absolute():
+            if "-p" not in words[:-1]:
+                return None  # (relative to a prefix the title does not give)
+            conf = Path(words[words.index("-p") + 1]) / conf
+        try:
+            same = conf.resolve() == self.conf_path.resolve()
+        except OSError:
+            return None
+        return None if same else conf
 
     def _apply(self, value: str | int | Sequence[str], res: ApplyResult) -> None:
         why = self._precheck()

@@ -642,3 +642,30 @@ def test_a_server_that_inherits_the_header_gets_it_lowered_with_its_value(tmp_pa
     assert ctl.apply(75).ok
     assert get_directive(conf, "keepalive_timeout", "shop").args == ("75", "60")
     assert get_directive(conf, "keepalive_timeout", None).args == ("65", "60")  # http untouched
+
+
+def test_a_master_running_another_configuration_is_not_reloaded(tmp_path: Path) -> None:
+    """A copy of a configuration (a checkout, a staging copy) whose pid path is the live one's:
+    the tuner reloaded the live nginx, measured nothing of its own, and made the live nginx's
+    pending edits live (a review). The master's title names its -c: another file is refused."""
+    conf = write(tmp_path, INHERIT)
+    before = conf.read_bytes()
+    live = tmp_path / "live" / "nginx.conf"
+    live.parent.mkdir()
+    live.write_text(INHERIT)
+    title = f"nginx: master process /usr/sbin/nginx -c {live}"
+    proc = subprocess.Popen(["bash", "-c", f'exec -a "{title}" {sys.executable} -c "$0"', FAKE_MASTER])
+    try:
+        wait_until(lambda: cmdline(proc.pid).startswith(title) and len(children(proc.pid)) == 1,
+                   timeout=10, what="the fake master")
+        pid_file = tmp_path / "fake.pid"
+        pid_file.write_text(f"{proc.pid}\n")
+        ctl = NginxControl(conf, conf.parent, "/bin/true", pid_path=pid_file, health_check=lambda: True,
+                           reload_timeout=5.0, emerg_grace=0.1, health_timeout=0.5)
+        res = ctl.apply(30)
+        assert not res.ok and res.stage == "precheck", res
+        assert f"runs {live}, not {conf}" in res.message
+        assert conf.read_bytes() == before
+    finally:
+        proc.terminate()
+        proc.wait()
