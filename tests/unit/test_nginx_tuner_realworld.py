@@ -669,3 +669,22 @@ def test_a_master_running_another_configuration_is_not_reloaded(tmp_path: Path) 
     finally:
         proc.terminate()
         proc.wait()
+
+
+def test_tune_nginx_says_when_the_load_may_reach_another_server(tmp_path: Path) -> None:
+    """Name-based servers on one port: a load URL by address reaches the port's default server;
+    the tuned server got no request and the sweep still decided (a review). Said at the start."""
+    import asyncio
+
+    conf = write(tmp_path, HDR + "http {\n    keepalive_timeout 65;\n"
+                 "    server { listen 127.0.0.1:9 default_server; server_name blog; }\n"
+                 "    server { listen 127.0.0.1:9; server_name shop; }\n}\n")
+    said: list[str] = []
+    p = argparse.ArgumentParser()
+    cli.add_tune_arguments(p)
+    args = p.parse_args(["--nginx.config", str(conf), "--nginx.pid-file", str(tmp_path / "none.pid"), "--mode", "active",
+                         "--nginx.server-name", "shop", "--load.url", "http://127.0.0.1:9/", "--candidates", "5,10",
+                         "--repeats", "1", "--results.dir", str(tmp_path / "results")])
+    with pytest.raises(NginxError, match="not starting the sweep"):  # (no nginx runs here)
+        asyncio.run(cli.run_tune(args, progress=said.append))
+    assert any("the load URL's host 127.0.0.1 is not shop" in line for line in said), said
