@@ -1282,6 +1282,10 @@ class AdmissionProxy:
             else:
                 resp = AsTheAppSentStream(status=status, reason=reason, headers=out)
                 resp.as_received, resp.untyped = not ascii_only, untyped
+            if request.version < (1, 1) and "Content-Length" not in raw:
+                # HTTP/1.0 has no chunks: a streamed answer of no length ends with the connection
+                # (an HTTP/1.0 client asking for keep-alive waited 60 s for an end never sent; a review)
+                resp.force_close()
             try:
                 await resp.prepare(request)
             except ConnectionError:  # the client left before its answer began (counted where it left)

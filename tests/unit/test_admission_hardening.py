@@ -548,3 +548,24 @@ async def test_the_session_cookie_can_be_scoped_to_the_shops_path() -> None:
         assert "; Path=/shopA/;" in cookie
     with pytest.raises(Exception, match="cookie_path"):
         section("http://127.0.0.1:1", session__cookie_path="shopA; Domain=evil")
+
+
+async def test_an_http10_client_asking_for_keep_alive_gets_a_streamed_answer_that_ends() -> None:
+    """HTTP/1.0 has no chunked encoding: an answer of no length ends with the connection. A
+    client sending Connection: keep-alive waited 60 s for an end never sent (a review)."""
+    async with rig() as r:
+        url = URL(r.url)
+        async with client() as c, c.get(f"{r.url}/login") as first:  # a session (the app's pages need one)
+            cookies = "; ".join(f"{m.key}={m.value}" for m in c.cookie_jar)
+            assert first.status == 200
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+        try:
+            writer.write(f"GET /stream HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\nCookie: {cookies}\r\n\r\n".encode())
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(-1), 20)  # to the end of the connection
+        finally:
+            writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0], head[:80]
+        assert b"chunked" not in head.lower()
+        assert body == b"".join(bytes([65 + i]) * 10_000 for i in range(20))
