@@ -222,7 +222,8 @@ def load_dir(path: str | Path, options: OfflineOptions | None = None, *, inject_
     graphs = [f for f in files if f.stem == "mpg" or f.stem.endswith("_mpg")]
     if len(graphs) != 1:
         raise OfflineDataError(
-            f"{folder}: expected one *_mpg.csv dependency file (MicroRCA's layout), found {len(graphs)}; "
+            f"{folder}: expected one *_mpg.csv dependency file (one MicroRCA case per folder: move each prefix's "
+            f"files into a folder of its own), found {len(graphs)}; "
             "a table case is a CSV file or a folder with normal.csv + anomalous.csv, data.csv, "
             "simple_data.csv, simple_metrics.csv or metrics.csv"
         )
