@@ -901,7 +901,8 @@ class Engine:
                 young.append(peer.url)
                 continue
             memory.listed |= listed
-            settled = peer.started is None or (at - peer.started).total_seconds() >= grace
+            settled = (not getattr(peer, "status_unread", False)
+                       and (peer.started is None or (at - peer.started).total_seconds() >= grace))
             if not settled:
                 young.append(peer.url)
             witnesses.append((settled, memory.listed, peer.started))

@@ -135,6 +135,10 @@ class PeerAlerts:
     # Service) and its list is not one peer's.
     name: str | None = None
     mixed: bool = False
+    # Its status could not be read (a 503, a timeout) although its alerts could: its age is
+    # unknown, so its silence proves nothing (a restarted peer answering 503 to /status resolved
+    # what still fired: a review).
+    status_unread: bool = False
 
 
 class AlertmanagerClient(_Servers):
@@ -218,7 +222,7 @@ class AlertmanagerClient(_Servers):
                 return PeerAlerts(url, None, error=why(e))
             started, name = after = await self._status(url)
             mixed = None not in (*before, *after) and before != after
-            return PeerAlerts(url, alerts, started, name=name, mixed=mixed)
+            return PeerAlerts(url, alerts, started, name=name, mixed=mixed, status_unread=started is None)
 
         views = list(await asyncio.gather(*(one(url) for url in self.base_urls)))
         if all(v.alerts is None for v in views):

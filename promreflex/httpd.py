@@ -428,6 +428,34 @@ class TokenFiles:
         return token
 
 
+class LiveToken:
+    """A server's token from its token file, read again when the file changes (``value``): the
+    callers re-read theirs (:class:`TokenFiles`), so a token rotated in a file both sides name is
+    taken by both at once, with no restart (re-read on one side only, every call got 401 until
+    the other restarted: a review). A file that turns bad (removed, mode 0644, emptied) keeps
+    the last good token, said once in the log. ``value`` is ``initial`` without a file."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, what: str = "token file", initial: str | None = None):
+        self.path = Path(path) if path is not None else None
+        self.what = what
+        self._files = TokenFiles()
+        self._last = initial if initial is not None else (self._files.get(self.path, what) if self.path else "")
+        self._said: str | None = None
+
+    @property
+    def value(self) -> str:
+        if self.path is None:
+            return self._last
+        try:
+            self._last = self._files.get(self.path, self.what)
+            self._said = None
+        except UserError as e:
+            if self._said != str(e):
+                self._said = str(e)
+                logging.getLogger("promreflex.httpd").warning("%s; keeping the token read before", e)
+        return self._last
+
+
 def read_token_file(path: str | os.PathLike[str] | None, what: str = "token file") -> str:
     """The bearer token in ``path`` ("" when no path is given). Raises :class:`UserError` with
     one line when the file is missing, unreadable, empty, or readable (or writable) by its group

@@ -21,7 +21,7 @@ from promreflex.logs import setup as setup_logging
 from controllers.admission.config import AdmissionSection, load_section
 from controllers.admission.cookies import append_key
 from promreflex.errors import UserError
-from promreflex.httpd import Limits, read_token_file, serving, stop_on_signals
+from promreflex.httpd import Limits, LiveToken, serving, stop_on_signals
 
 log = logging.getLogger("promreflex.admission")
 
@@ -58,7 +58,7 @@ async def serve(cfg: AdmissionSection, ready: asyncio.Event | None = None, stop:
     from controllers.admission.proxy import SHUTDOWN_TIMEOUT, AdmissionProxy, load_ring
 
     ring = load_ring(cfg.session.key_file)
-    token = read_token_file(cfg.control.token_file, "admission control.token_file")
+    token = LiveToken(cfg.control.token_file, "admission control.token_file")  # (read again when it changes)
     proxy = AdmissionProxy(cfg, ring, token=token)
     nofile = _raise_nofile()
     # Requests wait in queues holding their connection: leave room for every queue to fill.

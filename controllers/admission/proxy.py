@@ -86,7 +86,7 @@ from controllers.admission.sched import (
     SessionState,
     Waiting,
 )
-from promreflex.httpd import LIMITS, BodyError, Limits, add_standard_routes, on_disconnect, read_body, read_head
+from promreflex.httpd import LIMITS, BodyError, Limits, LiveToken, add_standard_routes, on_disconnect, read_body, read_head
 
 log = logging.getLogger("promreflex.admission")
 
@@ -529,7 +529,7 @@ class ClientWatch:
 class AdmissionProxy:
     def __init__(self, cfg: AdmissionSection, ring: KeyRing | None = None,
                  registry: CollectorRegistry | None = None, clock: Clock = time.monotonic,
-                 wall: Clock = time.time, token: str = ""):
+                 wall: Clock = time.time, token: str | LiveToken = ""):
         self.cfg = cfg
         self.clock, self.wall = clock, wall
         self.token = token
@@ -1348,10 +1348,11 @@ class AdmissionProxy:
         return await handler(request)
 
     def _authorized(self, request: web.Request) -> bool:
-        if not self.token:
+        token = self.token.value if isinstance(self.token, LiveToken) else self.token
+        if not token:
             return True
         got = request.headers.get("Authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode())
+        return hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
 
     def _control(self, result: str, status: int, payload: dict[str, Any]) -> web.Response:
         self.metrics.control.labels(result).inc()

@@ -267,7 +267,10 @@ def unwatched(directory: str | Path) -> str | None:
     host = socket.gethostname()
     for v in watchers.values():
         if v.get("host") != host:
-            return None
+            since = v.get("since")
+            if isinstance(since, (int, float)) and time.time() - since <= WATCH_STALE:
+                return None  # (another host's guard that noted itself lately: taken as running)
+            continue
         pid, start = v.get("pid"), v.get("pid_start")
         if isinstance(pid, int) and same_process(pid, start if isinstance(start, (int, float)) else None):
             return None

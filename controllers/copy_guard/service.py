@@ -48,7 +48,7 @@ from controllers.copy_guard.registry import Entry, Registry, new_id, process_sta
 from promreflex.config import is_loopback, split_host_port
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    ADDRESSES, BodyError, add_standard_routes, discard_small_body, read_body, read_token_file, serving,
+    ADDRESSES, BodyError, LiveToken, add_standard_routes, discard_small_body, read_body, serving,
 )
 
 log = logging.getLogger("promreflex.copy")
@@ -64,7 +64,7 @@ class CopyService:
     control: Control
     site: str
     copy_id: str
-    token: str = ""
+    token: str | LiveToken = ""  # (a LiveToken: read again when its file changes)
     registry: Registry | None = None
     listen: str = "127.0.0.1:0"
 
@@ -118,8 +118,8 @@ class CopyService:
         return 200, self.status()
 
     def authorized(self, auth: str) -> bool:
-        return not self.token or hmac.compare_digest(auth.encode("utf-8", "surrogateescape"),
-                                                     f"Bearer {self.token}".encode())
+        token = self.token.value if isinstance(self.token, LiveToken) else self.token
+        return not token or hmac.compare_digest(auth.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode())
 
     def app(self) -> web.Application:
         async def status(_: web.Request) -> web.Response:
@@ -152,7 +152,7 @@ class CopyService:
     def start_server(self) -> str:
         """Serve the control endpoint in a thread; return its URL (``http://HOST:PORT``)."""
         host, _ = split_host_port(self.listen)
-        if not is_loopback(host) and not self.token:
+        if not is_loopback(host) and not (self.token.value if isinstance(self.token, LiveToken) else self.token):
             raise ValueError(f"{self.listen} is beyond loopback: give --web.token-file")
         started = threading.Event()
         result: dict[str, Any] = {}
@@ -247,7 +247,7 @@ def run_copy(src: str, dst: str, *, site: str = "shop", registry_dir: str | Path
              max_lease: float = 600.0, fresh: bool = False, linger: float = 0.0, copy_id: str | None = None) -> int:
     """The ``promreflex copy`` command (blocking); returns the exit status."""
     try:
-        token = read_token_file(token_file, "--web.token-file")
+        token = LiveToken(token_file, "--web.token-file")
     except UserError as e:
         print(f"copy: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -476,22 +476,21 @@ class NginxControl:
         (the journal of a sweep that changed nothing would later be "recovered" over a newer
         deployment)."""
         self._sweep_lock(hold=True)
-        with self._exclusive():
-            try:
+        try:
+            with self._exclusive():
                 recovered = self._recover()
                 why = self._precheck()  # (each trial checks again; this one writes no journal when it fails)
-            except NginxError:
-                self._sweep_unlock()
-                raise
-            if why:
-                self._sweep_unlock()
-                raise NginxError(f"not starting the sweep, nothing changed: {why}")
-            file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
-            if self._rest is None:  # (known already when this control edited before the sweep)
-                self._rest = self._file_rest()
-            record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time(),
-                      "rest": list(self._rest), "written": []}
-            atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
+                if why:
+                    raise NginxError(f"not starting the sweep, nothing changed: {why}")
+                file = config_edit.target_file(self.conf_path, self.directive, self.server_name)
+                if self._rest is None:  # (known already when this control edited before the sweep)
+                    self._rest = self._file_rest()
+                record = {"file": str(file), "content": config_edit.read_text(file), "started": time.time(),
+                          "rest": list(self._rest), "written": []}
+                atomic_write_text(self.journal_path, json.dumps(record), mode=0o600)
+        except BaseException:  # (a full disk, a cancellation: no sweep started, the lock goes too)
+            self._sweep_unlock()
+            raise
         return recovered
 
     def end_sweep(self) -> None:

@@ -328,15 +328,15 @@ def derive_edge(
 
 
 def _consul_service(cluster: str) -> str:
-    """The service of a Consul Connect upstream cluster: ``[<subset>.]<service>.<namespace>.<dc>
-    .internal.<domain>.consul``, or with a partition ``...<service>.<namespace>.<partition>.<dc>
-    .internal-v1.<domain>.consul`` (a service-resolver's subset first: ``v2.backend...`` is backend)."""
+    """The service of a Consul Connect upstream cluster, read from the end as Consul writes it:
+    ``[<subset>.]<service>.<namespace>.<dc>.internal.<trust domain>.consul``; with a partition
+    ``...<service>.<namespace>.<partition>.<dc>.internal-v1.<td>.consul``; a peered upstream
+    ``...<service>.<namespace>.<partition>.<peer>.external.<td>.consul``. From the end: a service
+    named ``internal-api`` is a service (read from the start, it was taken for the marker)."""
     labels = cluster.split(".")
-    at = next((i for i, label in enumerate(labels) if label.startswith("internal")), None)
-    if at is None:
-        return UNKNOWN
-    before = 3 if labels[at] == "internal" else 4
-    if at < before:
+    at = len(labels) - 3
+    before = {"internal": 3, "internal-v1": 4, "external": 4}.get(labels[at]) if at >= 0 else None
+    if before is None or at < before:
         return UNKNOWN
     return service_name(labels[at - before]) or UNKNOWN
 

@@ -210,7 +210,11 @@ async def test_a_hold_fired_while_the_proxy_is_down_is_set_when_it_is_back(tmp_p
 
 async def test_a_rotated_token_is_used_without_a_restart(tmp_path: Path):
     """The runbook's fix for a 401 (the route's token_file must hold the proxy's token) did not
-    work until the controller restarted: the action kept the first token it read (a review)."""
+    work until the controller restarted: the action kept the first token it read (a review).
+    And a token rotated in a file both name is taken by both at once: re-read on one side
+    only, every call got 401 until the other restarted (a review of that fix)."""
+    from promreflex.httpd import LiveToken
+
     token = tmp_path / "token"
     token.write_text("old-token\n")
     token.chmod(0o600)
@@ -223,5 +227,20 @@ async def test_a_rotated_token_is_used_without_a_restart(tmp_path: Path):
             token.write_text("new-token\n")
             await action.fire(ctx(params))
             assert r.proxy.holds.waiting_room()
+        finally:
+            await action.shutdown()
+    shared = tmp_path / "shared-token"
+    shared.write_text("first\n")
+    shared.chmod(0o600)
+    async with rig(token=LiveToken(shared)) as r:
+        params = AdmissionParams(control_url=r.control, mode="waiting_room", token_file=shared,
+                                 state_dir=tmp_path / "s")
+        action = await started(params)
+        try:
+            await action.fire(ctx(params))
+            shared.write_text("second-token\n")  # rotated in place: both read it again
+            assert await action.renew_all() == 1
+            shared.chmod(0o644)  # a file that turns bad: the proxy keeps the token read before
+            assert r.proxy._authorized(type("R", (), {"headers": {"Authorization": "Bearer second-token"}})())
         finally:
             await action.shutdown()

@@ -931,3 +931,32 @@ async def test_a_second_live_controller_on_the_same_registry_is_said(tmp_path, c
     (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": watchers}))
     assert note_watched(reg_dir) == ["pod-a:7"]
     assert set(json.loads((reg_dir / WATCH_NAME).read_text())["watchers"]) == {"pod-a:7", "pod-b:7", f"{host}:{os.getpid()}"}
+
+
+def test_another_hosts_guard_silent_for_long_is_not_taken_as_running(tmp_path):
+    """promreflex copy warns when no guard watches its registry: another host's entry silent for
+    hours still counted as a running guard (a review)."""
+    from controllers.copy_guard.registry import WATCH_NAME, unwatched
+
+    reg_dir = tmp_path / "copies"
+    reg_dir.mkdir(mode=0o700)
+    old = {"host": "pod-a", "pid": 7, "pid_start": 1.0, "since": time.time() - 6 * 3600}
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {"pod-a:7": old}}))
+    assert "is not running" in (unwatched(reg_dir) or "")
+    (reg_dir / WATCH_NAME).write_text(json.dumps({"watchers": {"pod-a:7": {**old, "since": time.time() - 30}}}))
+    assert unwatched(reg_dir) is None
+
+
+def test_the_copiers_control_takes_a_rotated_token_as_the_guard_does(tmp_path):
+    """The guard reads its control_token_file again when it changes; the copier's control read
+    its token once, so a token rotated in the file both name got every call a 401 (a review)."""
+    from controllers.copy_guard.service import CopyService
+    from promreflex.httpd import LiveToken
+
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    token.chmod(0o600)
+    service = CopyService(None, None, "shop", "c1", LiveToken(token))  # type: ignore[arg-type]
+    assert service.authorized("Bearer first") and not service.authorized("Bearer second")
+    token.write_text("second-token\n")
+    assert service.authorized("Bearer second-token") and not service.authorized("Bearer first")

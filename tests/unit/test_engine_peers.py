@@ -531,3 +531,26 @@ async def test_a_failed_status_read_is_not_taken_for_another_alertmanager(tmp_pa
         assert kinds() == ["fire", "resolve"]
         assert not any(m.shared for m in engine._peers.values())
         await engine.shutdown()
+
+
+async def test_a_restarted_alertmanager_whose_status_cannot_be_read_proves_no_absence(tmp_path):
+    """Back empty after a restart, and its /api/v2/status answers 503: its age unknown, it was
+    taken for old enough, and the alert that still fired was resolved (a review)."""
+    clock = Clock()
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path, client, clock)
+        am.fire(FIRING)
+        await converge(engine)
+        am.restart(started=clock.t)
+
+        async def unavailable(request):
+            from aiohttp import web
+
+            return web.json_response({"error": "injected"}, status=503)
+
+        am._status = unavailable  # type: ignore[method-assign]
+        for _ in range(3):
+            clock.t += 3
+            await converge(engine)
+        assert kinds() == ["fire"]
+        await engine.shutdown()

@@ -113,8 +113,11 @@ def test_host_names_of_pods_kubernetes_and_consul():
     # a service-resolver's subset comes first; a partition's cluster says internal-v1
     assert [_consul_service(c) for c in ("v2.backend.default.dc1.internal.3bb1.consul",
                                          "backend.ns.part.dc1.internal-v1.td.consul",
-                                         "v2.backend.ns.part.dc1.internal-v1.td.consul", "x.consul")] == [
-        "backend", "backend", "backend", "unknown"]
+                                         "v2.backend.ns.part.dc1.internal-v1.td.consul", "x.consul",
+                                         "internal-api.default.dc1.internal.3bb1.consul",
+                                         "api.internal.dc1.internal.3bb1.consul",
+                                         "billing.default.default.peer1.external.3bb1.consul")] == [
+        "backend", "backend", "backend", "unknown", "internal-api", "api", "billing"]
     _, requests, _, _ = feed("istio_text", "checkout", lines("nscollide.log"), namespaces=("payments",))
     assert requests == {("checkout", "external", "2xx"): 1, ("checkout", "api", "2xx"): 1}
     fmt = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" %RESPONSE_CODE% '

@@ -688,3 +688,26 @@ def test_tune_nginx_says_when_the_load_may_reach_another_server(tmp_path: Path) 
     with pytest.raises(NginxError, match="not starting the sweep"):  # (no nginx runs here)
         asyncio.run(cli.run_tune(args, progress=said.append))
     assert any("the load URL's host 127.0.0.1 is not shop" in line for line in said), said
+
+
+def test_a_sweep_that_cannot_start_leaves_no_lock(tmp_path: Path, fake_master: Path, monkeypatch) -> None:
+    """A journal that cannot be written (a full disk): the sweep lock stayed held by a control no
+    one used, and the engine's retries were refused as "a sweep runs (pid <own pid>)" (a review)."""
+    import controllers.nginx_tuner.nginx_ctl as nginx_ctl
+
+    conf = write(tmp_path, HEADER_CONF)
+    first = control(conf, fake_master)
+    real = nginx_ctl.atomic_write_text
+
+    def full(path, *a, **kw):
+        if Path(path).name == "sweep.json":
+            raise OSError(28, "No space left on device")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(nginx_ctl, "atomic_write_text", full)
+    with pytest.raises(OSError, match="No space"):
+        first.begin_sweep()
+    monkeypatch.setattr(nginx_ctl, "atomic_write_text", real)
+    again = control(conf, fake_master)
+    again.begin_sweep()  # not refused
+    again.end_sweep()
