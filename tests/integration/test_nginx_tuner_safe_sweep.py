@@ -104,6 +104,7 @@ async def test_a_sweep_killed_mid_way_is_undone_before_the_next_reads_the_curren
     original = live.conf.read_text()
     ctl.begin_sweep()
     assert ctl.apply(7).ok and ctl.current_value() == ("7",)  # a trial, then the controller dies
+    ctl._sweep_unlock()  # (its sweep lock goes with the process)
     again = NginxControl(live.conf, live.prefix, NGINX, reload_timeout=20.0, health_url=live.url)  # restarted
     said = again.recover()
     assert "put back" in said and said.endswith("and live") and ".at-recovery" in said, said
@@ -245,6 +246,7 @@ async def test_recovery_leaves_a_newer_deployment_as_it_is(live: Live) -> None: 
     original = live.conf.read_text()
     ctl.begin_sweep()
     assert ctl.apply(7).ok  # a trial, then the controller dies
+    ctl._sweep_unlock()  # (its sweep lock goes with the process)
     deployed = live.conf.read_text().replace("server_name tuner.test;", 'server_name tuner.test;\n        add_header X-Deployed "v2" always;')
     live.conf.write_text(deployed)
     assert ctl.reload().ok  # the operator's deployment, live
@@ -264,6 +266,7 @@ async def test_two_recoveries_keep_two_copies(live: Live) -> None:  # noqa: F811
         ctl = _control(live)
         ctl.begin_sweep()
         assert ctl.apply(value).ok
+        ctl._sweep_unlock()  # the controller dies: its sweep lock goes with the process
         assert "put back" in _control(live).recover()
     kept = sorted(p.read_text() for p in _control(live).backup_dir.glob("*.at-recovery-*"))
     assert len(kept) == 2 and any("keepalive_timeout 7;" in k for k in kept) and any("keepalive_timeout 9;" in k for k in kept)
@@ -400,6 +403,7 @@ async def test_recovery_leaves_an_operators_value_on_the_tuned_line(live: Live) 
     ctl = _control(live)
     ctl.begin_sweep()
     assert ctl.apply(90).ok  # a trial, then the controller dies
+    ctl._sweep_unlock()  # (its sweep lock goes with the process)
     chosen = live.conf.read_text().replace("keepalive_timeout 90;", "keepalive_timeout 30;")
     live.conf.write_text(chosen)
     assert ctl.reload().ok  # the operator's decision, live
