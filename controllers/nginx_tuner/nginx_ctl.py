@@ -92,6 +92,8 @@ __all__ = ["NOT_RUNNING", "ApplyResult", "NginxControl", "NginxError", "ReloadRe
 #: nginx's built-in ``keepalive_timeout`` (the value in force when no enclosing block sets one).
 NGINX_DEFAULT_KEEPALIVE_S = 75.0
 
+#: Copies kept aside per file and kind (``.at-recovery-``, ``.pre-sweep-``): the newest ones.
+ASIDE_KEPT = 10
 #: How :meth:`NginxControl.restore_original` ends when the file is back but no nginx serves it:
 #: a sweep that kept its value then has not ended well (nginx is down), whatever the file says.
 NOT_RUNNING = "nginx is not running"
@@ -614,10 +616,19 @@ class NginxControl:
         return self._rest
 
     def _aside(self, file: Path, what: str, text: str) -> Path:
-        """Keep ``text`` beside the backups under a name of its own (never one another's)."""
+        """Keep ``text`` beside the backups under a name of its own (never one another's); of
+        each kind the newest :data:`ASIDE_KEPT` are kept (every sweep that kept the current value
+        left one more, for good: a review)."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 1_000_000_000:09d}Z"
-        aside = Path(f"{config_edit.backup_path(file, self.backup_dir)}.{what}-{stamp}")
+        base = f"{config_edit.backup_path(file, self.backup_dir)}.{what}-"
+        aside = Path(base + stamp)
         atomic_write_text(aside, text, mode=0o600)
+        kept = sorted(p for p in aside.parent.iterdir() if str(p).startswith(base))  # (the stamps sort in time)
+        for old in kept[:-ASIDE_KEPT]:
+            try:
+                old.unlink()
+            except OSError:
+                pass
         return aside
 
     def _recover(self, keep: bool = False) -> str:

@@ -230,3 +230,19 @@ def test_putting_the_pre_sweep_file_back_in_a_globbed_folder_reloads_it(tmp_path
     (tmp_path / "conf.d" / "blog.conf").write_text("server { listen 8081; }\n")
     with pytest.raises(NginxError, match="conf.d changed on disk"):
         ctl.recover()
+
+
+def test_copies_kept_aside_are_the_newest_ten_of_each_kind(tmp_path: Path) -> None:
+    """Every sweep that kept the current value left one more .at-recovery- copy, for good (a
+    review): the newest ten of each kind stay, the others go."""
+    from controllers.nginx_tuner.nginx_ctl import ASIDE_KEPT
+
+    conf = tmp_path / "nginx.conf"
+    conf.write_text("events {}\nhttp {\n    keepalive_timeout 65;\n}\n")
+    ctl = NginxControl(conf, tmp_path, pid_path=tmp_path / "none.pid")
+    ctl.backup_dir.mkdir(mode=0o700)
+    made = [ctl._aside(conf, "at-recovery", f"text {i}\n") for i in range(ASIDE_KEPT + 5)]
+    other = ctl._aside(conf, "pre-sweep", "theirs\n")
+    left = sorted(ctl.backup_dir.glob("*.at-recovery-*"))
+    assert left == sorted(made[-ASIDE_KEPT:]) and other.exists()
+    assert [p.read_text() for p in left] == [f"text {i}\n" for i in range(5, ASIDE_KEPT + 5)]
