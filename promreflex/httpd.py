@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from pathlib import Path
 import resource
 import signal
 import stat
@@ -55,6 +54,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web

@@ -122,14 +122,14 @@ def _is_case(p: Path) -> bool:
 _DATA_FILE = re.compile(r"\.(csv|tsv)(\.(gz|bz2|xz|zst|zip))?$", re.IGNORECASE)
 
 
-def find_unread(root: Path, cases: Sequence[Path]) -> list[tuple[Path, str]]:
+def find_unread(root: Path, cases: Sequence[Path], folders: Sequence[Path] | None = None) -> list[tuple[Path, str]]:
     """Folders under ``root`` that hold data files but are no case and hold none (a lone
     ``normal.csv``, ``Anomalous.csv``, ``data.csv.gz``), with what they hold: ``rca eval`` lists
     them as not read, so a figure over 27 cases of 30 says so."""
     real_cases = {c.resolve() for c in cases}
     holds_case = {p for c in real_cases for p in c.parents}
     out: list[tuple[Path, str]] = []
-    for d in _folders(root):
+    for d in _folders(root) if folders is None else folders:  # (the walk find_cases made, when given)
         real = d.resolve()
         if real in real_cases or real in holds_case or any(p in real_cases for p in real.parents):
             continue
@@ -222,7 +222,8 @@ def run(
     root = Path(root)
     if not root.is_dir():
         raise OfflineDataError(f"{root}: no such folder")
-    cases = find_cases(root)
+    folders = _folders(root)  # walked once: for the cases and for the folders that are none
+    cases = [p for p in folders if _is_case(p)]
     if not cases:
         raise OfflineDataError(
             f"{root}: no cases (folders with anomalous.csv + normal.csv, {', '.join(TABLE_FILES)} or *_mpg.csv)"
@@ -231,7 +232,7 @@ def run(
     def label_of(case: Path) -> str:
         return str(case.relative_to(root)) if case != root else Path(os.path.abspath(case)).name
 
-    for folder, held in find_unread(root, cases):
+    for folder, held in find_unread(root, cases, folders):
         reason = (f"no case here: it holds {held}, not anomalous.csv + normal.csv, {', '.join(TABLE_FILES)} "
                   "or *_mpg.csv (names are case-sensitive; unpack compressed files)")
         if errors is None:
