@@ -38,23 +38,44 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The embedded default configuration (``promreflex`` without ``--config.file``).
 DEFAULT_CONFIG = Path(__file__).with_name("defaults.yml")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0, "y": 365 * 86400.0}
+_UNIT_ORDER = ("y", "w", "d", "h", "m", "s", "ms")
 
 
 def parse_duration(value: Any) -> float:
-    """``"200ms"`` -> 0.2, ``"1m"`` -> 60.0, ``5`` -> 5.0 (seconds)."""
+    """``"200ms"`` -> 0.2, ``"1m"`` -> 60.0, ``"1h30m"`` -> 5400.0, ``5`` -> 5.0 (seconds).
+
+    Strings as Prometheus and Alertmanager write durations (units y, w, d, h, m, s, ms, largest
+    first, each at most once), with decimals allowed (``1.5s``); a bare number is seconds."""
     if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like 200ms, 15s, 1m")
+        raise ValueError("a duration is a number of seconds or a string like 200ms, 15s, 1m, 1h30m")
     if isinstance(value, (int, float)):
         seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    elif isinstance(value, str) and (seconds_or_none := _duration_text(value.strip())) is not None:
+        seconds = seconds_or_none
     else:
-        raise ValueError(f"{value!r} is not a duration (use e.g. 200ms, 15s, 1m)")
+        raise ValueError(f"{value!r} is not a duration (use e.g. 200ms, 15s, 1m, 1h30m)")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _duration_text(text: str) -> float | None:
+    text = re.sub(r"(?<=\d)\s+(?=[a-z])", "", text)  # "15 s", as before compound durations
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    at, seconds, last = 0, 0.0, -1
+    for m in _DURATION_PART.finditer(text):
+        rank = _UNIT_ORDER.index(m.group(2))
+        if m.start() != at or rank <= last:
+            return None
+        at, last = m.end(), rank
+        seconds += float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return seconds if at == len(text) and at else None
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]

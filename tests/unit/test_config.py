@@ -129,12 +129,16 @@ def test_a_clash_with_a_shipped_action_leaves_both_out_and_a_half_imported_modul
     assert "copy-guard" in registry() and broken_actions() == {}
 
 
-@pytest.mark.parametrize("text, seconds", [("200ms", 0.2), ("15s", 15), ("1m", 60), (5, 5), ("1.5h", 5400)])
+@pytest.mark.parametrize("text, seconds", [
+    ("200ms", 0.2), ("15s", 15), ("1m", 60), (5, 5), ("1.5h", 5400), ("15 s", 15),
+    # as Prometheus and Alertmanager write them (repeat_interval: 1h30m; a rule's for: 1m30s)
+    ("1h30m", 5400), ("1m30s", 90), ("2d12h", 216000), ("1w", 604800), ("1s500ms", 1.5),
+])
 def test_durations(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("bad", ["soon", "-1s", True, "5 parsecs"])
+@pytest.mark.parametrize("bad", ["soon", "-1s", True, "5 parsecs", "30m1h", "1h1h", "1h 30m", "nan", "1e3", "h", ""])
 def test_bad_durations(bad):
     with pytest.raises(ValueError):
         parse_duration(bad)
