@@ -173,6 +173,7 @@ def duration(seconds: float) -> str:
 AL = 'job="accesslog", instance="a:1", site="shop"'
 ADM = 'job="admission", instance="p:1"'
 CTL = 'job="controller", instance="c:1"'
+AM = 'job="alertmanager", instance="a:1"'
 MX = 'job="mesh", instance="m:1", workload="shop"'
 NG = 'job="nginx", instance="n:1"'
 SW = 'job="swift", instance="s:1"'
@@ -299,6 +300,10 @@ def concerns() -> list[Concern]:
             Alert("PromreflexWatchdogNotReceived", {
                 f"promreflex_controller_last_notification_timestamp_seconds{{{CTL}}}":
                     lambda t: (t // 60) * 60 if (t < T0 or t >= T1) else (T0 // 60) * 60}),
+            # Alertmanager sends a webhook notification every 20 s; during the fault a third fail.
+            Alert("PromreflexWebhookDeliveryFailing", {
+                f'alertmanager_notifications_total{{{AM}, integration="webhook"}}': counter((0, 0.05)),
+                f'alertmanager_notifications_failed_total{{{AM}, integration="webhook"}}': fault_rate(0, 0.05 / 3)}),
             Alert("PromreflexTargetDown", {f"up{{{NG}}}": fault(1, 0)}),
             Alert("NginxDown", {f"nginx_up{{{NG}}}": fault(1, 0)}),
             Alert("PromreflexSelftest", {'promreflex_selftest_switch{job="selftest", instance="t:1"}': fault(0, 1)}),
@@ -366,6 +371,8 @@ FIRES: dict[tuple[str, str], dict[int, tuple[int, int] | None]] = {
     ("nginx", "NginxMemoryHigh"): {15: (1515, 2115), 30: (1530, 2130), 60: (1560, 2160)},
     ("stack", "Watchdog"): {15: None, 30: None, 60: None},
     ("stack", "PromreflexWatchdogNotReceived"): {15: (1215, 2115), 30: (1230, 2130), 60: (1260, 2160)},
+    # a 5 m rate: fires 5 m after the failures start and stops when they left the window
+    ("stack", "PromreflexWebhookDeliveryFailing"): {15: (1230, 2385), 30: (1230, 2400), 60: (1260, 2400)},
     ("stack", "PromreflexTargetDown"): {15: (930, 2115), 30: (960, 2130), 60: (1020, 2160)},
     ("stack", "NginxDown"): {15: (930, 2115), 30: (960, 2130), 60: (1020, 2160)},
     ("stack", "PromreflexSelftest"): {15: (915, 2115), 30: (930, 2130), 60: (960, 2160)},
