@@ -239,7 +239,8 @@ def check_text(path: str | os.PathLike, *, allow_gzip: bool) -> str | None:
         problem = _binary_problem(head)
         return f"gzip-compressed, and {problem}" if problem else None
     if kind is not None:
-        how = "follow the plain log; read rotated .gz files with the one-shot backfill" if kind == "gzip" else (
+        how = ("follow the plain log (nginx writes this one so with `access_log ... gzip`: drop `gzip` "
+               "from that line); read rotated .gz files with the one-shot backfill") if kind == "gzip" else (
             f"decompress it first ({kind} is not read)"
         )
         return f"a {kind}-compressed file, not a text log: {how}"

@@ -72,6 +72,10 @@ class LogSource(Strict):
     path: Path
     format: Format = "nginx_combined"
     log_format: str | None = None
+    backslash_escapes: bool | None = None
+    """``custom`` only: quoted fields may hold ``\"``, as Apache writes a quote in a field. Default:
+    yes for a JSON format and for one using ``$request_time_us``/``$request_time_ms`` (an Apache
+    log), no otherwise (nginx writes ``\x22``); set it for an Apache log read with ``$request_time``."""
     routes: list[Route] = Field(default_factory=list, max_length=MAX_ROUTES)
     rotated: str | None = Field(default=None, min_length=1)
     """Glob of the rotated copies, when they are not beside the log as ``<name>.N[.gz]`` or
@@ -94,8 +98,10 @@ class LogSource(Strict):
             raise ValueError("format 'custom' needs log_format (the nginx log_format string)")
         if self.format != "custom" and self.log_format is not None:
             raise ValueError(f"log_format is only read with format 'custom' (format is {self.format!r})")
+        if self.format != "custom" and self.backslash_escapes is not None:
+            raise ValueError(f"backslash_escapes is only read with format 'custom' (format is {self.format!r})")
         try:
-            parser = build_parser(self.format, self.log_format)
+            parser = build_parser(self.format, self.log_format, self.backslash_escapes)
         except LogFormatError as e:
             raise ValueError(f"log_format: {e}") from e
         if self.routes and not parser.has_path:

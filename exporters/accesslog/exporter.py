@@ -115,7 +115,7 @@ class SiteLog:
         self.source = source
         self.site = source.site
         self.metrics = metrics
-        self.parser: LineParser = build_parser(source.format, source.log_format)
+        self.parser: LineParser = build_parser(source.format, source.log_format, source.backslash_escapes)
         self.router = Router(source.routes) if source.routes else None
         if follower is None:
             check_followable(source.path)
@@ -268,6 +268,25 @@ class SiteLog:
             batch.durations = []
         return batch
 
+    def _diagnose(self, sample: str) -> str | None:
+        """A cause recognised from the log itself, for the warning: nginx compressing it
+        (``access_log ... gzip``: the file was empty when the exporter started, so the start
+        check passed), or runs of spaces where the format has one (Bitnami's ``main``)."""
+        try:
+            with open(self.source.path, "rb") as f:
+                head = f.read(2)
+        except OSError:
+            head = b""
+        if head == b"\x1f\x8b":
+            return ("nginx writes this log gzip-compressed (`access_log ... gzip`): drop `gzip` (and its "
+                    "level) from that access_log line; the exporter reads the plain log, and rotated .gz "
+                    "copies with the one-shot backfill")
+        if "  " in sample and not isinstance(self.parser.parse(re.sub(" {2,}", " ", sample)), str):
+            return (f"the lines have two or more spaces between fields where format {self.source.format!r} "
+                    "has one (Bitnami's nginx `main`: `$status  $body_bytes_sent`): use `format: custom` "
+                    "with the log_format string nginx uses")
+        return None
+
     def _reject_reason(self, line: str) -> str:
         r = self.parser.parse(line)
         return r if isinstance(r, str) else "no_match"
@@ -290,7 +309,7 @@ class SiteLog:
         rejected = sum(self._window_reasons.values())
         if rejected * 2 > lines:
             top, _ = self._window_reasons.most_common(1)[0]
-            hint = _HINTS.get((self.source.format, top)) or (
+            hint = self._diagnose(self._window_sample or "") or _HINTS.get((self.source.format, top)) or (
                 f"the lines do not have the shape of format {self.source.format!r}: check `format:` "
                 "against the nginx/Apache log_format"
             )

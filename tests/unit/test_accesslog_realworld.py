@@ -358,3 +358,88 @@ def test_a_quote_left_open_does_not_swallow_the_next_line(tmp_path: Path) -> Non
     assert reg.get_sample_value("promreflex_http_requests_total", {"site": "s", "status_class": "2xx"}) == 2
     assert reg.get_sample_value("promreflex_accesslog_parse_errors_total", {"site": "s", "reason": "no_match"}) == 1
     exp.close()
+
+
+# ---------------------------------------------------------------- formats as others write them (review M)
+
+# nginx 1.22 wrote tests/fixtures/accesslog/nginx_json_upstream_status.log with this format (escape=json),
+# as published JSON formats log $upstream_status: a request nginx answered itself (a static file, its
+# own 404, a `return`, a limit_req 429) has "upstream_status":"" (escape=json writes an unset variable
+# empty), and every such line was rejected
+JSON_UPSTREAM_STATUS = (
+    '{"time_local":"$time_local","remote_addr":"$remote_addr","request_method":"$request_method",'
+    '"request_uri":"$request_uri","status":$status,"body_bytes_sent":$body_bytes_sent,"http_referer":"$http_referer",'
+    '"http_user_agent":"$http_user_agent","request_time":$request_time,"upstream_response_time":"$upstream_response_time",'
+    '"upstream_addr":"$upstream_addr","upstream_status":"$upstream_status"}')
+# Apache 2.4 wrote tests/fixtures/accesslog/apache_quotes_D.log with
+# LogFormat "%h %l %u %t \"%r\" %>s %b \"%{Referer}i\" \"%{User-agent}i\" %D" (its first line: a
+# request, a Referer and a User-Agent holding quotes, which Apache writes as \")
+APACHE_D = ('$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" '
+            '"$http_user_agent" $request_time_us')
+
+
+def classes(reg: CollectorRegistry, site: str) -> dict[str, float]:
+    return {c: reg.get_sample_value("promreflex_http_requests_total", {"site": site, "status_class": c}) or 0
+            for c in CLASSES}
+
+
+def test_json_lines_with_an_empty_upstream_status_are_requests(tmp_path: Path) -> None:
+    log = tmp_path / "json.log"
+    shutil.copy(FIXTURES / "nginx_json_upstream_status.log", log)
+    exp, reg = make({"logs": [{"site": "j", "path": str(log), "format": "custom", "log_format": JSON_UPSTREAM_STATUS}],
+                     "from_start": True})
+    assert exp.poll() == 25
+    assert classes(reg, "j") == {"1xx": 0, "2xx": 8, "3xx": 1, "4xx": 14, "5xx": 2}
+    assert reg.get_sample_value("promreflex_accesslog_parse_errors_total", {"site": "j", "reason": "no_match"}) == 0
+    exp.close()
+    parser = build_parser("custom", JSON_UPSTREAM_STATUS)  # the line-by-line path too
+    assert not [ln for ln in log.read_text().splitlines() if isinstance(parser.parse(ln), str)]
+
+
+@pytest.mark.parametrize(("log_format", "escapes", "read"), [
+    (APACHE_D, None, True),  # $request_time_us: an Apache log, whose quoted fields hold \"
+    (APACHE_D.replace("_us", "_ms"), None, True),
+    (APACHE_D.replace("_us", ""), True, True),  # %T as $request_time: said in the configuration
+    (APACHE_D.replace("_us", ""), None, False),  # nginx writes \x22: not escape-aware by default
+    (APACHE_D, False, False),
+])
+def test_an_apache_log_read_with_a_custom_format_keeps_requests_holding_quotes(
+        tmp_path: Path, log_format: str, escapes: bool | None, read: bool) -> None:
+    log = tmp_path / "apache.log"
+    lines = (FIXTURES / "apache_quotes_D.log").read_text().splitlines()
+    if "$request_time_" not in log_format:  # %T: whole seconds in the last field
+        lines = [ln.rsplit(" ", 1)[0] + " 0" for ln in lines]
+    log.write_text("\n".join(lines) + "\n")
+    source = {"site": "a", "path": str(log), "format": "custom", "log_format": log_format}
+    if escapes is not None:
+        source["backslash_escapes"] = escapes
+    exp, reg = make({"logs": [source], "from_start": True})
+    exp.poll()
+    rejected = reg.get_sample_value("promreflex_accesslog_parse_errors_total", {"site": "a", "reason": "no_match"})
+    assert rejected == (0 if read else 1)
+    assert classes(reg, "a")["4xx"] == (6 if read else 5)
+    exp.close()
+
+
+def test_backslash_escapes_belongs_to_custom_formats() -> None:
+    with pytest.raises(ValueError, match="backslash_escapes is only read with format 'custom'"):
+        AccessLogConfig.model_validate({"logs": [{"site": "a", "path": "/x.log", "backslash_escapes": True}]})
+
+
+def test_the_warning_names_runs_of_spaces_and_nginx_gzip(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Bitnami's nginx `main`: '... "$request" $status  $body_bytes_sent ...' (two spaces), written by nginx
+    bitnami = tmp_path / "bitnami.log"
+    bitnami.touch()
+    # `access_log ... gzip`: nginx creates the file empty, then writes gzip members into it
+    gz = tmp_path / "access.log.gz"
+    gz.touch()
+    exp, _ = make({"logs": [{"site": "b", "path": str(bitnami)}, {"site": "g", "path": str(gz)}]})
+    line = '127.0.0.1 - - [28/Nov/2026:15:54:42 +0000] "GET / HTTP/1.1" 200  6 "-" "curl/7.88.1" "-"\n'
+    bitnami.write_text(line * 150)
+    gz.write_bytes(b"".join(gzip.compress(timed(i).encode() * 50) for i in range(150)))
+    with caplog.at_level(logging.WARNING, logger="exporters.accesslog.exporter"):
+        exp.poll()
+    said = {r.getMessage().split(":")[0]: r.getMessage() for r in caplog.records if "rejected" in r.getMessage()}
+    assert "two or more spaces between fields" in said["site b"] and "format: custom" in said["site b"]
+    assert "nginx writes this log gzip-compressed" in said["site g"]
+    exp.close()
