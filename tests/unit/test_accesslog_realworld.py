@@ -443,3 +443,22 @@ def test_the_warning_names_runs_of_spaces_and_nginx_gzip(tmp_path: Path, caplog:
     assert "two or more spaces between fields" in said["site b"] and "format: custom" in said["site b"]
     assert "nginx writes this log gzip-compressed" in said["site g"]
     exp.close()
+
+
+def test_ingress_nginx_default_format_with_escape_json(tmp_path: Path) -> None:
+    # ingress-nginx's upstreaminfo with log-format-escape-json (nginx 1.22 wrote these): a request
+    # answered by nginx itself leaves the upstream fields empty, not "-"; quotes come as \"
+    fmt = ('$remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" '
+           '"$http_user_agent" $request_length $request_time [$proxy_upstream_name] [$proxy_alternative_upstream_name] '
+           '$upstream_addr $upstream_response_length $upstream_response_time $upstream_status $req_id')
+    lines = [
+        '127.0.0.1 -  [28/Nov/2026:16:07:46 +0000] "GET /missing HTTP/1.1" 404 153 "" "" 61 0.000 [default-shop-80] []     '
+        '066ad8609c40fdbd0e174aff8decb85f',
+        '127.0.0.1 -  [28/Nov/2026:16:07:47 +0000] "GET /q\\"uote\\\\back?x=1 HTTP/1.1" 404 153 "http://ex ample/ a\\"b" '
+        '"Mo\\"zilla \\\\ 5.0 \u2713" 132 0.000 [default-shop-80] []     0a1b2c3d4e5f60718293a4b5c6d7e8f9',
+        '127.0.0.1 -  [28/Nov/2026:16:07:47 +0000] "GET /app HTTP/1.1" 200 6 "" "curl/7.88.1" 70 0.002 [default-shop-80] [] '
+        '127.0.0.1:21201 6 0.002 200 1f2e3d4c5b6a79880796a5b4c3d2e1f0',
+    ]
+    parser = build_parser("custom", fmt, backslash_escapes=True)
+    assert [getattr(parser.parse(ln), "status", None) for ln in lines] == [404, 404, 200]
+    assert build_parser("custom", fmt).parse(lines[1]) == "no_match"  # nginx's default escaping: \x22
