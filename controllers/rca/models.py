@@ -126,8 +126,13 @@ class AnalysisConfig(_Model):
     ``statistic``: compare the maximum (paper) or the p99 with ``threshold_s``.
     ``scale_floor_ratio`` / ``latency_scale_floor_s`` / ``resource_scale_floor``: lower bounds
     of the robust spread, so a perfectly flat baseline does not divide by zero and turn a
-    rounding error into a huge score. With 5 % of the typical level, a peak must stand about
-    18 % (3.5 x 5 %) above it before it can count as anomalous, however quiet the baseline.
+    rounding error into a huge score. With 5 % of the typical level, a latency peak must stand
+    about 18 % (3.5 x 5 %) above it before it can count as anomalous, however quiet the baseline.
+    ``resource_scale_floor_ratio``: the same share for resources, 0 by default: their absolute
+    floors (``resource_scale_floor``, in their units) guard a flat series, and a share of the
+    level capped a clear rise of a large, quiet series (memory doubling from 300 MB with 1 MB of
+    noise scored 20 at 5 %, below a second-long noise burst of a latency), as BARO has no such
+    floor.
     ``min_baseline_points``: fewer baseline samples than this and the whole window is used as
     its own baseline.
     ``detect_start``: when the input gives no baseline end, find the anomaly's start as the
@@ -158,6 +163,7 @@ class AnalysisConfig(_Model):
     resource_z_threshold: float = Field(default=3.5, gt=0)
     statistic: Literal["max", "p99"] = "max"
     scale_floor_ratio: float = Field(default=0.05, ge=0)
+    resource_scale_floor_ratio: float = Field(default=0.0, ge=0)
     latency_scale_floor_s: float = Field(default=0.001, ge=0)
     resource_scale_floor: dict[Kind, float] = Field(default_factory=lambda: dict(_SCALE_FLOORS))
     min_baseline_points: int = Field(default=3, ge=1)

@@ -28,6 +28,8 @@ from controllers.rca.models import TimeSeries
 
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of a normal distribution times this is its sigma
 IQR_TO_SIGMA = 1.349  # 2 * Phi^-1(3/4): the IQR of a normal distribution divided by this is its sigma
+#: A sparse series' baseline excursion scores this (below the 3.5 anomaly line): see robust_score.
+SPARSE_TAIL_Z = 3.0
 _TINY = 1e-12  # keeps z finite (and JSON-serialisable) even with every floor set to 0
 
 
@@ -75,6 +77,7 @@ def robust_score(
     min_baseline_points: int = 3,
     floor_abs: float = 0.0,
     floor_ratio: float = 0.0,
+    flat_floor_ratio: float = 0.0,
 ) -> RobustScore | None:
     """Score the recent peak of ``series``; ``None`` for an empty series, for one with no sample
     after ``baseline_end`` (:func:`stopped_before`), and for one whose statistics are not
@@ -82,7 +85,9 @@ def robust_score(
     left out as a series without data is.
 
     The spread is floored at ``floor_abs`` (in the series' unit) and at ``floor_ratio`` times
-    the baseline median, so a flat baseline does not turn noise into an infinite score.
+    the baseline median, so a flat baseline does not turn noise into an infinite score; a
+    baseline that holds one value throughout (a sampler repeating its last reading, a short
+    baseline) tells nothing of the spread, and is floored at ``flat_floor_ratio`` times its level.
     """
     if not series.points or stopped_before(series, baseline_end):
         return None
@@ -93,6 +98,15 @@ def robust_score(
         # samples, the IQR only up to a quarter. A clean baseline gets BARO's IQR.
         spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in base) if whole else iqr(base) / IQR_TO_SIGMA
         scale = max(spread, floor_ratio * abs(median), floor_abs, _TINY)
+        if not whole and max(base) == min(base):
+            scale = max(scale, flat_floor_ratio * abs(median))
+        elif spread == 0.0 and not whole:
+            # A sparse series (one value, 0 say, in most of its baseline: sporadic errors) has no
+            # spread to measure by; its baseline's own excursions are what it does normally, so a
+            # recent peak no higher than they were is not anomalous (z below SPARSE_TAIL_Z). Two
+            # errors in a second scored 200 against the errors floor although the baseline had
+            # such seconds: a gateway's flaky client named it the root cause in 21 of 25 cases.
+            scale = max(scale, (max(base) - median) / SPARSE_TAIL_Z, (median - min(base)) / SPARSE_TAIL_Z)
         peak = max(recent)
         z = (peak - median) / scale
         mean = statistics.fmean(series.values)

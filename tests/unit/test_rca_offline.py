@@ -31,7 +31,9 @@ def test_sock_shop_names_carts_first():
     # The ranking and the dependency rule agree. user's ctn_memory (a rate() of the working-set
     # gauge, which jumps 3,000-fold when memory is freed) is not scored: scored, it put user first.
     assert f.top(1) == ["carts"] and f.root_causes[0] == "carts"
-    assert f.verdict("carts").score > 10 * f.ranking[1].score
+    # user, second, scores its CPU and network against their own spread (no floor at 5 % of
+    # their level since resources have their own): 4.3 against carts' 40.7
+    assert f.verdict("carts").score > 8 * f.ranking[1].score
     assert {sig.kind for sig in f.verdict("user").signals} == {"latency", "cpu", "network"}
     assert "ctn_memory is not scored: it is rate(container_memory_working_set_bytes[1m])" in f.explain()
     carts = f.verdict("carts")
