@@ -866,7 +866,7 @@ class CopyGuardAction(Action):
                 freeze.forget(current.pause)  # its cgroup was removed, or its processes are gone
                 current.pause = None
             if current.pause is None:
-                current.pause = freeze.pause(entry.id, pid=None if entry.pgid else entry.pid, pgid=entry.pgid,
+                current.pause = freeze.pause(freeze.cgroup_name(reg.dir, entry.id), pid=None if entry.pgid else entry.pid, pgid=entry.pgid,
                                              methods=list(ep.params.adopt_methods) if ep.params.adopt_methods else None)
                 current.pause["since"] = now
             current.pause.update(until=now + ep.params.lease, duty=share, period=ep.params.duty_period)

@@ -2,7 +2,7 @@
 
 Three methods, the first the host offers wins (``detect()``):
 
-- ``cgroup2``: a child cgroup ``promreflex-copy-<id>`` of the v2 hierarchy
+- ``cgroup2``: a child cgroup ``promreflex-copy-<id>-<digest of the registry>`` of the v2 hierarchy
   (``/sys/fs/cgroup/unified`` on a hybrid layout, ``/sys/fs/cgroup`` on a unified one); the
   processes are moved in and ``cgroup.freeze`` is set to 1. Frozen processes cannot tell, and a
   frozen process group stays frozen even if it forks (the children inherit the cgroup).
@@ -25,6 +25,7 @@ on, and ends at the lease, whatever happens to the controller. ``duty`` 0 (or ab
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -205,6 +206,15 @@ def _thaw_cgroup(record: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- public
+def cgroup_name(registry_dir: str | os.PathLike[str], copy_id: str) -> str:
+    """The cgroup name of copy ``copy_id`` of a registry: the id and a digest of the registry's
+    real path. Two registries on one host (two guards, two test runs) may both name a copy
+    ``backup``; with the id alone they shared one cgroup, and one guard's duty cycle froze the
+    other's copy."""
+    digest = hashlib.sha256(os.path.realpath(registry_dir).encode()).hexdigest()[:8]
+    return f"{copy_id}-{digest}"
+
+
 def pause(name: str, *, pid: int | None = None, pgid: int | None = None,
           methods: list[str] | None = None) -> dict[str, Any]:
     """Pause the process (and its descendants) or the process group; returns the record that

@@ -85,6 +85,42 @@ def ctx(params, status="firing"):
                          alert=Alert.model_validate(alert("CopyGuardSiteOverloaded", status=status, site="shop")))
 
 
+@pytest.mark.parametrize("method", [m for m in freeze.detect() if m != "signal"])
+async def test_two_registries_copies_of_one_name_are_two_cgroups(tmp_path, method):
+    """Two guards on one host (two registries) each adopt a copy named cp1: pausing one leaves
+    the other running (they shared the cgroup promreflex-copy-cp1, and one guard's duty cycle
+    froze the other's copy)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = FifoCopy(tmp_path / "a"), FifoCopy(tmp_path / "b")
+    try:
+        adopt(tmp_path / "a" / "copies", a.proc.pid)
+        adopt(tmp_path / "b" / "copies", b.proc.pid)
+        guards = {}
+        for name in ("a", "b"):
+            params = CopyGuardParams(registry_dir=tmp_path / name / "copies", mode="pause", adopt_methods=[method],
+                                     watchdog=False, lease=60)
+            guards[name] = (CopyGuardAction(), params)
+            assert await guards[name][0].fire(ctx(params)) == "site shop: 1 copy paused"
+        records = {n: Registry(tmp_path / n / "copies").get("cp1").pause for n in guards}
+        assert records["a"]["cgroup"] != records["b"]["cgroup"]
+        a.send(os.urandom(30_000))
+        b.send(os.urandom(30_000))
+        assert not a.progresses(timeout=0.5) and not b.progresses(timeout=0.5)
+        # a's guard lets its copy go; b's copy stays paused, as b's guard holds it
+        action, params = guards["a"]
+        assert await action.resolve(ctx(params, status="resolved")) == "site shop: 1 copy resumed"
+        assert a.progresses(timeout=10)
+        assert not b.progresses(timeout=1.0) and freeze.is_frozen(records["b"])
+        action, params = guards["b"]
+        assert await action.resolve(ctx(params, status="resolved")) == "site shop: 1 copy resumed"
+        assert b.progresses(timeout=10)
+        assert a.finish() == 0 and b.finish() == 0
+    finally:
+        a.kill()
+        b.kill()
+
+
 @pytest.mark.parametrize("method", freeze.detect())
 async def test_an_adopted_cp_is_paused_and_resumed_by_the_action(tmp_path, cp, method):
     reg = tmp_path / "copies"

@@ -284,3 +284,13 @@ def test_the_entry_lock_serialises_its_holders(tmp_path):
     assert order == ["first", "other"]
     reg.remove("c1")
     assert not reg.lock_path("c1").exists()
+
+
+def test_a_copys_cgroup_name_is_its_registrys(tmp_path):
+    """Two registries' copies of one name are two cgroups; one registry reached through a link is one."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    a, b = freeze.cgroup_name(tmp_path / "a", "backup"), freeze.cgroup_name(tmp_path / "b", "backup")
+    assert a != b and a.startswith("backup-") and b.startswith("backup-")
+    assert freeze.cgroup_name(tmp_path / "link", "backup") == a
