@@ -18,6 +18,7 @@ Each peer is the fake Alertmanager (tests/fake_alertmanager.py) behind the real 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -553,4 +554,95 @@ async def test_a_restarted_alertmanager_whose_status_cannot_be_read_proves_no_ab
             clock.t += 3
             await converge(engine)
         assert kinds() == ["fire"]
+        await engine.shutdown()
+
+
+# ---------------------------------------------------------------- a stranger's review (L), 2026-11-28
+async def test_a_young_peers_later_starts_at_does_not_replace_the_episode(tmp_path):
+    """Review L, F2: a Prometheus replica restarted gives a `for: 0` alert a later activeAt; a
+    restarted Alertmanager peer lists that later startsAt until the cluster merges back to the
+    earliest. The controller took it for the episode, then every peer's earliest was "stale":
+    silenced and unsilenced, the alert never fired again, nor on a route added later."""
+    clock = Clock()
+    later = alert("Overload", starts=iso(datetime.now(UTC) - timedelta(minutes=2)), instance="a")
+    async with cluster(3) as (peers, client):
+        engine, _ = make_engine(tmp_path, client, clock)
+        for p in peers:
+            p.fire(FIRING)
+        await converge(engine)
+        assert kinds() == ["fire"]
+        peers[0].restart(started=clock.t - 200)  # past the grace; the replica that re-sent first restarted too
+        peers[0].fire(later)
+        clock.t += 15
+        await converge(engine)
+        peers[0].fire(FIRING)  # merged back to the earliest
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire"]  # nothing ran meanwhile
+        for p in peers:
+            p.silence(FP)
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire", "resolve"]
+        for p in peers:
+            p.expire_silence(FP)
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire", "resolve", "fire"], "the alert back from its silence was not fired"
+        await engine.shutdown()
+
+
+async def test_an_earlier_start_of_the_same_episode_is_held_from_then_on(tmp_path):
+    """The controller starts while a young peer lists the later startsAt first: the earliest,
+    listed next by the other peers, is the same episode (it lasts past the later start), not a
+    stale one; it is held, so a silence and its expiry fire it again."""
+    clock = Clock()
+    later = alert("Overload", starts=iso(datetime.now(UTC) - timedelta(minutes=2)), instance="a")
+    async with cluster(2) as (peers, client):
+        engine, _ = make_engine(tmp_path, client, clock)
+        peers[0].fire(later)  # the young peer has the later copy
+        await deliver(engine, later)
+        await engine.drain()
+        assert kinds() == ["fire"]
+        for p in peers:
+            p.fire(FIRING)  # the cluster merged back to the earliest
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire"]
+        for p in peers:
+            p.silence(FP)
+        clock.t += 15
+        await converge(engine)
+        for p in peers:
+            p.expire_silence(FP)
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire", "resolve", "fire"]
+        await engine.shutdown()
+
+
+async def test_a_second_receiver_posting_here_is_reconciled_too(tmp_path, caplog):
+    """Review L, F1: alerts routed to a second receiver that posts to this controller
+    (promreflex-ops) were resolved by a silence but never fired again after it, and those its
+    max_alerts left out were never fired, although the log said the reconciliation acts on them."""
+    caplog.set_level(logging.INFO, logger="promreflex.controller")
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path, client)
+        am.receivers = ["null", "promreflex", "promreflex-ops"]
+        ops = [alert("Overload", starts=STARTED, instance=str(i)) for i in range(3)]
+        for a in ops:
+            am.fire(a, receivers=["promreflex-ops"])
+        body = payload(ops[0])
+        body.update(receiver="promreflex-ops", truncatedAlerts=2)
+        await engine.handle_payload(WebhookPayload.model_validate(body))
+        await engine.drain()
+        assert kinds() == ["fire"]
+        await converge(engine)
+        assert kinds() == ["fire"] * 3, "the alerts max_alerts left out were not reconciled"
+        assert "receiver 'promreflex-ops' too" in caplog.text
+        am.silence(ops[0]["fingerprint"])
+        await converge(engine)
+        am.expire_silence(ops[0]["fingerprint"])
+        await converge(engine)
+        assert kinds() == ["fire"] * 3 + ["resolve", "fire"]
         await engine.shutdown()
