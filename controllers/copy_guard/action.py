@@ -726,11 +726,13 @@ class CopyGuardAction(Action):
             if ep.forced or not any(h["confirmed"] for h in ep.holders.values()):
                 continue
             if now - ep.since >= ep.params.max_pause:
+                holding = bool(ep.held)
                 await self._release_all(ep, "max_pause")
                 ep.forced = True
-                m.forced.labels(site).inc()
-                log.warning("site %s: copies held for max_pause (%.0fs): resumed while still overloaded",
-                            site, ep.params.max_pause)
+                if holding:  # an episode that held no copy resumed nothing (CopyGuardForcedResume would say it did)
+                    m.forced.labels(site).inc()
+                    log.warning("site %s: copies held for max_pause (%.0fs): resumed while still overloaded",
+                                site, ep.params.max_pause)
                 changed = True
                 continue
             before = set(ep.held)
@@ -767,9 +769,16 @@ class CopyGuardAction(Action):
         stepped = t.step(now, sig, alert_below=confirmed)
         self._count(ep)
         if t.forced != before[1]:
-            self._m().forced.labels(ep.site).inc()
-            log.warning("site %s: emergency pause reached max_pause (%.0fs): back to share %g", ep.site,
-                        ep.params.max_pause, t.share)
+            if ep.held:
+                self._m().forced.labels(ep.site).inc()
+                log.warning("site %s: emergency pause reached max_pause (%.0fs): back to share %g", ep.site,
+                            ep.params.max_pause, t.share)
+            else:
+                # No copy was held (none registered, say while calibrate loads the shop): nothing
+                # was resumed, and CopyGuardForcedResume ("the site now suffers from the copy")
+                # fired for 10 minutes after every calibration (a stranger's review).
+                log.info("site %s: the emergency pause reached max_pause holding no copy: back to share %g",
+                         ep.site, t.share)
         if stepped:
             log.info("site %s: %s -> share %g (was %g)", ep.site, t.last_verdict, t.share, before[0])
         if not ep.holders and t.free:

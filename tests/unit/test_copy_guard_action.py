@@ -45,6 +45,7 @@ class FakeCopies:
             return {}
 
         def pause(name, pid=None, pgid=None, methods=None):
+            name = name.rsplit("-", 1)[0]  # the copy's id (the cgroup name adds its registry's digest)
             self.calls.append((name, "freeze"))
             self.state[name] = "paused"
             return {"method": "signal", "pids": [pid], "name": name}
@@ -960,3 +961,26 @@ def test_the_copiers_control_takes_a_rotated_token_as_the_guard_does(tmp_path):
     assert service.authorized("Bearer first") and not service.authorized("Bearer second")
     token.write_text("second-token\n")
     assert service.authorized("Bearer second-token") and not service.authorized("Bearer first")
+
+
+@pytest.mark.parametrize("mode", ["pause", "adaptive"])
+async def test_an_episode_holding_no_copy_reaches_max_pause_without_a_forced_resume(copies, tmp_path, mode):
+    """A stranger's review: calibrate's own load is a crowd; with no copy registered, the
+    episode's emergency pause reached max_pause and CopyGuardForcedResume warned for 10 minutes
+    that the copies "were resumed while the site was still overloaded"."""
+    empty = Registry(tmp_path / "none")
+    prom = FakePrometheus()
+    prom.set("shop", 80.0, time.time())
+    a = await started(prometheus=prom)
+    p = CopyGuardParams(registry_dir=empty.dir, watchdog=False, mode=mode, max_pause=60)
+    await a.fire(ctx(p))
+    if mode == "pause":
+        a.episodes["shop"].since -= 61
+        await a.tick()
+    else:
+        await step(a, prom, served=30.0)  # a severe deficit: the emergency pause
+        ep = a.episodes["shop"]
+        assert ep.throttle is not None and ep.throttle.paused
+        ep.throttle.paused_since -= 61
+        await step(a, prom, served=30.0)
+    assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)
