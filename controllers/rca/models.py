@@ -132,7 +132,10 @@ class AnalysisConfig(_Model):
     floors (``resource_scale_floor``, in their units) guard a flat series, and a share of the
     level capped a clear rise of a large, quiet series (memory doubling from 300 MB with 1 MB of
     noise scored 20 at 5 %, below a second-long noise burst of a latency), as BARO has no such
-    floor.
+    floor. ``flat_scale_floor_ratio``: the share for a resource whose baseline has no spread (most
+    of it one value: held samples, a quantized series), whose absolute floor may be in another
+    unit (RCD's CPU in percent against a floor in cores scored a held 74 % rising to 86 % at
+    12,000); 1 %, so a leak of 20 % from a held level still scores 20.
     ``min_baseline_points``: fewer baseline samples than this and the whole window is used as
     its own baseline.
     ``detect_start``: when the input gives no baseline end, find the anomaly's start as the
@@ -164,6 +167,7 @@ class AnalysisConfig(_Model):
     statistic: Literal["max", "p99"] = "max"
     scale_floor_ratio: float = Field(default=0.05, ge=0)
     resource_scale_floor_ratio: float = Field(default=0.0, ge=0)
+    flat_scale_floor_ratio: float = Field(default=0.01, ge=0)
     latency_scale_floor_s: float = Field(default=0.001, ge=0)
     resource_scale_floor: dict[Kind, float] = Field(default_factory=lambda: dict(_SCALE_FLOORS))
     min_baseline_points: int = Field(default=3, ge=1)

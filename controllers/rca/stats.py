@@ -86,8 +86,9 @@ def robust_score(
 
     The spread is floored at ``floor_abs`` (in the series' unit) and at ``floor_ratio`` times
     the baseline median, so a flat baseline does not turn noise into an infinite score; a
-    baseline that holds one value throughout (a sampler repeating its last reading, a short
-    baseline) tells nothing of the spread, and is floored at ``flat_floor_ratio`` times its level.
+    baseline whose spread is 0 (most of it one value) tells nothing of the spread: floored at
+    ``flat_floor_ratio`` times its level, its peak judged against its own excursions and its
+    recent level against the floors (see the comments below).
     """
     if not series.points or stopped_before(series, baseline_end):
         return None
@@ -98,17 +99,26 @@ def robust_score(
         # samples, the IQR only up to a quarter. A clean baseline gets BARO's IQR.
         spread = MAD_TO_SIGMA * statistics.median(abs(v - median) for v in base) if whole else iqr(base) / IQR_TO_SIGMA
         scale = max(spread, floor_ratio * abs(median), floor_abs, _TINY)
-        if not whole and max(base) == min(base):
-            scale = max(scale, flat_floor_ratio * abs(median))
-        elif spread == 0.0 and not whole:
-            # A sparse series (one value, 0 say, in most of its baseline: sporadic errors) has no
-            # spread to measure by; its baseline's own excursions are what it does normally, so a
-            # recent peak no higher than they were is not anomalous (z below SPARSE_TAIL_Z). Two
-            # errors in a second scored 200 against the errors floor although the baseline had
-            # such seconds: a gateway's flaky client named it the root cause in 21 of 25 cases.
-            scale = max(scale, (max(base) - median) / SPARSE_TAIL_Z, (median - min(base)) / SPARSE_TAIL_Z)
         peak = max(recent)
         z = (peak - median) / scale
+        if spread == 0.0 and not whole:
+            # No spread to measure by: most of the baseline holds one value. Held samples (a
+            # sampler repeating its last reading, RCD's before an early change point) or a
+            # quantized series: floored at ``flat_floor_ratio`` of the level, whether or not a
+            # sample or two differ (one 4 KiB sample used to remove the floor and flip a ranking).
+            scale = max(scale, flat_floor_ratio * abs(median))
+            # A sparse series (0 in most of its baseline: sporadic errors, a GC pause in a flat
+            # latency): a recent PEAK counts against the baseline's own excursions (no higher than
+            # they were: z below SPARSE_TAIL_Z; two errors in a second scored 200 against the
+            # errors floor although the baseline had such seconds, and named a flaky client's
+            # gateway in 21 of 25 cases), and a recent LEVEL (the median after the start) against
+            # the floors alone: a fault that lasts is not hidden by one excursion in the baseline
+            # (one GC pause hid a 21x latency rise; a rollout's burst a sustained 6 % error ratio).
+            tail = max(max(base) - median, median - min(base)) / SPARSE_TAIL_Z
+            peak_scale = max(scale, tail)
+            peak_z = (peak - median) / peak_scale
+            level_z = (statistics.median(recent) - median) / scale
+            z, scale = (peak_z, peak_scale) if peak_z >= level_z else (level_z, scale)
         mean = statistics.fmean(series.values)
     except OverflowError:  # values near the float limit (±1.7e308): their sums overflow
         return None

@@ -26,7 +26,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from exporters.accesslog.parse import LogFormatError, build_parser
 from promreflex.config import Duration, ListenAddress, Strict, find_duplicates, load_model
@@ -72,7 +72,7 @@ class LogSource(Strict):
     path: Path
     format: Format = "nginx_combined"
     log_format: str | None = None
-    backslash_escapes: bool | None = None
+    backslash_escapes: StrictBool | None = None
     """``custom`` only: quoted fields may hold ``\"``, as Apache writes a quote in a field. Default:
     yes for a JSON format and for one using ``$request_time_us``/``$request_time_ms`` (an Apache
     log), no otherwise (nginx writes ``\x22``); set it for an Apache log read with ``$request_time``."""

@@ -281,6 +281,11 @@ class SiteLog:
             return ("nginx writes this log gzip-compressed (`access_log ... gzip`): drop `gzip` (and its "
                     "level) from that access_log line; the exporter reads the plain log, and rotated .gz "
                     "copies with the one-shot backfill")
+        src = self.source
+        if (src.format == "custom" and src.log_format and src.backslash_escapes is None and '\\"' in sample
+                and not isinstance(build_parser("custom", src.log_format, True).parse(sample), str)):
+            return ("quoted fields hold \\\" (an Apache log, or nginx's escape=json on a text format): add "
+                    "`backslash_escapes: true` to this log")
         if "  " in sample and not isinstance(self.parser.parse(re.sub(" {2,}", " ", sample)), str):
             return (f"the lines have two or more spaces between fields where format {self.source.format!r} "
                     "has one (Bitnami's nginx `main`: `$status  $body_bytes_sent`): use `format: custom` "

@@ -209,13 +209,14 @@ _USER_BEFORE_TIME = r"[^ \n]*+(?= \[)|[^ \n]*+(?: (?!\[\d{2}/[A-Za-z]{3}/\d{4}:)
 
 
 def compile_log_format(log_format: str, *, trailing: bool = False,
-                       escapes: bool = False) -> tuple[re.Pattern[str], list[str]]:
+                       escapes: bool | None = None) -> tuple[re.Pattern[str], list[str]]:
     """Compile an nginx ``log_format`` string into an anchored regex; return it and its variables.
 
     Each variable's first occurrence is a named group (later ones are matched but not
     captured: regex group names must be unique). ``trailing=True`` accepts and ignores extra
     space-separated text after the format. ``escapes=True``: quoted fields may hold ``\"``
-    (Apache's mod_log_config escapes a quote so, and a backslash as ``\\``).
+    (Apache's mod_log_config escapes a quote so, and a backslash as ``\\``); None: for a JSON
+    format only.
     """
     if not isinstance(log_format, str) or not log_format.strip():
         raise LogFormatError("log_format is empty")
@@ -225,7 +226,9 @@ def compile_log_format(log_format: str, *, trailing: bool = False,
     names = [a or b for a, b in zip(pieces[1::3], pieces[2::3], strict=True)]
     if not names:
         raise LogFormatError("log_format has no $variable")
-    quoted = _QUOTED_ESCAPES if escapes or log_format.lstrip().startswith("{") else _QUOTED
+    if escapes is None:  # a JSON format (escape=json writes \") unless said otherwise
+        escapes = log_format.lstrip().startswith("{")
+    quoted = _QUOTED_ESCAPES if escapes else _QUOTED
     out = [re.escape(literals[0])]
     seen: list[str] = []
     for i, name in enumerate(names):

@@ -166,8 +166,6 @@ class MeshExporter:
         self.budget = LabelBudget(max_services, on_overflow=lambda label: self.metrics.label_overflow.labels(label).inc())
         self.max_line_bytes = max_line_bytes
         self.streams: dict[str, MeshStream] = {}
-        # whose logs are read (configured, or named by a record's field): callers' accounts match them
-        self.workloads: frozenset[str] = frozenset()
         self._edges: set[tuple[str, str]] = set()
 
     def add_stream(
@@ -189,7 +187,6 @@ class MeshExporter:
         if key in self.streams:
             raise ValueError(f"a stream named {key!r} exists already")
         self.streams[key] = stream
-        self.workloads = self.workloads | {workload}
         self.metrics.prepare(workload, SKIP_REASONS if format in _SKIPPING_FORMATS else ("proxy_log",))
         return stream
 
@@ -200,9 +197,7 @@ class MeshExporter:
         """
         # Every label and value first, then the metrics: a record that raises here (junk the
         # parser let through) is rejected by the stream without having been half counted.
-        if workload not in self.workloads and len(self.workloads) < self.budget.limit:
-            self.workloads = self.workloads | {workload}  # a writer named by a record's field
-        src, dst = derive_edge(record, workload, self.namespaces, self.workloads)
+        src, dst = derive_edge(record, workload, self.namespaces)
         m = self.metrics
         grpc = grpc_status_label(next((record[k] for k in GRPC_STATUS_KEYS if record.get(k) not in (None, "", "-")), None))
         flags = flags_label(record.get("response_flags"))

@@ -24,11 +24,10 @@ A host that is not a mesh service (an FQDN outside ``*.svc*``, unless it is ``<n
 namespace>``) is ``external``; an IP literal, ``localhost`` or nothing is ``unknown``. In
 ``<a>.<b>.<ns>.svc...`` the service is ``<b>``: ``<a>`` is a pod (a StatefulSet's ``es-master-0``,
 a pod IP written ``10-244-1-5``). The service account ``default`` names no caller (``unknown``).
-An account named after a workload whose log is read, with a prefix or a suffix (Istio's Bookinfo
-runs ``productpage`` as ``bookinfo-productpage``; ``carts-sa``), is that workload's caller node:
-the same service seen from its own sidecar (outbound) and from its callee's (inbound) is one node.
-A ztunnel's inbound record names the caller's pod (``src.workload``) beside its account: the
-pod's workload is the caller, as on the outbound side.
+A caller named only by its account is that account's name: a workload run under an account of
+another name (Bookinfo's ``bookinfo-productpage``) is then a node of its own on the callee's side;
+matching accounts to workloads by prefix or suffix merged distinct services (``shop-api`` into
+``api``) and was left out.
 """
 
 from __future__ import annotations
@@ -294,47 +293,35 @@ def service_of_host(host: str | None, namespaces: frozenset[str] = frozenset()) 
     return EXTERNAL
 
 
-_ACCOUNT_SUFFIXES = ("-sa", "-serviceaccount", "-service-account")
-
-
-def peer_service_account(san: Any, workloads: frozenset[str] = frozenset()) -> str | None:
-    """Service account from a SPIFFE id (``spiffe://cluster.local/ns/x/sa/sleep`` -> ``sleep``).
-
-    An account that is no workload of ``workloads`` but names exactly one of them with a prefix
-    (``bookinfo-productpage``) or a usual suffix (``carts-sa``) is that workload."""
+def peer_service_account(san: Any) -> str | None:
+    """Service account from a SPIFFE id (``spiffe://cluster.local/ns/x/sa/sleep`` -> ``sleep``)."""
     if not isinstance(san, str):
         return None
     m = _SPIFFE_SA.match(san)
     # A namespace's ``default`` account runs every pod that names none: it identifies no caller.
-    account = service_name(m.group(1)) if m and m.group(1) != "default" else None
-    if account is None or account in workloads:
-        return account
-    named = {w for w in workloads if account.endswith("-" + w) or account in {w + s for s in _ACCOUNT_SUFFIXES}}
-    return named.pop() if len(named) == 1 else account
+    return service_name(m.group(1)) if m and m.group(1) != "default" else None
 
 
 def derive_edge(
-    record: Mapping[str, Any], workload: str, namespaces: frozenset[str] = frozenset(),
-    workloads: frozenset[str] = frozenset(),
+    record: Mapping[str, Any], workload: str, namespaces: frozenset[str] = frozenset()
 ) -> tuple[str, str]:
     """``(source, destination)`` for a record written by ``workload``'s sidecar (or, for an
-    ``l4`` record, by a ztunnel: see :mod:`exporters.mesh.ztunnel_format`). ``workloads``: those
-    whose logs are read, the names a caller's service account is matched to."""
+    ``l4`` record, by a ztunnel: see :mod:`exporters.mesh.ztunnel_format`)."""
     if record.get("l4"):
-        return _l4_edge(record, namespaces, workloads)
+        return _l4_edge(record, namespaces)
     cluster = record.get("upstream_cluster")
     if isinstance(cluster, str) and cluster not in ("", "-"):
         parts = cluster.split("|")
         if (len(parts) == 4 and parts[0] == "inbound") or cluster.startswith("InboundPassthroughCluster"):
-            peer = peer_service_account(record.get("downstream_peer_uri_san"), workloads)
+            peer = peer_service_account(record.get("downstream_peer_uri_san"))
             return peer or UNKNOWN, workload
         if len(parts) == 4 and parts[0] == "inbound-vip" and parts[3]:
-            peer = peer_service_account(record.get("downstream_peer_uri_san"), workloads)
+            peer = peer_service_account(record.get("downstream_peer_uri_san"))
             return peer or UNKNOWN, service_of_host(parts[3], namespaces)
         if len(parts) == 4 and parts[0] == "outbound" and parts[3]:
             return workload, service_of_host(parts[3], namespaces)
         if cluster == "local_app":  # Consul Connect's inbound cluster: the request arrived at W
-            return peer_service_account(record.get("downstream_peer_uri_san"), workloads) or UNKNOWN, workload
+            return peer_service_account(record.get("downstream_peer_uri_san")) or UNKNOWN, workload
         if cluster.endswith(".consul"):
             return workload, _consul_service(cluster)
         if cluster == "PassthroughCluster":
@@ -361,7 +348,9 @@ def _consul_service(cluster: str) -> str:
 # Kubernetes' generated suffixes use an alphabet without vowels, 0, 1 and 3 (k8s.io/apimachinery
 # rand.SafeEncodeString), so "-worker-nq6cw" loses only its pod suffix.
 _SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
-_POD_HASHES = re.compile(rf"-{_SAFE}{{6,10}}-{_SAFE}{{5}}$|-{_SAFE}{{5}}$")
+# ReplicaSet hash + pod suffix; a CronJob's Job (its scheduled time in minutes) + pod suffix, so
+# each run is not a new service; a DaemonSet's or Job's pod suffix
+_POD_HASHES = re.compile(rf"-{_SAFE}{{6,10}}-{_SAFE}{{5}}$|-\d{{6,10}}-{_SAFE}{{5}}$|-{_SAFE}{{5}}$")
 _VERSION = re.compile(r"-v\d+$")
 
 
@@ -378,17 +367,18 @@ def workload_of_pod(pod: Any) -> str | None:
     return service_name(_VERSION.sub("", name) or name)
 
 
-def _l4_edge(record: Mapping[str, Any], namespaces: frozenset[str], workloads: frozenset[str]) -> tuple[str, str]:
+def _l4_edge(record: Mapping[str, Any], namespaces: frozenset[str]) -> tuple[str, str]:
     if record.get("dst_service"):
         dst = service_of_host(record["dst_service"], namespaces)
     elif record.get("dst_workload"):
         dst = workload_of_pod(record["dst_workload"]) or UNKNOWN
     else:
         dst = EXTERNAL if record.get("direction") == "outbound" else UNKNOWN
-    # the caller's pod names its workload on both sides (an inbound line names it too); its
-    # account only when no pod is named
+    # The caller's pod names its workload on both sides (an inbound line names it too: Bookinfo's
+    # productpage, whose account is bookinfo-productpage, was two nodes when the callee's ztunnel
+    # gave its account); its account only when no pod is named.
     src = workload_of_pod(record.get("src_workload")) or (
-        peer_service_account(record.get("src_identity"), workloads) if record.get("direction") == "inbound" else None
+        peer_service_account(record.get("src_identity")) if record.get("direction") == "inbound" else None
     ) or UNKNOWN
     return src, dst
 

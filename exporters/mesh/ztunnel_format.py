@@ -22,7 +22,7 @@ status rules treat it as a connection, not an HTTP request:
 - the source is the pod in ``src.workload`` (its workload name), on both sides (an inbound line
   names it too, so reading both ztunnels counts a connection once per side, as one edge); an
   inbound line without it, the caller's service account from ``src.identity`` (as for a
-  sidecar's inbound record; matched to a workload: :func:`exporters.mesh.labels.peer_service_account`);
+  sidecar's inbound record);
 - the status is ``none`` (no answer) when the connection failed, else ``tcp``; its duration is
   the connection's lifetime, not a request's latency, so it is not put into the request
   duration histogram.

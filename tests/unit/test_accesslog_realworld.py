@@ -462,3 +462,24 @@ def test_ingress_nginx_default_format_with_escape_json(tmp_path: Path) -> None:
     parser = build_parser("custom", fmt, backslash_escapes=True)
     assert [getattr(parser.parse(ln), "status", None) for ln in lines] == [404, 404, 200]
     assert build_parser("custom", fmt).parse(lines[1]) == "no_match"  # nginx's default escaping: \x22
+
+
+def test_backslash_escapes_is_a_strict_switch_and_named_by_the_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError):
+        AccessLogConfig.model_validate({"logs": [{"site": "a", "path": "/x.log", "format": "custom",
+                                                  "log_format": APACHE_D, "backslash_escapes": "yes"}]})
+    json_line = '{"status":200,"request_time":0.5,"ua":"a \\" b"}'
+    json_format = '{"status":$status,"request_time":$request_time,"ua":"$http_user_agent"}'
+    assert not isinstance(build_parser("custom", json_format).parse(json_line), str)
+    assert build_parser("custom", json_format, backslash_escapes=False).parse(json_line) == "no_match"  # as said
+    # Apache's %T written as $request_time: nothing says it is Apache's; the warning does
+    log = tmp_path / "apache.log"
+    log.touch()
+    fmt = APACHE_D.replace("_us", "")
+    exp, _ = make({"logs": [{"site": "a", "path": str(log), "format": "custom", "log_format": fmt}]})
+    quoted = '127.0.0.1 - - [28/Nov/2026:15:55:58 +0000] "GET /q\\"uote HTTP/1.1" 404 236 "-" "Mo\\"zilla" 0\n'
+    log.write_text(quoted * 150)
+    with caplog.at_level(logging.WARNING, logger="exporters.accesslog.exporter"):
+        exp.poll()
+    assert "add `backslash_escapes: true`" in caplog.text
+    exp.close()

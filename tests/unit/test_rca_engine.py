@@ -417,3 +417,26 @@ def test_sporadic_errors_seen_before_the_fault_are_not_an_anomaly():
     errors[inject + 60] = 20.0
     f = analyse(AnalysisInput(baseline_end=float(inject), services={"gateway": gateway_with(errors)}))
     assert max(s.z for s in f.verdict("gateway").signals if s.kind == "errors") >= 20
+
+
+def test_a_baseline_without_spread_is_not_judged_by_its_one_excursion():
+    """A review of the sparse rule: one excursion in a baseline whose IQR is 0 set the scale, so
+    a sustained fault up to 1.17x that excursion scored below 3.5 (one GC pause hid a 21x
+    latency rise; one bad second a sustained error rate); and a held baseline kept the 5 % floor
+    while one sample 4 KiB off lost it (z 2 against 30 for the same leak)."""
+    def z(base: list[float], recent: list[float], **kw) -> float:
+        rs = robust_score(TimeSeries.of(base + recent), baseline_end=len(base) - 1, **kw)
+        assert rs is not None
+        return rs.z
+
+    gc = [0.002] * 300 + [0.045] + [0.002] * 299
+    assert z(gc, [0.042] * 300, floor_abs=0.001, floor_ratio=0.05) > 30  # the level is anomalous
+    assert z(gc, [0.002] * 299 + [0.045], floor_abs=0.001, floor_ratio=0.05) < 3.5  # its excursion again is not
+    errors = [0.0] * 20 + [5.0] + [0.0] * 19
+    assert z(errors, [4.0] * 30, floor_abs=0.01) >= 300
+    assert z(errors, [0.0] * 29 + [5.0], floor_abs=0.01) < 3.5
+    held = [300e6] * 40
+    jitter = [300e6] * 39 + [300e6 + 4096]
+    leak = [360e6] * 30
+    kw = {"floor_abs": 1024.0 * 1024.0, "flat_floor_ratio": 0.01}
+    assert z(held, leak, **kw) == pytest.approx(z(jitter, leak, **kw)) == pytest.approx(20.0)
