@@ -46,8 +46,8 @@ it held before, or whether what it keeps still fires, asks the same rule, never 
 ``services["alertmanager_presence"]`` (:meth:`Engine.presence`).
 
 Routing: the reconciliation fires only alerts Alertmanager routes to ``alertmanager_receiver``
-or to another receiver whose notifications reached this controller since it started (the
-``receivers`` of each listed alert; when Alertmanager does not know that receiver, every
+(one name or a list; a notification from another receiver is said once in the log) (the
+``receivers`` of each listed alert; when Alertmanager knows none of those receivers, every
 alert, with a warning) and, with ``reconcile_fire_after``, only alerts active for that long (a
 route's ``group_wait``). Absence is judged on every active alert, routed here or not. Time
 interval mutes are not in Alertmanager 0.25's API: they do not stop the reconciliation (use
@@ -130,8 +130,6 @@ T = TypeVar("T")
 # the resolved notification is back (see Engine._back_after_resolved): a margin for a listing
 # from another member of an Alertmanager cluster that resolves a moment later.
 REOPEN_AFTER = 5.0
-#: At most this many receivers besides ``alertmanager_receiver`` are learned from notifications.
-MAX_RECEIVERS_SEEN = 64
 RETRY_BASE = 1.0  # seconds: the first retry waits up to this long
 MAX_RETRY_DELAY = 60.0  # the backoff's cap
 IN_FLIGHT = 256  # per action: transitions between their intent and their completion at once
@@ -332,9 +330,7 @@ class Engine:
         self._peers: dict[str, PeerMemory] = {}
         self._shared_warned: set[str] = set()  # URLs said to reach several Alertmanagers
         self._receiver_known: bool | None = None
-        # Receivers that posted a notification here (besides alertmanager_receiver): Alertmanager
-        # routes their alerts to this controller too, so the reconciliation acts on them.
-        self._receivers_seen: set[str] = set()
+        self._receivers_said: set[str] = set()  # receivers not named by alertmanager_receiver, said once
         self._recheck: SharedRead[set[str] | None] = SharedRead(self._read_first_peer)
         self._recheck_all: SharedRead[list[PeerAlerts] | None] = SharedRead(self._read_every_peer)
         self._presence_reads: dict[tuple[bool, bool], SharedRead[list[PeerAlerts]]] = {
@@ -647,16 +643,18 @@ class Engine:
         counts = {"accepted": 0, "duplicate": 0, "stale": 0, "conflict": 0, "future": 0}
         now = self.clock()
         self._expire(now)
-        self._learn_receiver(payload.receiver)
+        unnamed = self._unnamed_receiver(payload)
         if payload.truncatedAlerts:
             # Alertmanager's max_alerts left these out: only the reconciliation (with an
             # Alertmanager configured; never for Grafana's) can act on them. Said, counted, audited.
             left = min(payload.truncatedAlerts, 2**53)  # (a hand-made 10**400 is no float: counted as 2**53)
             self.metrics.truncated_alerts.inc(left)
             self.audit.write("truncated", groupKey=payload.groupKey, truncatedAlerts=left)
-            reconciled = self.services.get("alertmanager") is not None and payload.version == "4"
+            reconciled = self.services.get("alertmanager") is not None and payload.version == "4" and not unnamed
             log.warning("notification of group %s left out %d alert(s) (truncatedAlerts: the receiver's max_alerts): "
                         "%s", payload.groupKey[:200], left, "the reconciliation acts on them" if reconciled else
+                        f"nothing reconciles them (receiver {payload.receiver[:100]!r} is not in "
+                        "controller.alertmanager_receiver): not acted on" if unnamed else
                         "nothing reconciles them (no Alertmanager configured, or Grafana's alerts): not acted on")
         horizon = datetime.now(UTC) + timedelta(seconds=FUTURE_MARGIN)
         added: list[tuple[str, str, str]] = []
@@ -723,7 +721,6 @@ class Engine:
         check :meth:`_conflicts` first."""
         latest = self._latest.get(alert.fingerprint)
         episode = episode_start(alert)
-        later_copy = False
         if latest is not None:
             starts, status, _ = latest
             if (episode < starts and alert.status == RESOLVED and status == FIRING
@@ -733,21 +730,16 @@ class Engine:
                 # after a firing notification with one replica's startsAt the resolve comes with
                 # the other's, earlier one. An older episode ended before the held one began.
                 episode = starts
-            elif alert.status == FIRING and status == FIRING and episode > starts:
-                # A later startsAt for an alert that fires still: the other replica's copy of the
-                # same episode. Prometheus restarts a `for: 0` alert's activeAt, and a restarted
-                # Alertmanager peer lists whichever replica sent first until the cluster merges
-                # back to the earliest. Taken as a new episode, it made the earliest "stale" when
-                # every peer listed it again: an alert back from a silence never fired again, nor
-                # on a route added later (a review with a real HA pair and 3 peers). The held
-                # episode stays; a resolve of either ends it. (It is new input all the same: a
-                # transition given up is tried again, below.)
-                episode, later_copy = starts, True
             elif (alert.status == FIRING and status == FIRING and episode < starts
                   and (alert.endsAt is None or alert.endsAt > starts)):
-                # An earlier startsAt of an episode that still lasts past the held one's start:
-                # the same episode (the pair's earlier copy, which Alertmanager keeps), held from
-                # now on. An older episode that ended before the held one began is stale.
+                # An earlier startsAt of an episode that lasts past the held one's start: the same
+                # episode, the HA pair's earlier copy, which Alertmanager keeps; held from now on.
+                # A restarted Prometheus replica gives a `for: 0` alert a later activeAt, and a
+                # restarted Alertmanager peer lists whichever replica sent first until the cluster
+                # merges back to the earliest: the later one moved the episode forward, and the
+                # earliest, listed by every peer again, was "stale", so an alert back from a
+                # silence never fired again, nor on a route added later (a review with a real HA
+                # pair and 3 peers). An older episode that ended before the held one began is stale.
                 pass
             elif episode < starts or (episode == starts and status == RESOLVED and alert.status == FIRING):
                 return "stale"
@@ -764,8 +756,6 @@ class Engine:
                     continue  # never applied: nothing to undo
                 entry = self.entries[key] = Entry(route=name, alert=alert, desired=FIRING)
             elif not new and entry.desired == alert.status:
-                if later_copy and entry.failing:
-                    self._fresh_budget(entry)
                 if entry.desired != entry.applied:
                     self.kick(key)  # nothing new; converge still runs only after any backoff
                 continue
@@ -952,41 +942,49 @@ class Engine:
         return {fp: True if fp in view.present else False if view.proves_absent(fp, starts) else None
                 for fp, starts in alerts.items()}
 
-    def _learn_receiver(self, receiver: str) -> None:
-        """A notification from ``receiver`` reached this controller: Alertmanager routes that
-        receiver's alerts here. With a second receiver posting to the controller (one per team,
-        one with its own max_alerts), the reconciliation fired only ``alertmanager_receiver``'s:
-        the other's alerts back from a silence, or left out by max_alerts, were never acted on."""
-        name = self.cfg.alertmanager_receiver
-        if not name or not receiver or receiver == name or receiver in self._receivers_seen:
-            return
-        if len(self._receivers_seen) >= MAX_RECEIVERS_SEEN:
-            return
-        self._receivers_seen.add(receiver)
-        log.info("notifications come from receiver %r too (besides %r): the reconciliation acts on the "
-                 "alerts Alertmanager routes to it", receiver[:200], name)
+    def _receiver_names(self) -> set[str]:
+        names = self.cfg.alertmanager_receiver
+        return set() if not names else {names} if isinstance(names, str) else set(names)
+
+    def _unnamed_receiver(self, payload: WebhookPayload) -> bool:
+        """An Alertmanager notification from a receiver ``alertmanager_receiver`` does not name:
+        the reconciliation does not act on that receiver's alerts (back from a silence, left out
+        by max_alerts); said once per receiver, with the fix. (Learning such names from the
+        notifications widened the reconciliation to alerts routed to a person, whenever any
+        sender used a common name such as ``default``, and was forgotten at a restart.)"""
+        names = self._receiver_names()
+        if (not names or payload.version != "4" or payload.receiver in names
+                or self.services.get("alertmanager") is None):
+            return False
+        if payload.receiver not in self._receivers_said and len(self._receivers_said) < 64:
+            self._receivers_said.add(payload.receiver)
+            log.warning("notifications come from receiver %r, which controller.alertmanager_receiver (%s) does not "
+                        "name: the reconciliation does not act on its alerts (one back from a silence or an "
+                        "inhibition, or left out by max_alerts, is not fired); add it to alertmanager_receiver",
+                        payload.receiver[:200], ", ".join(sorted(names)))
+        return True
 
     async def _routed(self, present: list[tuple[Alert, dict[str, Any]]]) -> tuple[list[Alert], bool]:
-        """The alerts Alertmanager routes to ``alertmanager_receiver`` or to another receiver that
-        posted here (all of them when it is not set, or Alertmanager does not know it: said once
-        in the log); and whether it filtered."""
-        name = self.cfg.alertmanager_receiver
-        if not name:
+        """The alerts Alertmanager routes to one of ``alertmanager_receiver`` (all of them when it
+        is not set, or Alertmanager knows none of them: said once in the log); and whether it
+        filtered."""
+        names = self._receiver_names()
+        if not names:
             return [alert for alert, _ in present], False
-        names = {name, *self._receivers_seen}
+        name = ", ".join(sorted(names))
 
         def receivers(item: dict[str, Any]) -> list[str] | None:
             rs = item.get("receivers")
             return [str(r.get("name")) for r in rs if isinstance(r, dict)] if isinstance(rs, list) else None
 
-        if any(name in (receivers(item) or ()) for _, item in present):
+        if any(not names.isdisjoint(receivers(item) or ()) for _, item in present):
             known = True
         else:
             ask = getattr(self.services["alertmanager"], "receivers", None)
             known = self._receiver_known if self._receiver_known is not None else True
             if ask is not None:
                 try:
-                    known = name in await ask()
+                    known = not names.isdisjoint(await ask())
                 except Exception as e:  # noqa: BLE001 - keep the last answer
                     log.debug("cannot list Alertmanager's receivers: %s", why(e))
         if known != self._receiver_known:

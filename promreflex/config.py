@@ -189,12 +189,13 @@ class ControllerConfig(Strict):
     state_file: Path = Path(".promreflex/controller-state.db")  # SQLite (WAL); an old JSON file is imported
     dedupe_window: Duration = 3600.0
     # The reconciliation (README "How the controller behaves"): the Alertmanager receiver that
-    # notifies this controller (the stack's generated configuration names it "promreflex"; an
-    # empty value, or a name Alertmanager does not know, reads every alert); how long a
+    # notifies this controller (the stack's generated configuration names it "promreflex"; a
+    # list when several receivers post here, one per team or one with its own max_alerts; an
+    # empty value, or names Alertmanager does not know, reads every alert); how long a
     # restarted Alertmanager peer's empty listing is not taken as proof that an alert ended
     # (Prometheus re-sends after --rules.alert.resend-delay, 1m, plus an evaluation); how long
     # an alert must have been active before the reconciliation alone fires it (group_wait).
-    alertmanager_receiver: str | None = "promreflex"
+    alertmanager_receiver: str | list[Annotated[str, Field(min_length=1)]] | None = "promreflex"
     alertmanager_restart_grace: Duration = 120.0
     reconcile_fire_after: Duration = 0.0
     # Set on a host agent: only alerts for this host's targets reach its routes (see Owner).

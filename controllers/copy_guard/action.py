@@ -726,13 +726,20 @@ class CopyGuardAction(Action):
             if ep.forced or not any(h["confirmed"] for h in ep.holders.values()):
                 continue
             if now - ep.since >= ep.params.max_pause:
-                holding = bool(ep.held)
+                if not ep.held:
+                    # Nothing held (no copy registered: calibrate's own load, a crowd before the
+                    # backup): nothing to resume and no reason to stand down; max_pause counts
+                    # from a copy's first pause (a copy that came later ran unguarded through the
+                    # overload, and no alert said so: a review).
+                    ep.since = now
+                    await self._enforce(ep)
+                    changed = True
+                    continue
                 await self._release_all(ep, "max_pause")
                 ep.forced = True
-                if holding:  # an episode that held no copy resumed nothing (CopyGuardForcedResume would say it did)
-                    m.forced.labels(site).inc()
-                    log.warning("site %s: copies held for max_pause (%.0fs): resumed while still overloaded",
-                                site, ep.params.max_pause)
+                m.forced.labels(site).inc()
+                log.warning("site %s: copies held for max_pause (%.0fs): resumed while still overloaded",
+                            site, ep.params.max_pause)
                 changed = True
                 continue
             before = set(ep.held)
@@ -776,7 +783,9 @@ class CopyGuardAction(Action):
             else:
                 # No copy was held (none registered, say while calibrate loads the shop): nothing
                 # was resumed, and CopyGuardForcedResume ("the site now suffers from the copy")
-                # fired for 10 minutes after every calibration (a stranger's review).
+                # fired for 10 minutes after every calibration (a stranger's review). Not a stand-
+                # down either: a copy that comes later still gets the emergency pause.
+                t.forced, t.no_emergency = before[1], False
                 log.info("site %s: the emergency pause reached max_pause holding no copy: back to share %g",
                          ep.site, t.share)
         if stepped:

@@ -984,3 +984,19 @@ async def test_an_episode_holding_no_copy_reaches_max_pause_without_a_forced_res
         ep.throttle.paused_since -= 61
         await step(a, prom, served=30.0)
     assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)
+
+
+async def test_a_copy_that_comes_after_an_empty_max_pause_is_still_paused(copies, tmp_path):
+    """Review G, G4: an overload before any copy reached max_pause holding nothing; the episode
+    was marked forced, and a backup registered then ran through the overload unguarded."""
+    reg = Registry(tmp_path / "copies")
+    a = await started()
+    p = params(reg, max_pause=120)
+    await a.fire(ctx(p))
+    a.episodes["shop"].since -= 121
+    await a.tick()
+    reg.add(Entry(id="backup", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                  control_url="http://127.0.0.1:1/backup"))
+    await a.tick()
+    assert copies.paused() == {"backup"}
+    assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)

@@ -18,7 +18,6 @@ Each peer is the fake Alertmanager (tests/fake_alertmanager.py) behind the real 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -621,28 +620,69 @@ async def test_an_earlier_start_of_the_same_episode_is_held_from_then_on(tmp_pat
         await engine.shutdown()
 
 
-async def test_a_second_receiver_posting_here_is_reconciled_too(tmp_path, caplog):
+async def test_a_second_receiver_named_in_the_configuration_is_reconciled_too(tmp_path, caplog):
     """Review L, F1: alerts routed to a second receiver that posts to this controller
     (promreflex-ops) were resolved by a silence but never fired again after it, and those its
-    max_alerts left out were never fired, although the log said the reconciliation acts on them."""
-    caplog.set_level(logging.INFO, logger="promreflex.controller")
+    max_alerts left out were never fired, although the log said the reconciliation acts on them.
+    Named in alertmanager_receiver, it is reconciled; not named, the log says so (learning names
+    from notifications widened the reconciliation to any sender's `default`: review G)."""
+    ops = [alert("Overload", starts=STARTED, instance=str(i)) for i in range(3)]
+    body = payload(ops[0])
+    body.update(receiver="promreflex-ops", truncatedAlerts=2)
     async with cluster(1) as ((am,), client):
-        engine, _ = make_engine(tmp_path, client)
+        engine, _ = make_engine(tmp_path / "unnamed", client)
         am.receivers = ["null", "promreflex", "promreflex-ops"]
-        ops = [alert("Overload", starts=STARTED, instance=str(i)) for i in range(3)]
         for a in ops:
             am.fire(a, receivers=["promreflex-ops"])
-        body = payload(ops[0])
-        body.update(receiver="promreflex-ops", truncatedAlerts=2)
         await engine.handle_payload(WebhookPayload.model_validate(body))
         await engine.drain()
-        assert kinds() == ["fire"]
+        await converge(engine)
+        assert kinds() == ["fire"]  # only the notified one
+        assert "receiver 'promreflex-ops', which controller.alertmanager_receiver (promreflex) does not name" in caplog.text
+        assert "nothing reconciles them (receiver 'promreflex-ops' is not in" in caplog.text
+        await engine.shutdown()
+    CALLS.clear()
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path / "named", client, alertmanager_receiver=["promreflex", "promreflex-ops"])
+        am.receivers = ["null", "promreflex", "promreflex-ops"]
+        for a in ops:
+            am.fire(a, receivers=["promreflex-ops"])
+        await engine.handle_payload(WebhookPayload.model_validate(body))
+        await engine.drain()
         await converge(engine)
         assert kinds() == ["fire"] * 3, "the alerts max_alerts left out were not reconciled"
-        assert "receiver 'promreflex-ops' too" in caplog.text
         am.silence(ops[0]["fingerprint"])
         await converge(engine)
         am.expire_silence(ops[0]["fingerprint"])
         await converge(engine)
         assert kinds() == ["fire"] * 3 + ["resolve", "fire"]
+        # an alert routed only to a person's receiver stays out
+        am.fire(alert("Other", starts=STARTED, instance="mail"), receivers=["null"])
+        await converge(engine)
+        assert kinds() == ["fire"] * 3 + ["resolve", "fire"]
+        await engine.shutdown()
+
+
+async def test_a_late_resolve_of_the_previous_episode_does_not_end_the_current_one(tmp_path):
+    """Review G, G1: episode T1 resolved and the alert fired again as T2; T2's firing notification
+    came before T1's resolve (the other Alertmanager's retry). T1's resolve ended before T2 began:
+    stale, T2's action stays."""
+    t1 = iso(datetime.now(UTC) - timedelta(minutes=20))
+    t2 = iso(datetime.now(UTC) - timedelta(minutes=5))
+    first = alert("Overload", starts=t1, instance="a")
+    second = alert("Overload", starts=t2, instance="a")
+    ended = alert("Overload", status="resolved", starts=t1, instance="a")
+    ended["endsAt"] = iso(datetime.now(UTC) - timedelta(minutes=8))
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path, client)
+        am.fire(first)
+        await deliver(engine, first)
+        await engine.drain()
+        am.fire(second)
+        assert (await deliver(engine, second))["accepted"] == 1
+        await engine.drain()
+        assert (await deliver(engine, ended))["stale"] == 1
+        await engine.drain()
+        await converge(engine)
+        assert kinds() == ["fire"]
         await engine.shutdown()
