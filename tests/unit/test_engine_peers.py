@@ -629,14 +629,18 @@ async def test_a_second_receiver_named_in_the_configuration_is_reconciled_too(tm
     ops = [alert("Overload", starts=STARTED, instance=str(i)) for i in range(3)]
     body = payload(ops[0])
     body.update(receiver="promreflex-ops", truncatedAlerts=2)
-    async with cluster(1) as ((am,), client):
-        engine, _ = make_engine(tmp_path / "unnamed", client)
+
+    async def notified(am, engine) -> None:
         am.receivers = ["null", "promreflex", "promreflex-ops"]
         for a in ops:
             am.fire(a, receivers=["promreflex-ops"])
         await engine.handle_payload(WebhookPayload.model_validate(body))
         await engine.drain()
         await converge(engine)
+
+    async with cluster(1) as ((am,), client):
+        engine, _ = make_engine(tmp_path / "unnamed", client)
+        await notified(am, engine)
         assert kinds() == ["fire"]  # only the notified one
         assert "receiver 'promreflex-ops', which controller.alertmanager_receiver (promreflex) does not name" in caplog.text
         assert "nothing reconciles them (receiver 'promreflex-ops' is not in" in caplog.text
@@ -644,12 +648,7 @@ async def test_a_second_receiver_named_in_the_configuration_is_reconciled_too(tm
     CALLS.clear()
     async with cluster(1) as ((am,), client):
         engine, _ = make_engine(tmp_path / "named", client, alertmanager_receiver=["promreflex", "promreflex-ops"])
-        am.receivers = ["null", "promreflex", "promreflex-ops"]
-        for a in ops:
-            am.fire(a, receivers=["promreflex-ops"])
-        await engine.handle_payload(WebhookPayload.model_validate(body))
-        await engine.drain()
-        await converge(engine)
+        await notified(am, engine)
         assert kinds() == ["fire"] * 3, "the alerts max_alerts left out were not reconciled"
         am.silence(ops[0]["fingerprint"])
         await converge(engine)
