@@ -173,7 +173,6 @@ def duration(seconds: float) -> str:
 AL = 'job="accesslog", instance="a:1", site="shop"'
 ADM = 'job="admission", instance="p:1"'
 CTL = 'job="controller", instance="c:1"'
-AM = 'job="alertmanager", instance="a:1"'
 MX = 'job="mesh", instance="m:1", workload="shop"'
 NG = 'job="nginx", instance="n:1"'
 SW = 'job="swift", instance="s:1"'
@@ -300,10 +299,10 @@ def concerns() -> list[Concern]:
             Alert("PromreflexWatchdogNotReceived", {
                 f"promreflex_controller_last_notification_timestamp_seconds{{{CTL}}}":
                     lambda t: (t // 60) * 60 if (t < T0 or t >= T1) else (T0 // 60) * 60}),
-            # Alertmanager sends a webhook notification every 20 s; during the fault a third fail.
+            # The controller takes a webhook request every 20 s; during the fault it answers a third 500.
             Alert("PromreflexWebhookDeliveryFailing", {
-                f'alertmanager_notifications_total{{{AM}, integration="webhook"}}': counter((0, 0.05)),
-                f'alertmanager_notifications_failed_total{{{AM}, integration="webhook"}}': fault_rate(0, 0.05 / 3)}),
+                f'promreflex_controller_webhook_requests_total{{{CTL}, code="200"}}': fault_rate(0.05, 0.05 * 2 / 3),
+                f'promreflex_controller_webhook_requests_total{{{CTL}, code="500"}}': fault_rate(0, 0.05 / 3)}),
             Alert("PromreflexTargetDown", {f"up{{{NG}}}": fault(1, 0)}),
             Alert("NginxDown", {f"nginx_up{{{NG}}}": fault(1, 0)}),
             Alert("PromreflexSelftest", {'promreflex_selftest_switch{job="selftest", instance="t:1"}': fault(0, 1)}),
