@@ -619,7 +619,10 @@ class NginxControl:
         """Keep ``text`` beside the backups under a name of its own (never one another's); of
         each kind the newest :data:`ASIDE_KEPT` are kept (every sweep that kept the current value
         left one more, for good: a review)."""
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f".{time.time_ns() % 1_000_000_000:09d}Z"
+        # one clock reading for both parts: two (the second, then the nanoseconds) could straddle
+        # a second's end and stamp a new copy before an older one (a flaky ordering on CI)
+        ns = time.time_ns()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 1_000_000_000)) + f".{ns % 1_000_000_000:09d}Z"
         base = f"{config_edit.backup_path(file, self.backup_dir)}.{what}-"
         aside = Path(base + stamp)
         atomic_write_text(aside, text, mode=0o600)

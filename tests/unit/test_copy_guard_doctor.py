@@ -19,10 +19,14 @@ from controllers.copy_guard.registry import Entry, Registry
 TIMED = ('127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "Mozilla/5.0" '
          'rt=0.001 urt="-"\n')
 COMBINED = '127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET / HTTP/1.1" 200 5 "-" "Mozilla/5.0"\n'
-# a scrape logged just now (the doctor counts those of the last 2 minutes)
-STUB = (f'127.0.0.1 - - [{time.strftime("%d/%b/%Y:%H:%M:%S %z")}] "GET /stub_status HTTP/1.1" 200 97 "-" '
-        '"NGINX-Prometheus-Exporter/v0.11.0" rt=0.000 urt="-"\n')
-OLD_STUB = STUB.replace(STUB[STUB.index("[") + 1:STUB.index("]")], "23/Nov/2026:10:00:00 +0000")
+OLD_STUB = ('127.0.0.1 - - [23/Nov/2026:10:00:00 +0000] "GET /stub_status HTTP/1.1" 200 97 "-" '
+            '"NGINX-Prometheus-Exporter/v0.11.0" rt=0.000 urt="-"\n')
+
+
+def stub() -> str:
+    """A scrape logged just now (the doctor counts those of the last 2 minutes): made when the
+    test runs, not when the module is imported (a CI run reaches this file minutes later)."""
+    return OLD_STUB.replace("23/Nov/2026:10:00:00 +0000", time.strftime("%d/%b/%Y:%H:%M:%S %z"))
 
 
 @contextmanager
@@ -120,7 +124,7 @@ def test_access_log_problems_are_named(tmp_path):
         checks = {c.link: c for c in doctor.check_access_log(target(url, combined), wait_s=5)}
     assert checks["log format"].status == doctor.FAIL and "promreflex format" in checks["log format"].detail
     scraped = tmp_path / "scraped.log"
-    scraped.write_text(STUB * 3)
+    scraped.write_text(stub() * 3)
     with site(scraped) as url:
         checks = {c.link: c for c in doctor.check_access_log(target(url, scraped), wait_s=5)}
     assert checks["own traffic"].status == doctor.FAIL and "access_log off" in checks["own traffic"].detail
@@ -219,18 +223,18 @@ def test_stub_status_answers_name_their_own_fix(tmp_path):
 
 def test_own_traffic_counts_only_stub_status_lines_that_are_served(tmp_path):
     refused = tmp_path / "refused.log"  # the location was missing: 404s are not counted as served
-    refused.write_text(STUB.replace('" 200 97', '" 404 153') * 3)
+    refused.write_text(stub().replace('" 200 97', '" 404 153') * 3)
     with site(refused) as url:
         checks = {c.link: c for c in doctor.check_access_log(target(url, refused), wait_s=5)}
     assert "own traffic" not in checks
     other = tmp_path / "other.log"  # the configured path, whatever it is
-    other.write_text(STUB.replace("/stub_status", "/nginx_status").replace("NGINX-Prometheus-Exporter", "curl") * 3)
+    other.write_text(stub().replace("/stub_status", "/nginx_status").replace("NGINX-Prometheus-Exporter", "curl") * 3)
     with site(other) as url:
         checks = {c.link: c for c in doctor.check_access_log(
             target(url, other, stub_status_url=url + "/nginx_status"), wait_s=5)}
     assert checks["own traffic"].status == doctor.FAIL
     root = tmp_path / "root.log"  # stub_status at the root of a port of its own: visitors' GET / are theirs
-    root.write_text(STUB.replace("/stub_status", "/").replace("NGINX-Prometheus-Exporter", "Mozilla/5.0") * 3)
+    root.write_text(stub().replace("/stub_status", "/").replace("NGINX-Prometheus-Exporter", "Mozilla/5.0") * 3)
     with site(root) as url:
         checks = {c.link: c for c in doctor.check_access_log(
             target(url, root, stub_status_url="http://127.0.0.1:8081/"), wait_s=5)}
