@@ -46,8 +46,8 @@ the controller and the copies it should guard looked in different places).
 An episode per site starts with the first firing alert and its alerts are its holders, by
 fingerprint (the predictive alert resolving while the overload alert fires resumes nothing).
 During an episode a supervisor task, every ``tick``: holds copies that registered after the
-episode began, renews leases, applies the throttle's share, and at ``max_pause`` (the episode's
-pause in ``pause`` mode, an emergency pause in ``adaptive`` mode) resumes (counted in
+episode began, renews leases, applies the throttle's share, and at ``max_pause`` (from the first
+pause of a copy it holds in ``pause`` mode, an emergency pause in ``adaptive`` mode) resumes (counted in
 ``promreflex_copy_guard_forced_resumes_total``: the CopyGuardForcedResume alert).
 
 Never a copy left stopped or throttled:
@@ -725,16 +725,11 @@ class CopyGuardAction(Action):
                 continue
             if ep.forced or not any(h["confirmed"] for h in ep.holders.values()):
                 continue
-            if now - ep.since >= ep.params.max_pause:
-                if not ep.held:
-                    # Nothing held (no copy registered: calibrate's own load, a crowd before the
-                    # backup): nothing to resume and no reason to stand down; max_pause counts
-                    # from a copy's first pause (a copy that came later ran unguarded through the
-                    # overload, and no alert said so: a review).
-                    ep.since = now
-                    await self._enforce(ep)
-                    changed = True
-                    continue
+            # max_pause counts from the first pause of a copy held now, not from the episode's
+            # start: an episode that held nothing (no copy registered: calibrate's own load, a
+            # crowd before the backup) resumed nothing, raised CopyGuardForcedResume, and stood
+            # down, and a copy that came later ran unguarded through the overload (reviews).
+            if ep.held and now - min(h.since for h in ep.held.values()) >= ep.params.max_pause:
                 await self._release_all(ep, "max_pause")
                 ep.forced = True
                 m.forced.labels(site).inc()

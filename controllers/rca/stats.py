@@ -30,6 +30,8 @@ MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD of a normal distribution times thi
 IQR_TO_SIGMA = 1.349  # 2 * Phi^-1(3/4): the IQR of a normal distribution divided by this is its sigma
 #: A sparse series' baseline excursion scores this (below the 3.5 anomaly line): see robust_score.
 SPARSE_TAIL_Z = 3.0
+#: A recent window's level (its median) is judged from this many samples on.
+LEVEL_MIN_SAMPLES = 5
 _TINY = 1e-12  # keeps z finite (and JSON-serialisable) even with every floor set to 0
 
 
@@ -117,7 +119,10 @@ def robust_score(
             tail = max(max(base) - median, median - min(base)) / SPARSE_TAIL_Z
             peak_scale = max(scale, tail)
             peak_z = (peak - median) / peak_scale
-            level_z = (statistics.median(recent) - median) / scale
+            # (a level needs a few samples, and a floor to be judged by: with 1-2 recent samples
+            # the "level" is the peak, and with every floor at 0 a tiny steady level was z 1e9)
+            level_z = ((statistics.median(recent) - median) / scale
+                       if len(recent) >= LEVEL_MIN_SAMPLES and scale > _TINY else -math.inf)
             z, scale = (peak_z, peak_scale) if peak_z >= level_z else (level_z, scale)
         mean = statistics.fmean(series.values)
     except OverflowError:  # values near the float limit (±1.7e308): their sums overflow

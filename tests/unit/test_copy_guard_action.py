@@ -184,6 +184,8 @@ async def test_max_pause_resumes_counts_and_does_not_pause_again_in_the_episode(
     p = params(reg, max_pause=60)
     await a.fire(ctx(p))
     a.episodes["shop"].since -= 61
+    for h in a.episodes["shop"].held.values():  # max_pause counts from the copies' first pause
+        h.since -= 61
     await a.tick()
     assert copies.paused() == set()
     assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") == 1
@@ -1000,3 +1002,25 @@ async def test_a_copy_that_comes_after_an_empty_max_pause_is_still_paused(copies
     await a.tick()
     assert copies.paused() == {"backup"}
     assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") in (None, 0)
+
+
+async def test_max_pause_counts_from_the_first_pause_of_a_copy_held(copies, tmp_path):
+    """Review P: after an empty max_pause the clock restarted at that boundary, and a backup
+    registered just before the next one was force-resumed 3 s after its pause."""
+    reg = Registry(tmp_path / "copies")
+    a = await started()
+    p = params(reg, max_pause=120)
+    await a.fire(ctx(p))
+    a.episodes["shop"].since -= 237  # an overload of 4 minutes so far, nothing held
+    await a.tick()
+    reg.add(Entry(id="backup", kind="copier", pid=ME, pid_start=process_start(ME), site="shop",
+                  control_url="http://127.0.0.1:1/backup"))
+    await a.tick()
+    a.episodes["shop"].held["backup"].since -= 3
+    a.episodes["shop"].since -= 3
+    await a.tick()
+    assert copies.paused() == {"backup"}
+    a.episodes["shop"].held["backup"].since -= 118
+    await a.tick()
+    assert copies.paused() == set()
+    assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") == 1

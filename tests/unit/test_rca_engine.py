@@ -440,3 +440,13 @@ def test_a_baseline_without_spread_is_not_judged_by_its_one_excursion():
     leak = [360e6] * 30
     kw = {"floor_abs": 1024.0 * 1024.0, "flat_floor_ratio": 0.01}
     assert z(held, leak, **kw) == pytest.approx(z(jitter, leak, **kw)) == pytest.approx(20.0)
+
+
+def test_a_level_needs_a_few_samples_and_a_floor():
+    """Review P: with 1-2 recent samples the "level" is the peak (an ordinary baseline burst
+    scored 100-200), and with every floor at 0 a tiny steady level scored z 1e9."""
+    base = [0.0] * 20 + [5.0] + [0.0] * 19
+    rs = robust_score(TimeSeries.of(base + [5.0]), baseline_end=39, floor_abs=0.01)
+    assert rs is not None and rs.z < 3.5  # one sample as high as the baseline's excursion
+    rs = robust_score(TimeSeries.of(base + [0.001] * 30), baseline_end=39)  # no floor at all
+    assert rs is not None and rs.z < 3.5
