@@ -450,3 +450,15 @@ def test_a_level_needs_a_few_samples_and_a_floor():
     assert rs is not None and rs.z < 3.5  # one sample as high as the baseline's excursion
     rs = robust_score(TimeSeries.of(base + [0.001] * 30), baseline_end=39)  # no floor at all
     assert rs is not None and rs.z < 3.5
+
+
+def test_a_found_start_that_leaves_a_short_baseline_is_said_to_be_doubtful():
+    """A review: without an inject time the change point landed in a recording's first minutes
+    on autocorrelated data, and the report said "what came before it is the baseline"."""
+    f = analyse(AnalysisInput(services={
+        "a": svc([0.01] * 8 + [0.2] * 292, cpu=[0.1] * 8 + [0.9] * 292),
+        "b": svc(flat(0.02) * 15),
+    }))
+    assert "the start may not be the fault's" in f.explain()
+    g = analyse(AnalysisInput(services={"a": svc([0.01] * 200 + [0.2] * 100), "b": svc(flat(0.02) * 15)}))
+    assert "earliest significant change point" in g.explain() and "may not be the fault's" not in g.explain()
