@@ -367,8 +367,9 @@ def load_case(
     table = table_file(p)
     if table is not None:
         if inject_time is None and use_split and (p / "inject_time.txt").is_file():
-            text = (p / "inject_time.txt").read_text(encoding="utf-8-sig").strip()
-            inject_time = _timestamp(text, str(p / "inject_time.txt"))
+            # the first line, as RCAEval's main.py reads it (a second line, a comment, is not the time)
+            lines = (p / "inject_time.txt").read_text(encoding="utf-8-sig").strip().splitlines()
+            inject_time = _timestamp(lines[0].strip() if lines else "", str(p / "inject_time.txt"))
         data = load_table(table, inject_time=inject_time if use_split else None, graph=graph, options=options)
         unread = [n for n in UNREAD_FILES if (p / n).is_file()]
         if unread:

@@ -87,7 +87,7 @@ def test_data_csv_with_inject_time_and_mapping(tmp_path):
         "pay_gc": noisy(1.0, n),
         "front_weird": noisy(1.0, n),
     })
-    (case / "inject_time.txt").write_text("1020\n")
+    (case / "inject_time.txt").write_text("1020\n# injected by chaos-mesh\n")  # the first line, as RCAEval reads it
     data = load_case(case, options=None)
     assert data.baseline_end == 1020.0
     assert [m.kind for m in data.services["pay"].metrics] == ["latency"]  # gc: unknown metric
