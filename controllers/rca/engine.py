@@ -129,11 +129,11 @@ def _signals(data: ServiceData | None, cfg: AnalysisConfig, baseline_end: float 
         floor = (own_floor if own_floor is not None else cfg.latency_scale_floor_s if kind == "latency"
                  else cfg.resource_scale_floor.get(kind, 0.0))
         # Latency keeps the floor at a share of its level; a resource has its own, in its unit
-        # (1 MiB of memory, 1 KiB/s of disk I/O), and a smaller share where its baseline has no
-        # spread to measure (RCD's held samples before an early change point). At a share of the level, a series whose level is
-        # large against its noise was scored in percent: memory doubling from 300 MB with 1 MB
-        # of noise scored 20, below a 1 s noise burst of a quiet latency (a stranger's
-        # RCAEval-layout leaks: AC@1 0.07, BARO 1.00 on the same files).
+        # (1 MiB of memory, 1 KiB/s of disk I/O), and a smaller share only where its baseline
+        # has no spread to measure (RCD's held samples before an early change point). At a
+        # share of the level, a series whose level is large against its noise was scored in
+        # percent: memory doubling from 300 MB with 1 MB of noise scored 20, below a 1 s noise
+        # burst of a quiet latency (a stranger's RCAEval-layout leaks: AC@1 0.07, BARO 1.00).
         rs = robust_score(
             series, baseline_end, min_baseline_points=cfg.min_baseline_points,
             floor_abs=floor, floor_ratio=cfg.scale_floor_ratio if kind == "latency" else cfg.resource_scale_floor_ratio,
