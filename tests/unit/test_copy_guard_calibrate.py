@@ -491,3 +491,58 @@ def test_the_command_prints_the_drift_warning_and_still_publishes(tmp_path: Path
     assert "warning: site 'shop' has a published threshold of 39.50 req/s (from 2026-11-27 " in printed
     assert "says 28.00 (-29%)" in printed
     assert read_thresholds(tmp_path)["shop"].rps == pytest.approx(28.0)  # said, and published all the same
+
+
+def _three_runs(monkeypatch, levels: list[float]) -> None:
+    """``run_shop_load`` answering one run per level (10 s at that many req/s)."""
+    runs = iter(levels)
+
+    def load(*a, **k):
+        level = next(runs)
+        bins = {int(s / 0.1): [int(level), 0] for s in range(1000, 1010)}  # one bin a second
+        return cal.LoadRun(ok=int(level * 10), failed=0, bins=bins, bin_s=0.1, started=0, ended=1,
+                           latency_ms={"p95": 40.0})
+    monkeypatch.setattr(cal, "run_shop_load", load)
+    monkeypatch.setattr(cal, "check_reachable", lambda *a, **k: None)
+    monkeypatch.setattr(cal, "note_load_ended", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("extra, published", [([], False), (["--max-spread", "1"], True)])
+def test_runs_that_disagree_publish_nothing(tmp_path: Path, monkeypatch, capsys, extra, published) -> None:
+    """A stranger's first calibration on a CPU-starved host: runs 110..205 req/s apart, the
+    threshold half the capacity, published with a warning, and the guard then let a copy cost the
+    shop half its throughput. Now refused unless ``--max-spread`` allows it."""
+    from controllers.copy_guard.threshold import read_thresholds
+
+    _three_runs(monkeypatch, [110.0, 190.0, 205.0])
+    parser = argparse.ArgumentParser()
+    cal.register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "calibration.json"
+    args = parser.parse_args(["calibrate", "--target", "http://127.0.0.1:1/", "--textfile.dir", str(tmp_path),
+                              "--runs", "3", "--duration", "10s", "--warmup", "0s", "--users", "4",
+                              "--out", str(out), *extra])
+    assert args.func(args) == (0 if published else 1)
+    said = capsys.readouterr()
+    assert json.loads(out.read_text())["threshold"] == pytest.approx(190.0)  # measured and kept either way
+    if published:
+        assert read_thresholds(tmp_path)["shop"].rps == pytest.approx(190.0)
+    else:
+        assert "shop" not in read_thresholds(tmp_path)
+        assert "the runs disagree: their 0.05-quantiles go from 110.0 to 205.0 req/s, 25% of the threshold" in said.err
+        assert "--max-spread 1 publishes anyway" in said.err
+
+
+@pytest.mark.parametrize("levels, method", [([180.0, 190.0, 205.0], "robust"), ([110.0, 190.0, 205.0], "min")])
+def test_runs_that_agree_publish_and_other_methods_are_not_judged_by_run_spread(tmp_path, monkeypatch, levels,
+                                                                                 method) -> None:
+    """Runs 6.6 % either side of the threshold publish; ``min`` (the paper's lowest second) has a
+    spread over seconds, not runs, and is not refused by it."""
+    from controllers.copy_guard.threshold import read_thresholds
+
+    _three_runs(monkeypatch, levels)
+    parser = argparse.ArgumentParser()
+    cal.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["calibrate", "--target", "http://127.0.0.1:1/", "--textfile.dir", str(tmp_path),
+                              "--runs", "3", "--duration", "10s", "--warmup", "0s", "--users", "4", "--method", method])
+    assert args.func(args) == 0
+    assert read_thresholds(tmp_path)["shop"].rps == pytest.approx(190.0 if method == "robust" else min(levels))
