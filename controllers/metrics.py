@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REJECTION_REASONS = ("unauthorized", "too_large", "not_json", "invalid_payload", "unsupported_media_type",
-                     "timeout", "bad_body", "client_disconnected")
+                     "timeout", "bad_body", "client_disconnected", "header_too_large", "malformed")
 # future: startsAt beyond the clock-skew margin (engine.FUTURE_MARGIN), skipped unremembered.
 NOTIFICATION_RESULTS = ("accepted", "duplicate", "stale", "conflict", "future")
 ACTION_RESULTS = ("ok", "error", "skipped", "cooldown", "deferred")

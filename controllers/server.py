@@ -12,7 +12,10 @@ answers 5xx to bad input. What it does with hostile or broken input:
   refused from ``Content-Length`` before a byte is read, and counted after decompression), a
   body not received within 10 s (408 ``timeout``), a body whose ``Content-Encoding`` does not
   decode (400 ``bad_body``), a sender that closed its connection before the whole body came
-  (``client_disconnected``: its own timeout or a proxy's abort, not our error).
+  (``client_disconnected``: its own timeout or a proxy's abort, not our error). A request
+  aiohttp's parser itself refuses (an encoding it cannot decode, such as ``zstd``; broken
+  headers) gets the same JSON (``bad_body``, 431 ``header_too_large``, 400 ``malformed``),
+  counted and audited, and one log line (:func:`parser_logger`).
 - The bearer token (``token_file``) is required on ``/webhook`` *and* ``/api/v1/state``; a
   missing, wrong or undecodable (non-UTF-8) ``Authorization`` header is a 401
   ``unauthorized``, answered before the body is read, and the connection is then closed.
@@ -67,7 +70,14 @@ from promreflex.clients import AlertmanagerClient, PrometheusClient
 from promreflex.config import ConfigError, ControllerConfig, split_host_port
 from promreflex.errors import UserError
 from promreflex.httpd import (
-    BodyError, add_standard_routes, discard_small_body, read_body, read_token_file, serving, stop_on_signals,
+    BodyError,
+    ParserErrorLogger,
+    add_standard_routes,
+    discard_small_body,
+    read_body,
+    read_token_file,
+    serving,
+    stop_on_signals,
 )
 
 log = logging.getLogger("promreflex.controller")
@@ -111,6 +121,34 @@ def _reject(app: web.Application, status: int, reason: str, message: str, close:
     if close:
         resp.force_close()
     return resp
+
+
+#: What a request aiohttp's parser refused gets (:class:`~promreflex.httpd.ParserErrorLogger`).
+PARSER_REFUSALS = {
+    "bad_body": (400, "the body's Content-Encoding or Transfer-Encoding cannot be decoded here (Alertmanager sends "
+                      "plain JSON; gzip and deflate are read)"),
+    "header_too_large": (431, "request line or header fields too large"),
+    "malformed": (400, "not an HTTP request this server can read"),
+}
+
+
+def parser_logger(app: web.Application) -> ParserErrorLogger:
+    """aiohttp's server logger for the controller's listener: a request its parser refuses (a
+    ``Content-Encoding: zstd``, broken headers) is counted and audited as a rejection and answered
+    with the controller's JSON, in one log line; it was aiohttp's plain 400 with a traceback."""
+    def count(reason: str) -> None:
+        status, message = PARSER_REFUSALS[reason]
+        app[METRICS].rejections.labels(reason).inc()
+        app[AUDIT].write("rejected", code=status, reason=reason, message=message)
+
+    def answer(reason: str) -> web.HTTPException:
+        status, message = PARSER_REFUSALS[reason]
+        cls = web.HTTPRequestHeaderFieldsTooLarge if status == 431 else web.HTTPBadRequest
+        exc = cls(text=json.dumps({"status": "rejected", "reason": reason, "message": message}),
+                  content_type="application/json")
+        exc.force_close()
+        return exc
+    return ParserErrorLogger(count, answer)
 
 
 def _problems(err: ValidationError, limit: int = 20) -> list[str]:
@@ -411,7 +449,7 @@ async def serve(cfg: ControllerConfig, stop: asyncio.Event | None = None,
                 app[RELOAD] = reloader
                 _on_sighup(lambda: asyncio.ensure_future(reloader()))
             try:
-                async with serving(cfg.listen_address, app):
+                async with serving(cfg.listen_address, app, logger=parser_logger(app)):
                     log.info("controller listening on %s (%d routes, token %s)", cfg.listen_address,
                              len(engine.routes), "required" if app[TOKEN] else "not required")
                     audit.write("start", listen_address=cfg.listen_address, routes=sorted(engine.routes))

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong, PayloadEncodingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -151,6 +152,81 @@ def rate_limit_logs(names: tuple[str, ...] = RATE_LIMITED_LOGGERS, interval: flo
         logger = logging.getLogger(name)
         if not any(isinstance(f, RateLimitFilter) for f in logger.filters):
             logger.addFilter(RateLimitFilter(interval))
+
+
+# --------------------------------------------------------------------------- requests aiohttp refuses
+#: What aiohttp's handle_error logs before it makes its error page (aiohttp 3.14).
+ERROR_PAGE_LOG = "Error handling request"
+
+
+def parser_error_reason(exc: BaseException) -> str:
+    """What was wrong with a request aiohttp's parser refused: ``header_too_large`` (a line or
+    too many headers), ``bad_body`` (a Content-Encoding or Transfer-Encoding it cannot decode,
+    e.g. ``zstd`` without its module) or ``malformed``."""
+    if isinstance(exc, LineTooLong) or "Too many headers" in str(exc):
+        return "header_too_large"
+    if isinstance(exc, PayloadEncodingError):
+        return "bad_body"
+    return "malformed"
+
+
+def parser_refusal(reason: str) -> web.HTTPException:
+    """The default answer to a request aiohttp's parser refused: a fixed text naming what was
+    wrong, none of the request's bytes (aiohttp's own page quotes the offending line back: a
+    Cookie, an HttpOnly one too, CVE-2012-0053's class); 431 for headers too long or too many
+    (RFC 6585), else 400; the connection closes."""
+    exc: web.HTTPException
+    if reason == "header_too_large":
+        exc = web.HTTPRequestHeaderFieldsTooLarge(text="request line or header fields too large\n",
+                                                  headers={"Cache-Control": "no-store"})
+    elif reason == "bad_body":
+        exc = web.HTTPBadRequest(text="bad request: a Content-Encoding or Transfer-Encoding this server cannot decode "
+                                      "(send the body plain or gzip)\n", headers={"Cache-Control": "no-store"})
+    else:
+        exc = web.HTTPBadRequest(text="bad request: not an HTTP request this server can read\n",
+                                 headers={"Cache-Control": "no-store"})
+    exc.force_close()
+    return exc
+
+
+class ParserErrorLogger(logging.Logger):
+    """aiohttp's server logger for one listener (``serving(..., logger=...)``; :func:`serving`
+    installs one by default). A request aiohttp's parser refuses (unparsable, headers beyond its
+    limits, a body encoding it cannot decode) reaches this logger through ``exception`` with the
+    parser's error: it is counted (``count(reason)``, :func:`parser_error_reason`), logged as one
+    line with the error's type (no traceback, none of the request's bytes: the message quotes the
+    offending line) and answered with ``answer(reason)``: aiohttp calls this logger just before it
+    makes its own error page, from the request's handler, where an HTTPException raised is sent
+    instead. Anything else is logged as aiohttp logs it, traceback included."""
+
+    def __init__(self, count: Callable[[str], None] | None = None,
+                 answer: Callable[[str], web.HTTPException] = parser_refusal):
+        super().__init__("aiohttp.server")
+        self.server_log = logging.getLogger("aiohttp.server")
+        self.parent = self.server_log
+        self.count = count
+        self.answer = answer
+
+    def _refused(self, msg: object, exc: BadHttpMessage) -> None:
+        reason = parser_error_reason(exc)
+        if self.count is not None:
+            self.count(reason)
+        if str(msg).startswith(ERROR_PAGE_LOG):
+            raise self.answer(reason)
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
+        if not isinstance(exc_info, BadHttpMessage):  # a real error: with its traceback
+            self.server_log.exception(msg, *args, exc_info=exc_info, **kw)
+            return
+        self.server_log.warning(f"{msg}: %s", *args, type(exc_info).__name__, **kw)
+        self._refused(msg, exc_info)
+
+    def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
+        if isinstance(exc_info, BadHttpMessage):  # aiohttp logs a non-HTTP first request at debug
+            self.server_log.debug(msg, *args, **kw)
+            self._refused(msg, exc_info)
+            return
+        self.server_log.debug(msg, *args, **kw)
 
 
 # --------------------------------------------------------------------------- connections
@@ -588,6 +664,7 @@ async def serving(listen_address: str, app: web.Application, limits: Limits | No
         app.middlewares.insert(0, pool.middleware)
     # Without the pool (an app already frozen) the keep-alive timer is the header timeout too.
     runner_kwargs.setdefault("lingering_time", 0)  # (no draining: the module doc; a proxy asks otherwise)
+    runner_kwargs.setdefault("logger", ParserErrorLogger())  # (a refused request: one line, a fixed answer)
     runner = web.AppRunner(app, access_log=None,
                            keepalive_timeout=limits.idle_timeout if pool else limits.header_timeout, **runner_kwargs)
     await runner.setup()

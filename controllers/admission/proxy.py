@@ -66,7 +66,6 @@ from typing import Any, Literal
 
 import aiohttp
 from aiohttp import http_writer, web
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yarl import URL
@@ -86,7 +85,18 @@ from controllers.admission.sched import (
     SessionState,
     Waiting,
 )
-from promreflex.httpd import LIMITS, BodyError, Limits, LiveToken, add_standard_routes, on_disconnect, read_body, read_head
+from promreflex.httpd import (
+    LIMITS,
+    BodyError,
+    Limits,
+    LiveToken,
+    ParserErrorLogger,
+    add_standard_routes,
+    on_disconnect,
+    parser_refusal,
+    read_body,
+    read_head,
+)
 
 log = logging.getLogger("promreflex.admission")
 
@@ -111,7 +121,7 @@ MAX_BUFFERED_RESPONSE = 64 << 10
 MAX_HEADER_LINE = 8190
 MAX_HEADER_BYTES = 32 << 10
 #: aiohttp's parser limits, set above ours so the proxy answers 431 itself; a request beyond
-#: even these gets aiohttp's 400 (counted through :class:`CountingLogger`).
+#: even these gets aiohttp's 400 (counted through :class:`promreflex.httpd.ParserErrorLogger`).
 PARSER_LIMITS: dict[str, int] = {"max_line_size": 4 * MAX_HEADER_LINE, "max_field_size": 4 * MAX_HEADER_LINE}
 HOLDER = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
 #: Per-request memories (:meth:`AdmissionProxy.route`, :meth:`AdmissionProxy.cookie_parts`): at
@@ -383,59 +393,17 @@ def header_problem(raw_headers: Any) -> str | None:
     return None
 
 
-class CountingLogger(logging.Logger):
-    """aiohttp's server logger for the proxy's listener: a request aiohttp refuses itself
-    (unparsable, or headers beyond even :data:`PARSER_LIMITS`) is logged here through
-    ``exception`` with the parser's error: counted, then logged as usual (rate-limited), and
-    answered with :func:`refusal`: aiohttp's own error page quotes the offending line back (a
-    Cookie, an HttpOnly one too: CVE-2012-0053's class), and calls this logger just before it
-    makes that page, from the request's handler, where an HTTPException raised is sent instead."""
-
-    def __init__(self, count: Callable[[str], None]):
-        super().__init__("aiohttp.server")
-        self.server_log = logging.getLogger("aiohttp.server")
-        self.parent = self.server_log
-        self.count = count
-
-    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
-        if not isinstance(exc_info, BadHttpMessage):  # a real error: with its traceback
-            self.server_log.exception(msg, *args, exc_info=exc_info, **kw)
-            return
-        too_large = isinstance(exc_info, LineTooLong) or "Too many headers" in str(exc_info)
-        self.count("header_too_large" if too_large else "malformed")
-        # The type only: the parser's message quotes the offending line (a Cookie, an Authorization)
-        self.server_log.warning(f"{msg}: %s", *args, type(exc_info).__name__, **kw)
-        if str(msg).startswith(ERROR_PAGE_LOG):
-            raise refusal(too_large)
-
-    def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
-        if isinstance(exc_info, BadHttpMessage):  # aiohttp logs a non-HTTP first request at debug
-            self.count("malformed")
-            self.server_log.debug(msg, *args, **kw)
-            if str(msg).startswith(ERROR_PAGE_LOG):
-                raise refusal(False)
-            return
-        self.server_log.debug(msg, *args, **kw)
-
-
-#: What aiohttp's handle_error logs before it makes its error page (aiohttp 3.14).
-ERROR_PAGE_LOG = "Error handling request"
-
-
-def refusal(too_large: bool) -> web.HTTPException:
-    """The answer to a request aiohttp's parser refused: a fixed text, none of the request's
-    bytes; 431 for headers too long or too many (RFC 6585; also for a request line beyond 32 KiB,
-    which aiohttp's error does not tell from a header line: nginx answers 414 for one over its
-    8 KiB first), else 400; the connection closes."""
-    exc: web.HTTPException
-    if too_large:
-        exc = web.HTTPRequestHeaderFieldsTooLarge(text="request line or header fields too large\n",
-                                                  headers={"Cache-Control": "no-store"})
-    else:
+def refusal(reason: str) -> web.HTTPException:
+    """The answer to a request aiohttp's parser refused (:func:`promreflex.httpd.parser_refusal`),
+    with the proxy's words: 431 for headers too long or too many (also for a request line beyond
+    32 KiB, which aiohttp's error does not tell from a header line: nginx answers 414 for one over
+    its 8 KiB first), else 400."""
+    if reason != "header_too_large":
         exc = web.HTTPBadRequest(text="bad request: not a request this proxy can read\n",
                                  headers={"Cache-Control": "no-store"})
-    exc.force_close()
-    return exc
+        exc.force_close()
+        return exc
+    return parser_refusal(reason)
 
 
 def _plain(status: int, text: str, retry_after: int | None = None, close: bool = False) -> web.Response:
@@ -716,11 +684,13 @@ class AdmissionProxy:
         decompression), parser limits above the proxy's own header limits, a logger that
         counts what the parser refuses, how long a stop waits for requests in progress, and a
         lingering close (``LINGERING_S``)."""
-        return {"handler_cancellation": False, "logger": CountingLogger(self._count_bad), "auto_decompress": False,
+        return {"handler_cancellation": False, "logger": ParserErrorLogger(self._count_bad, refusal), "auto_decompress": False,
                 "shutdown_timeout": SHUTDOWN_TIMEOUT, "lingering_time": LINGERING_S, **PARSER_LIMITS}
 
     def _count_bad(self, reason: str) -> None:
-        self.metrics.bad_requests.labels(reason).inc()
+        # (the parser's "bad_body", an encoding it cannot decode, is one of the proxy's "malformed":
+        # the proxy passes bodies through undecoded, so only a broken framing gets there)
+        self.metrics.bad_requests.labels("malformed" if reason == "bad_body" else reason).inc()
 
     def classify(self, path: str) -> PageClass:
         for rx, page in self.patterns:

@@ -192,3 +192,42 @@ def test_state_needs_the_token(controller):
     req = urllib.request.Request(f"{controller.url}/api/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - loopback
         assert "entries" in json.load(resp)
+
+
+@pytest.mark.parametrize("head, status, reason", [
+    (b"Content-Encoding: zstd\r\n", b"400", "bad_body"),  # aiohttp cannot decode it without backports.zstd
+    (b"Bad Header Without Colon\r\n", b"400", "malformed"),
+])
+def test_a_request_the_http_parser_refuses_is_a_counted_rejection_in_one_log_line(controller, head, status, reason):
+    """A body in an encoding the server cannot decode got aiohttp's plain 400 ("Please install
+    `backports.zstd`") and a traceback in the controller's log, and was counted nowhere."""
+    body = b'{"version": "4"}'
+    request = (b"POST /webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               + f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(body)}\r\n".encode() + head + b"\r\n" + body)
+    s = socket.create_connection(("127.0.0.1", controller.port))
+    try:
+        s.sendall(request)
+        s.settimeout(15)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        s.close()
+    assert answer.split(b" ", 2)[1] == status, answer  # (HTTP/1.0: aiohttp answers a request it could not read so)
+    said = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert said["status"] == "rejected" and said["reason"] == reason, said
+    assert b"backports" not in answer and b"Bad Header" not in answer  # (nothing of the request quoted back)
+
+    def counted() -> bool:
+        with urllib.request.urlopen(f"{controller.url}/metrics", timeout=10) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+        return f'promreflex_controller_payload_rejections_total{{reason="{reason}"}} 1.0' in text
+    wait_until(counted, timeout=15, what=f"the {reason} rejection counted")
+    wait_until(lambda: f'"reason": "{reason}"' in controller.proc.audit_log.read_text()
+               or f'"reason":"{reason}"' in controller.proc.audit_log.read_text(), timeout=15, what="the audit line")
+    log_text = controller.proc.log_path.read_text()
+    assert "Traceback" not in log_text, log_text[-3000:]
+    assert "Error handling request" in log_text  # said, in one line
