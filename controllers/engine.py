@@ -303,6 +303,11 @@ class ClusterView:
                    for settled, listed, started in self.witnesses)
 
 
+
+def _names(receiver: str | list[str] | None) -> set[str]:
+    """``alertmanager_receiver`` as a set: a name and a one-item list are the same setting."""
+    return set() if not receiver else {receiver} if isinstance(receiver, str) else set(receiver)
+
 class Engine:
     def __init__(
         self,
@@ -566,7 +571,12 @@ class Engine:
         added, removed = sorted(set(new) - configured_before), sorted(configured_before - set(new))
         before = set(previous)
         summary, kick = self._rebind(previous, new)
-        self.cfg = self.cfg.model_copy(update={"routes": cfg.routes})
+        # alertmanager_receiver is read at each reconciliation: a reload changes it (a receiver
+        # added for a second team); receivers it now names or not are said again.
+        if self._receiver_names() != _names(cfg.alertmanager_receiver):
+            self._receivers_said.clear()
+            self._receiver_known = None
+        self.cfg = self.cfg.model_copy(update={"routes": cfg.routes, "alertmanager_receiver": cfg.alertmanager_receiver})
         for action in {id(b.action): b.action for b in self.routes.values()}.values():
             action.route_params = [b.params for b in self.routes.values() if b.action is action and not b.lingering]
         started: set[str] = set()
@@ -943,8 +953,7 @@ class Engine:
                 for fp, starts in alerts.items()}
 
     def _receiver_names(self) -> set[str]:
-        names = self.cfg.alertmanager_receiver
-        return set() if not names else {names} if isinstance(names, str) else set(names)
+        return _names(self.cfg.alertmanager_receiver)
 
     def _unnamed_receiver(self, payload: WebhookPayload) -> bool:
         """An Alertmanager notification from a receiver ``alertmanager_receiver`` does not name:
@@ -960,7 +969,7 @@ class Engine:
             self._receivers_said.add(payload.receiver)
             log.warning("notifications come from receiver %r, which controller.alertmanager_receiver (%s) does not "
                         "name: the reconciliation does not act on its alerts (one back from a silence or an "
-                        "inhibition, or left out by max_alerts, is not fired); add it to alertmanager_receiver",
+                        "inhibition, or left out by max_alerts, is not fired); add it to alertmanager_receiver (a reload applies it)",
                         payload.receiver[:200], ", ".join(sorted(names)))
         return True
 

@@ -35,7 +35,7 @@ keeping the state (applied alerts, dedupe memory, held copies) and the running a
 instances. An invalid file changes nothing (logged, audited ``reload`` with ``result: error``,
 counted in ``promreflex_controller_config_reloads_total{result="error"}``). Other keys of the
 ``controller`` section (listen address, token, state file, intervals) need a restart; a reload
-that changes them says so.
+that changes them says so. ``alertmanager_receiver`` is reloaded with the routes.
 
 Start-up problems a user can fix (a busy port, a missing, empty, group- or world-readable
 token file, an action's own checks) raise :class:`~promreflex.errors.UserError` with one line
@@ -97,7 +97,7 @@ WEBHOOK_VERSIONS = get_args(WebhookPayload.model_fields["version"].annotation)  
 
 #: Keys of the controller section a reload cannot change (they need a restart).
 _RESTART_KEYS = ("listen_address", "token_file", "state_file", "audit_log", "max_body_bytes", "alertmanager_url",
-                 "prometheus_url", "reconcile_interval", "dedupe_window", "alertmanager_receiver",
+                 "prometheus_url", "reconcile_interval", "dedupe_window",
                  "alertmanager_restart_grace", "reconcile_fire_after")
 
 

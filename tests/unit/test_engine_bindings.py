@@ -385,3 +385,19 @@ async def test_the_audit_log_and_the_state_are_created_private(tmp_path):
     await engine.shutdown()
     for name in ("audit.jsonl", "state.db"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+
+
+async def test_a_reload_applies_alertmanager_receiver_and_a_name_equals_its_one_item_list(tmp_path):
+    """A reviewer (P, F7): ``promreflex`` -> ``[promreflex]`` (the same setting) was reported as
+    needing a restart, and a receiver added to the list took effect only after a restart, while
+    the log's advice said only "add it"."""
+    engine, _ = make_engine(tmp_path, route("r", "test-bind-pause"))
+    await engine.start()
+    same = config(tmp_path, route("r", "test-bind-pause")).model_copy(update={"alertmanager_receiver": ["promreflex"]})
+    summary = await apply_routes(engine, same)
+    assert summary["needs_restart"] == []
+    two = same.model_copy(update={"alertmanager_receiver": ["promreflex", "promreflex-ops"]})
+    summary = await apply_routes(engine, two)
+    assert summary["needs_restart"] == []
+    assert engine._receiver_names() == {"promreflex", "promreflex-ops"}  # noqa: SLF001 - what the reconciliation reads
+    await engine.shutdown()
