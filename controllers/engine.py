@@ -740,8 +740,9 @@ class Engine:
                 # after a firing notification with one replica's startsAt the resolve comes with
                 # the other's, earlier one. An older episode ended before the held one began.
                 episode = starts
-            elif (alert.status == FIRING and status == FIRING and episode < starts
-                  and (alert.endsAt is None or alert.endsAt > starts)):
+            elif (alert.status == FIRING and episode < starts
+                  and (status == FIRING and (alert.endsAt is None or alert.endsAt > starts)
+                       or status == ABSENT and alert.endsAt is not None and alert.endsAt > starts)):
                 # An earlier startsAt of an episode that lasts past the held one's start: the same
                 # episode, the HA pair's earlier copy, which Alertmanager keeps; held from now on.
                 # A restarted Prometheus replica gives a `for: 0` alert a later activeAt, and a
@@ -750,6 +751,12 @@ class Engine:
                 # earliest, listed by every peer again, was "stale", so an alert back from a
                 # silence never fired again, nor on a route added later (a review with a real HA
                 # pair and 3 peers). An older episode that ended before the held one began is stale.
+                # The same when the held episode went ABSENT (a silence set before the cluster
+                # merged back ended it) and Alertmanager's listing now shows the earliest copy
+                # active, its endsAt past the held start: the alert is back (review P; it never
+                # fired again). Only with a real endsAt: Alertmanager zeroes a firing alert's
+                # endsAt in webhooks (year 1), and an old episode's late firing notification must
+                # not undo an absence; the listing, which has it, brings the alert back.
                 pass
             elif episode < starts or (episode == starts and status == RESOLVED and alert.status == FIRING):
                 return "stale"

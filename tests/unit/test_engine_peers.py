@@ -620,6 +620,34 @@ async def test_an_earlier_start_of_the_same_episode_is_held_from_then_on(tmp_pat
         await engine.shutdown()
 
 
+async def test_the_earliest_copy_listed_after_a_silence_that_ended_the_later_one_fires_again(tmp_path):
+    """Review P (F5): the later copy held, a silence set before the cluster merged back ended it
+    (absent), and when the silence expired every peer listed the earliest startsAt: "stale", and
+    the alert never fired again. An earlier start that Alertmanager lists active (its endsAt past
+    the held start) after the held episode went absent is the alert, back."""
+    clock = Clock()
+    later = alert("Overload", starts=iso(datetime.now(UTC) - timedelta(minutes=2)), instance="a")
+    async with cluster(2) as (peers, client):
+        engine, _ = make_engine(tmp_path, client, clock)
+        for p in peers:
+            p.fire(later)  # every peer lists the restarted replica's later copy for now
+        await deliver(engine, later)
+        await engine.drain()
+        assert kinds() == ["fire"]
+        for p in peers:
+            p.silence(FP)  # a silence set before the cluster merged back
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire", "resolve"]
+        for p in peers:
+            p.expire_silence(FP)
+            p.fire(FIRING)  # merged back to the earliest copy; the silence ends
+        clock.t += 15
+        await converge(engine)
+        assert kinds() == ["fire", "resolve", "fire"]
+        await engine.shutdown()
+
+
 async def test_a_second_receiver_named_in_the_configuration_is_reconciled_too(tmp_path, caplog):
     """Review L, F1: alerts routed to a second receiver that posts to this controller
     (promreflex-ops) were resolved by a silence but never fired again after it, and those its
