@@ -96,7 +96,7 @@ class AdmissionMetrics:
                 self.requests.labels(page, outcome)
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
-        for reason in COOKIE_REASONS:
+        for reason in (*COOKIE_REASONS, "not_readmitted"):
             self.cookies.labels(reason)
         for reason in REQUEST_REJECT_REASONS:
             self.bad_requests.labels(reason)

@@ -922,12 +922,16 @@ class AdmissionProxy:
         s = self.sessions.active.get(ticket.sid)
         if s is not None:
             return s
-        if (ticket.sid not in self.sessions.ended and self.cfg.session.readmit_after_restart
-                and ticket.issued <= int(self.sessions.started)  # (the same second: the previous process's)
+        previous = (ticket.sid not in self.sessions.ended
+                    and ticket.issued <= int(self.sessions.started))  # (the same second: the previous process's)
+        if (previous and self.cfg.session.readmit_after_restart
                 and len(self.sessions.active) < self.cfg.session.max_sessions):
             self.metrics.readmitted.inc()
             return self.sessions.add(ticket.sid, ticket.issued, ticket.expires, "")
-        self.metrics.cookies.labels("ended").inc()
+        # "ended": logged out, idle or replayed; "not_readmitted": a session of the process before
+        # a restart that this one does not take back (readmit_after_restart off, or max_sessions
+        # reached): it was counted as "ended", which the runbook reads as replayed cookies.
+        self.metrics.cookies.labels("not_readmitted" if previous else "ended").inc()
         return None
 
     async def admit(self, request: web.Request, page: PageClass) -> SessionState | web.Response:

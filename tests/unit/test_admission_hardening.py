@@ -569,3 +569,24 @@ async def test_an_http10_client_asking_for_keep_alive_gets_a_streamed_answer_tha
         assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0], head[:80]
         assert b"chunked" not in head.lower()
         assert body == b"".join(bytes([65 + i]) * 10_000 for i in range(20))
+
+
+async def test_a_previous_process_session_not_readmitted_for_lack_of_room_is_not_counted_as_ended() -> None:
+    """A readmission refused because ``max_sessions`` is reached was counted as ``ended``, which
+    the runbook reads as cookies replayed after a logout (a review's suspicion, J)."""
+    from controllers.admission.cookies import KeyRing
+
+    ring = KeyRing.ephemeral()
+    async with rig(ring=ring) as first, client() as c:
+        async with c.get(f"{first.url}/browse") as resp:
+            assert resp.status == 200
+        cookies = {m.key: m.value for m in c.cookie_jar}
+    async with rig(ring=ring, session__max_sessions=1) as second, client() as other, client() as c2:
+        async with other.get(f"{second.url}/browse") as resp:  # the one session room taken
+            assert resp.status == 200
+        c2.cookie_jar.update_cookies(cookies, URL(second.url))
+        async with c2.get(f"{second.url}/browse") as resp:
+            await resp.read()
+        assert second.value("promreflex_admission_sessions_readmitted_total") == 0
+        assert second.value("promreflex_admission_cookie_rejections_total", reason="not_readmitted") == 1
+        assert second.value("promreflex_admission_cookie_rejections_total", reason="ended") == 0
