@@ -36,6 +36,7 @@ test: system-test lint
 	$(RUN) python -m promreflex compose build --check
 	$(RUN) python -m promreflex kube build --check
 	$(RUN) pytest
+	scripts/test-system-python.sh
 
 test-unit: deps
 	$(RUN) pytest tests/unit

@@ -569,6 +569,7 @@ def replay_parser(log_format: str | None = None) -> Callable[[str], LogEntry | N
         apache_vhost_pattern,
         compile_log_format,
     )
+    from promreflex import recompat
 
     if log_format is not None:
         fmt = _log_format_text(log_format)
@@ -583,11 +584,12 @@ def replay_parser(log_format: str | None = None) -> Callable[[str], LogEntry | N
                                    "$request_uri): what was asked, and how it was answered")
         agent_keys = ("http_user_agent",) if "http_user_agent" in names else ()
 
+
         def custom(line: str) -> LogEntry | None:
             m = regex.match(line.rstrip("\r\n"))
             if m is None:
                 return None
-            values = m.groupdict()
+            values = recompat.groupdict(m)
             others = [] if agent_keys else [v for k, v in values.items() if v and k not in _JSON_REQUEST_KEYS]
             return _entry(values, True, agent_keys, others)
 
@@ -604,7 +606,7 @@ def replay_parser(log_format: str | None = None) -> Callable[[str], LogEntry | N
         for pattern in patterns:
             m = pattern.match(text)
             if m is not None:
-                entry = _entry(m.groupdict(), True)
+                entry = _entry(recompat.groupdict(m), True)
                 if entry is not None:
                     return entry
         m = _LOG_REQUEST.search(text)

@@ -69,6 +69,8 @@ from dataclasses import dataclass
 from datetime import datetime, UTC
 from typing import Any
 
+from promreflex import recompat
+
 # Istio's default text format (pilot/pkg/model/telemetry_logging.go, EnvoyTextLogFormat,
 # Istio 1.9 onwards; also on istio.io "Default access log format").
 ISTIO_TEXT_FORMAT = (
@@ -687,8 +689,11 @@ class CompiledFormat:
         # free text inside a chain: its :N bound is checked after the split (group name, bound)
         self._length_checks: list[tuple[str, int]] = []
         full, partial = self._build()
-        self.regex = re.compile(full)
-        self.prefix_regex = re.compile(partial)
+        # the patterns as built (possessive, atomic); compiled as they are where the interpreter
+        # matches those right, else emulated (promreflex.recompat: Debian 12's Python 3.11.2)
+        self.source, self.prefix_source = full, partial
+        self.regex = recompat.compile(full)
+        self.prefix_regex = recompat.compile(partial)
 
     def _value_patterns(self) -> dict[int, tuple[str, str]]:
         """Full and partial pattern of each operator, by token index: one at a time before a
