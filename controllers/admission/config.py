@@ -94,13 +94,27 @@ class Page(Strict):
     name: str = Field(pattern=NAME, description="the `page` label (bounded: one per class)")
     pattern: str = Field(description="regular expression searched in the request's normalised path (decoded, "
                                      "dot segments resolved, empty segments merged; no query string)")
+    query: str | None = Field(default=None, description="regular expression searched in the query string as the "
+                                                        "client sent it (after `?`, percent-encoded): the class "
+                                                        "needs both to match (apps that route by the query: "
+                                                        "DokuWiki's `do=logout`, WordPress' `action=logout`)")
     timeout: Duration | None = Field(default=None, gt=0, description="upstream timeout (default page_scheduler.timeout)")
     logout: bool = Field(default=False, description="a served request of this class ends the session (completed)")
 
     @field_validator("pattern")
     @classmethod
     def _pattern(cls, value: str) -> str:
+        if "\\?" in value or "[?]" in value:
+            # (a review: `/doku\.php\?do=logout` was accepted and never matched anything)
+            raise ValueError(f"{value!r} looks for a `?`, but `pattern` is searched in the path only (no query "
+                             "string): put what follows the `?` in `query`, e.g. pattern: '^/doku\\.php$', "
+                             "query: '(^|&)do=logout(&|$)'")
         return _regex(value)
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, value: str | None) -> str | None:
+        return None if value is None else _regex(value)
 
 
 class PageScheduler(Strict):

@@ -508,7 +508,12 @@ class AdmissionProxy:
         ps = cfg.page_scheduler
         self.pages = {p.name: PageClass(p.name, ps, self.integral, clock, p.timeout, p.logout) for p in cfg.pages}
         self.pages[cfg.default_page] = PageClass(cfg.default_page, ps, self.integral, clock)
-        self.patterns = [(re.compile(p.pattern), self.pages[p.name]) for p in cfg.pages]
+        # Path-only classes (in order, with their rank), and those that need the query string too
+        # (tried before a path-only class of a later rank: :meth:`with_query`).
+        self.patterns = [(re.compile(p.pattern), self.pages[p.name]) for p in cfg.pages if p.query is None]
+        self.ranks = {p.name: i for i, p in enumerate(cfg.pages)}
+        self.query_patterns = [(i, re.compile(p.pattern), re.compile(p.query), self.pages[p.name])
+                               for i, p in enumerate(cfg.pages) if p.query is not None]
         self.exempt = [re.compile(e) for e in cfg.exempt]
         self.holds = Holds(clock, self._expired)
         self.scheduler = SessionScheduler(cfg.session_scheduler, cfg.session.queue_capacity, self.integral,
@@ -698,6 +703,22 @@ class AdmissionProxy:
                 return page
         return self.pages[self.cfg.default_page]
 
+    def with_query(self, raw: str, page: PageClass, query: str) -> PageClass:
+        """``page`` (the path's class) or the first class that needs a query string whose path
+        and query both match, when that one comes before ``page`` in the configuration."""
+        rank = self.ranks.get(page.name, len(self.ranks))  # (the default class: after every configured one)
+        path = self._normal(raw)
+        for i, rx, qrx, qpage in self.query_patterns:
+            if i >= rank:
+                break
+            if rx.search(path) and qrx.search(query):
+                return qpage
+        return page
+
+    def _normal(self, raw: str) -> str:
+        readings = path_readings(raw, first_only=True)
+        return readings[0] if readings else raw
+
     def route(self, raw: str) -> PageClass | Route | None:
         """The page class of the path ``raw`` (as the client sent it, without the query): that
         of its normalised reading; None when every reading of it is exempt (forwarded without a
@@ -776,6 +797,8 @@ class AdmissionProxy:
             return _plain(501, "this proxy does not pass WebSocket or other protocol upgrades: nginx should send "
                                "such paths to the app directly", close=True)
         page = self.route(request.rel_url.raw_path)
+        if self.query_patterns and isinstance(page, PageClass):
+            page = self.with_query(request.rel_url.raw_path, page, request.rel_url.raw_query_string)
         if page is Route.CLIMBS:
             self._count_bad("bad_target")
             return _plain(400, "bad request target: its path climbs above the root")

@@ -1102,3 +1102,29 @@ def test_the_apps_keepalive_defaults_below_common_app_servers():
     """A review of the setting: its default stayed 30 s, above gunicorn's 2 s, and 2 of 42
     POSTs got 502 against such an app out of the box."""
     assert section("http://127.0.0.1:1").upstream_keepalive < 2.0
+
+
+async def test_a_page_class_can_need_the_query_string_as_apps_that_route_by_it_do():
+    """DokuWiki routes every action by the query (`/doku.php?do=logout`), WordPress its logout
+    (`/wp-login.php?action=logout`): with path-only patterns no class could say `logout: true`,
+    sessions never completed and every one was counted abandoned (a stranger's review, Q F1)."""
+    pages = [{"name": "login", "pattern": "^/login"},
+             {"name": "logout", "pattern": r"^/doku\.php$", "query": "(^|&)do=logout(&|$)", "logout": True},
+             {"name": "search", "pattern": r"^/doku\.php$", "query": "(^|&)do=search(&|$)"},
+             {"name": "wiki", "pattern": r"^/doku\.php$"}]
+    async with rig(pages=pages) as r, client() as c:
+        for target, page in [("/doku.php?id=start", "wiki"), ("/doku.php?id=start&do=search&q=x", "search"),
+                             ("/login", "login"), ("/doku.php?do=logoutx", "wiki"), ("/other?do=logout", "other")]:
+            async with c.get(URL(f"{r.url}{target}", encoded=True)) as resp:
+                assert resp.status == 200
+            assert r.value("promreflex_admission_requests_total", page=page, outcome="served") >= 1, target
+        async with c.get(URL(f"{r.url}/doku.php?id=start&do=logout&sectok=1", encoded=True)) as resp:
+            assert resp.status == 200
+        assert r.value("promreflex_admission_sessions_completed_total") == 1
+        assert len(r.proxy.sessions.active) == 0
+
+
+def test_a_path_pattern_that_looks_for_a_query_is_refused_with_the_fix():
+    with pytest.raises(ValueError) as e:
+        section("http://127.0.0.1:1", pages=[{"name": "logout", "pattern": r"^/doku\.php\?do=logout"}])
+    assert "searched in the path only" in str(e.value) and "query" in str(e.value)
