@@ -194,6 +194,11 @@ class Capability:
     #: than one machine they run in each host's agent, for that host's alerts only; every other
     #: action runs once, in the central controller (``promreflex kube build``, the fleet).
     host_actions: Sequence[str] = ()
+    #: Scrape jobs of processes the USER runs, in front of their own app (not the stack's):
+    #: ``config snippets`` prints them (a job name and a default target, to adjust); ``stack up``
+    #: adds them only through ``stack.extra_scrape`` (a review: the admission proxy's job was in
+    #: no snippet, so its rules evaluated over nothing).
+    user_scrape_jobs: Sequence[Mapping[str, Any]] = ()
 
 
 def lazy(target: str) -> Callable[..., Any]:

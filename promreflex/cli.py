@@ -206,7 +206,8 @@ def snippets(chosen: Sequence[Capability], host: str, token_file: str, rules_dir
     sections: list[tuple[str, dict[str, Any]]] = [
         ("prometheus.yml: rule_files (`promtool check config` checks them)",
          {"rule_files": [str(r if Path(r).is_absolute() else rules_dir / r) for cap in chosen for r in cap.rules]}),
-        ("prometheus.yml: scrape_configs", {"scrape_configs": scrape_configs(ctx, chosen)}),
+        ("prometheus.yml: scrape_configs", {"scrape_configs": scrape_configs(ctx, chosen)
+                                            + [dict(j) for cap in chosen for j in cap.user_scrape_jobs]}),
         ("alertmanager.yml: the controller's receiver (bearer token from a file)", {"receivers": am["receivers"]}),
         ("alertmanager.yml: under your top-level `route:`, the alerts the controller answers",
          {"routes": am_routes}),

@@ -18,4 +18,9 @@ CAPABILITY = Capability(
     config_model=AdmissionSection,
     rules=("admission.rules.yml",),
     dashboards=("admission.json",),
+    # The proxy's control listener (admission.control.listen_address), as the rules and the
+    # dashboard select it: job `admission`. 15 s is what the rules' tests run at (any interval
+    # from 200 ms to 60 s works).
+    user_scrape_jobs=({"job_name": "admission", "scrape_interval": "15s",
+                       "static_configs": [{"targets": ["127.0.0.1:9188"]}]},),
 )

@@ -328,3 +328,19 @@ def test_snippets_give_a_user_a_working_prometheus_and_alertmanager(tmp_path: Pa
     ctl = tmp_path / "promreflex.yml"
     ctl.write_text(yaml.safe_dump({"controller": merged["controller"]}))
     assert [r.name for r in load_config(ctl).controller.routes] == ["selftest-log", "nginx-down-log", "copy-guard"]
+
+
+def test_the_admission_snippet_scrapes_the_proxy_as_its_rules_select_it(tmp_path: Path, capsys) -> None:
+    """The proxy runs in front of the user's app, not in the stack: its scrape job was in no
+    snippet, so its rules and dashboard got no data (a stranger's review, Q F7)."""
+    assert main(["config", "snippets", "admission"]) == 0
+    text = capsys.readouterr().out
+    jobs = next(yaml.safe_load(part.split("\n", 1)[1])["scrape_configs"] for part in text.split("\n\n# ")[1:]
+                if "scrape_configs" in part)
+    assert [j["job_name"] for j in jobs] == ["admission"]
+    rules = (REPO_ROOT / "rules" / "admission.rules.yml").read_text()
+    assert "job `admission`" in rules and jobs[0]["static_configs"][0]["targets"] == ["127.0.0.1:9188"]
+    prom = tmp_path / "prometheus.yml"
+    prom.write_text(yaml.safe_dump({"scrape_configs": jobs}))
+    result = check(["promtool", "check", "config", str(prom)])
+    assert result.returncode == 0, result.stdout + result.stderr
