@@ -61,6 +61,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import asdict
 from functools import partial
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any, Literal
 
@@ -961,23 +962,23 @@ class AdmissionProxy:
         sched, m = self.scheduler, self.metrics
         if self._stopping:  # (a new session on a connection still open while this process stops)
             m.rejected.labels("stopping").inc()
-            return self.waiting_room("stopping")
+            return self.waiting_room("stopping", request.method)
         if self.holds.waiting_room():
             m.rejected.labels("waiting_room_mode").inc()
-            return self.waiting_room("waiting_room_mode")
+            return self.waiting_room("waiting_room_mode", request.method)
         if len(self.sessions.active) >= self.cfg.session.max_sessions:  # the memory bound
             m.rejected.labels("sessions_full").inc()
-            return self.waiting_room("sessions_full")
+            return self.waiting_room("sessions_full", request.method)
         direct = not self.cfg.session_scheduler.enabled and self.holds.session_cap() is None
         if not direct:
             try:
                 w = sched.enqueue()
             except QueueFull:
                 m.rejected.labels("queue_full").inc()
-                return self.waiting_room("queue_full")
+                return self.waiting_room("queue_full", request.method)
             reason = await self._wait_session(w, request)
             if reason is not None:
-                return self.waiting_room(reason)
+                return self.waiting_room(reason, request.method)
         m.admitted.inc()
         now = self.wall()
         return self.sessions.add(self.codec.new_sid(), now, now + self.cfg.session.max_age, page.name)
@@ -1003,7 +1004,7 @@ class AdmissionProxy:
             return reason
         return None
 
-    def waiting_room(self, reason: str) -> web.Response:
+    def waiting_room(self, reason: str, method: str = "GET") -> web.Response:
         """The 503 page for a new session not let in. What it says depends on what holds the
         door, so that its estimate and ``Retry-After`` are true:
         - the session scheduler admits at its interval (queue full, waited too long): the place
@@ -1049,9 +1050,19 @@ class AdmissionProxy:
                 text = (f"{queued} visitor{'' if queued == 1 else 's'} ahead of you; you would be let in in "
                         f"about {est:.0f} s.")
                 headers.update({"X-Queue-Position": str(position), "X-Queue-Estimate-Seconds": f"{est:.1f}"})
+        if method in ("GET", "HEAD"):
+            refresh = f"<meta http-equiv=\"refresh\" content=\"{retry}\">"
+            after = f"This page retries by itself in {retry} s."
+        else:
+            # A form sent with an ended session (an editor who paused past idle_timeout) met the
+            # waiting room, and the page's refresh asked again with a GET: what was typed was lost
+            # (a stranger's review with DokuWiki, Q F5). No refresh: the browser's Back keeps the form.
+            refresh = ""
+            after = (f"What you sent ({html_escape(method[:20])}) was not received: go back and send it again "
+                     f"in {retry} s; your browser keeps what you typed.")
         html = ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Waiting room</title>"
-                f"<meta http-equiv=\"refresh\" content=\"{retry}\"></head><body><h1>The shop is busy</h1>"
-                f"<p>{text} This page retries by itself in {retry} s.</p></body></html>\n")
+                f"{refresh}</head><body><h1>The shop is busy</h1>"
+                f"<p>{text} {after}</p></body></html>\n")
         return web.Response(status=503, text=html, content_type="text/html",
                             headers={"Retry-After": str(retry), **headers})
 

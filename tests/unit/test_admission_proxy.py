@@ -378,6 +378,21 @@ async def test_waiting_room_mode_promises_no_place_in_line():
             assert resp.status == 503 and 1 <= int(resp.headers["Retry-After"]) <= 4
 
 
+async def test_a_form_sent_into_the_waiting_room_is_not_refreshed_away():
+    """An editor who paused past idle_timeout saved into the waiting room, and the page's meta
+    refresh asked again with a GET: the edit was lost (a stranger's review with DokuWiki, Q F5).
+    A POST's page does not refresh and says to go back and send it again; a GET's still does."""
+    async with rig() as r, client() as c:
+        async with c.put(f"{r.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 600}) as resp:
+            assert resp.status == 200
+        async with c.post(f"{r.url}/login", data={"wikitext": "my edit"}) as resp:
+            page = await resp.text()
+            assert resp.status == 503 and resp.headers["Retry-After"] == "30"
+            assert "http-equiv=\"refresh\"" not in page and "What you sent (POST) was not received" in page
+        async with c.get(f"{r.url}/login") as resp:
+            assert resp.status == 503 and "http-equiv=\"refresh\" content=\"30\"" in await resp.text()
+
+
 async def test_a_new_session_waits_its_turn_but_not_forever():
     async with rig(session__max_queue_wait=0.3) as r, client() as c:
         r.proxy.scheduler.interval = 60.0
