@@ -281,9 +281,11 @@ FOUNDATION = Capability(
     # 10 s for the delivery (the time logged is after it returns: a 6 s one with 55s gave 75 s).
     alertmanager_routes=({"matchers": ['alertname="Watchdog"'], "group_wait": "0s", "group_interval": "15s",
                           "repeat_interval": "50s"},),
-    # A target that is down explains its job's other symptoms: mute them while it lasts.
+    # A target that is down explains its own other symptoms: mute them while it lasts. The same
+    # job AND instance: with the job alone, one node_exporter down muted the warnings of every
+    # other host of that job in a shop's own Prometheus (a stranger's review, R5).
     inhibit_rules=({"source_matchers": ['alertname="PromreflexTargetDown"'],
-                    "target_matchers": ['severity=~"warning|info"'], "equal": ["job"]},),
+                    "target_matchers": ['severity=~"warning|info"'], "equal": ["job", "instance"]},),
     rules=("stack.rules.yml", "controller.rules.yml"),
     dashboards=("overview.json",),
 )
