@@ -86,6 +86,29 @@ def v1_freezer_root() -> Path | None:
     return root if (root / "cgroup.procs").is_file() else None
 
 
+#: The cgroup a watchdog moves itself into (not a copy's: no PREFIX).
+WATCHDOG_CGROUP = "promreflex-watchdog"
+
+
+def leave_parent_cgroup(name: str = WATCHDOG_CGROUP) -> Path | None:
+    """Move this process into a cgroup of its own, outside its parent's, where cgroup v2 lets
+    us (root); the cgroup, or None (left where it was: the reason is logged by the caller).
+    Whatever kills the controller's whole cgroup (``systemctl kill``, ``systemctl stop`` after
+    its timeout, an OOM kill of the unit, a pod's eviction) then spares the watchdog, which
+    resumes the adopted copies when their lease ends: killed with the controller, it left two
+    backups frozen until the controller was started again (a stranger's review, R4)."""
+    root = v2_root()
+    if root is None or not os.access(root, os.W_OK):
+        return None
+    target = root / name
+    try:
+        target.mkdir(exist_ok=True)
+        _write(target / "cgroup.procs", str(os.getpid()))
+    except OSError:
+        return None
+    return target
+
+
 def _probe(root: Path | None, control: str) -> bool:
     """Can we create a child cgroup here that has ``control``? (removed at once)."""
     if root is None or not os.access(root, os.W_OK):

@@ -2,7 +2,8 @@
 
 Copies run by ``promreflex copy`` keep their own lease and pace themselves; rsync, cp or tar
 cannot, so the copy-guard action starts this small process (its own session, so it outlives a
-SIGKILLed controller) whenever it holds an adopted copy. It reads the registry and, for each
+SIGKILLed controller, and its own cgroup where cgroup v2 allows, so it outlives a kill of the
+controller's whole cgroup too: ``systemctl kill``) whenever it holds an adopted copy. It reads the registry and, for each
 adopted entry with a ``pause`` record:
 
 - the lease (``pause.until``, Unix time) has passed: the controller stopped renewing (it was
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=60.0)
     args = parser.parse_args(argv)
     setup_logging()
+    if freeze.leave_parent_cgroup() is None:
+        log.info("could not leave the controller's cgroup (no writable cgroup v2): a kill of its whole "
+                 "cgroup (systemctl kill) kills this watchdog too, and adopted copies stay held until "
+                 "the controller runs again")
     return run(args.registry_dir, args.parent_pid, args.interval, args.idle)
 
 

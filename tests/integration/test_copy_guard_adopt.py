@@ -326,3 +326,59 @@ async def test_the_adaptive_action_throttles_a_real_copier_and_lets_it_go(tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+CONTROLLER_LIKE = """
+import asyncio, sys
+from pathlib import Path
+from controllers.copy_guard.action import CopyGuardAction, CopyGuardParams
+from tests.integration.test_copy_guard_adopt import ctx
+
+async def main():
+    action = CopyGuardAction()
+    reg = Path(sys.argv[1])
+    await action.fire(ctx(CopyGuardParams(registry_dir=reg, mode="pause", lease=3, watchdog=True)))
+    print(action._watchdogs[reg].pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_kill_of_the_controllers_whole_cgroup_spares_the_watchdog_which_resumes_the_copy(tmp_path, cp):
+    """``systemctl kill`` (or an OOM kill of the unit, a pod's eviction) kills every process of the
+    controller's cgroup: the watchdog, its child, died with it and two adopted backups stayed
+    frozen until the controller was started again (a stranger's review, R4). The watchdog now
+    moves into a cgroup of its own, so the lease still ends."""
+    root = freeze.v2_root()
+    if root is None or not (root / "cgroup.procs").is_file() or os.geteuid() != 0:
+        pytest.fail("this test needs root and a cgroup v2 hierarchy (make test runs as root)")
+    unit = root / f"promreflex-test-unit-{os.getpid()}"
+    unit.mkdir()
+    reg = tmp_path / "copies"
+    adopt(reg, cp.proc.pid)
+    watchdog_pid = None
+    controller = subprocess.Popen(  # noqa: S603 - our own script
+        [sys.executable, "-c", CONTROLLER_LIKE, str(reg)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: (unit / "cgroup.procs").write_text(str(os.getpid())))  # noqa: PLW1509 - before exec
+    try:
+        assert controller.stdout is not None
+        watchdog_pid = int(controller.stdout.readline())
+        wait_until(lambda: Path(f"/proc/{watchdog_pid}/cgroup").read_text().strip().endswith(
+            f"::/{freeze.WATCHDOG_CGROUP}"), timeout=15, what="the watchdog in its own cgroup")
+        cp.send(os.urandom(20_000))
+        assert not cp.progresses(timeout=0.3)  # held
+        (unit / "cgroup.kill").write_text("1")  # the whole unit, as systemctl kill does
+        controller.wait(timeout=15)
+        assert pid_alive(watchdog_pid)
+        assert cp.progresses(timeout=20)  # the lease (3 s) ended: the watchdog resumed it
+        wait_until(lambda: Registry(reg).get("cp1").pause is None, timeout=15, what="the pause cleared")
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait(timeout=10)
+        if watchdog_pid is not None and pid_alive(watchdog_pid):
+            terminate(watchdog_pid, grace=5)
+        wait_until(lambda: not (unit / "cgroup.procs").read_text().split(), timeout=10, what="the unit empty")
+        unit.rmdir()
+    assert cp.finish() == 0
