@@ -27,12 +27,31 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from controllers.actions.base import broken_actions
 
     cfg = _load(args)
-    bind_routes(cfg.controller)
+    bound = bind_routes(cfg.controller)
     server.preflight(cfg.controller)
     for where, why in sorted(broken_actions().items()):  # no route uses it, or bind_routes said so
         print(f"warning: {where} not loaded, its actions are unavailable: {why}", file=sys.stderr)
+    for warning in unreachable_routes(bound):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.config_file or DEFAULT_CONFIG}: OK ({len(cfg.controller.routes)} routes)")
     return 0
+
+
+def unreachable_routes(bound: list[Any]) -> list[str]:
+    """Routes whose action is made for some alerts (``Action.alert_names``) but whose
+    ``alertname`` matchers let none of them through. Matchers on other labels are not judged
+    (any value may come)."""
+    out = []
+    for b in bound:
+        names = getattr(b.action, "alert_names", ())
+        on_name = [m for m in b.matchers if m.name == "alertname"]
+        if not names or not on_name:
+            continue
+        if not any(all(m.matches({"alertname": n}) for m in on_name) for n in names):
+            out.append(f"route {b.route.name!r} runs {b.action.name} but its matchers "
+                       f"({', '.join(map(str, on_name))}) let none of its alerts through ({', '.join(names)}): "
+                       "a regex must match the whole name (=~ is anchored, as in Alertmanager)")
+    return out
 
 
 def reload_check(ctx: Any) -> list[str]:

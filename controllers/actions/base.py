@@ -92,6 +92,10 @@ class Action(abc.ABC):
     concurrency: ClassVar[int] = 1
     resolved_means: ClassVar[str] = "nothing"
     timeout: ClassVar[float] = 300.0  # seconds one fire/resolve may take (a route may override it)
+    #: The alert names the action is made for (empty: any): ``check-config`` warns about a route
+    #: of it whose ``alertname`` matchers let none of them through (a typo'd regex, which
+    #: Alertmanager-style matching anchors, made a copy-guard route that nothing reached).
+    alert_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.log = logging.getLogger(f"promreflex.action.{self.name}")

@@ -403,6 +403,7 @@ class CopyGuardAction(Action):
     name = "copy-guard"
     Params = CopyGuardParams
     concurrency = 4
+    alert_names = ("CopyGuardSiteOverloaded", "CopyGuardSiteOverloadPredicted", "CopyGuardSiteCrowded")
     resolved_means = ("let the site's copies run free once no alert of the site holds them: adaptive, when the "
                       "throttle's share is back at 1; pause, when each copy's min_pause has passed")
 

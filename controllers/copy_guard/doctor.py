@@ -808,10 +808,28 @@ def check_controller(t: Target) -> list[Check]:
     elif status == 200:
         out.append(Check(OK, "controller token", "accepted" if token else "none required (loopback)"))
     has_route = 'action="copy-guard"' in metrics.decode("utf-8", "replace")
-    out.append(Check(OK if has_route else FAIL, "controller route",
-                     "a route runs the copy-guard action" if has_route else
-                     "no route runs the copy-guard action: add it to controller.routes (README step 4), then reload"))
+    unreachable = t.extra.get("route_warnings") or []
+    if has_route and unreachable:  # (a stranger's typo: the controller took the webhooks and did nothing)
+        out.append(Check(FAIL, "controller route", "; ".join(unreachable)))
+    else:
+        out.append(Check(OK if has_route else FAIL, "controller route",
+                         "a route runs the copy-guard action" if has_route else
+                         "no route runs the copy-guard action: add it to controller.routes (README step 4), then "
+                         "reload"))
     return out
+
+
+def _route_warnings(controller: Any) -> list[str]:
+    """The configuration's copy-guard routes that let none of the copy-guard alerts through
+    (``controllers.cli.unreachable_routes``); a configuration the controller refuses is said by
+    ``check-config``, not here."""
+    from controllers.cli import unreachable_routes
+    from controllers.engine import bind_routes
+
+    try:
+        return unreachable_routes(bind_routes(controller))
+    except Exception:  # noqa: BLE001 - check-config's business
+        return []
 
 
 def check_registry(t: Target) -> list[Check]:
@@ -907,6 +925,7 @@ def target_from(args: argparse.Namespace) -> Target:
     # calibrate's default textfile directory (from the same flags) is the stack's: right when the
     # Prometheus checked is the stack's too (its node_exporter serves that directory)
     extra["stack_textfile"] = stack_addresses and not args.prometheus_url
+    extra["route_warnings"] = _route_warnings(c)
     return Target(
         site=site, site_url=args.nginx_url or stack.site_url, stub_status_url=args.stub_status_url or stub,
         access_log=args.access_log or stack.nginx_access_log,

@@ -344,3 +344,20 @@ def test_the_admission_snippet_scrapes_the_proxy_as_its_rules_select_it(tmp_path
     prom.write_text(yaml.safe_dump({"scrape_configs": jobs}))
     result = check(["promtool", "check", "config", str(prom)])
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_config_warns_of_a_copy_guard_route_that_no_copy_guard_alert_reaches(tmp_path: Path, capsys) -> None:
+    """A stranger's typo (review R3): `alertname=~"CopyGuardSiteOverload|CopyGuardSiteCrowd"` is
+    anchored and matches none of the real names; check-config and the doctor said OK, and the
+    controller took the webhooks and did nothing."""
+    from controllers.copy_guard import doctor
+
+    cfg = tmp_path / "promreflex.yml"
+    for matchers, warned in (([r'alertname=~"CopyGuardSiteOverload|CopyGuardSiteCrowd"'], True),
+                             ([r'alertname=~"CopyGuardSite.*"', 'site="shop"'], False)):
+        cfg.write_text(yaml.safe_dump({"controller": {"routes": [
+            {"name": "copy-guard", "matchers": matchers, "action": "copy-guard"}]}}))
+        assert main(["check-config", "--config.file", str(cfg)]) == 0
+        err = capsys.readouterr().err
+        assert ("route 'copy-guard' runs copy-guard but its matchers" in err) is warned, err
+        assert bool(doctor._route_warnings(load_config(cfg).controller)) is warned
