@@ -213,6 +213,9 @@ class Control(Strict):
     listen_address: ListenAddress = "127.0.0.1:9188"
     token_file: Path | None = None
     max_lease: Duration = Field(default=600.0, gt=0)
+    holds_file: Path | None = Field(default=None, description="where the holds are kept (written at each change, "
+                                    "atomically; read at start, expired ones dropped): a restarted proxy keeps a "
+                                    "waiting room or a cap set by hand or by the controller. Unset: in memory only")
 
     @model_validator(mode="after")
     def _token(self) -> Control:

@@ -516,7 +516,12 @@ class AdmissionProxy:
         self.query_patterns = [(i, re.compile(p.pattern), re.compile(p.query), self.pages[p.name])
                                for i, p in enumerate(cfg.pages) if p.query is not None]
         self.exempt = [re.compile(e) for e in cfg.exempt]
-        self.holds = Holds(clock, self._expired)
+        self.holds = Holds(clock, self._expired, cfg.control.holds_file, wall)
+        for h in self.holds.load():
+            log.warning("hold %s (%s) kept from before the restart, %.0f s of its lease left", h.holder, h.mode,
+                        h.expires - clock())
+        if cfg.control.holds_file is None:
+            log.info("control.holds_file is not set: holds (a waiting room, a session cap) do not survive a restart")
         self.scheduler = SessionScheduler(cfg.session_scheduler, cfg.session.queue_capacity, self.integral,
                                           self.holds, clock, self._oldest_wait)
         self.sessions = Sessions(cfg.session.idle_timeout, clock, wall(), cfg.session.max_sessions)

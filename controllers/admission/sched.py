@@ -33,13 +33,20 @@ are active) or waiting-room mode (no new session at all).
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
+import os
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from controllers.admission.config import PageScheduler as PageConfig
 from controllers.admission.config import SessionScheduler as SessionConfig
+
+log = logging.getLogger("promreflex.admission")
 
 Clock = Callable[[], float]
 
@@ -414,18 +421,65 @@ class Hold:
 
 
 class Holds:
-    """Tightenings set through the control endpoint, each until its lease runs out."""
+    """Tightenings set through the control endpoint, each until its lease runs out. With a
+    ``path``, every change is written there (a temporary file, fsync, rename: a SIGKILL leaves
+    the old or the new file, never half of one), with expiries in wall-clock time, and
+    :meth:`load` takes back the unexpired ones after a restart (a restart dropped every hold:
+    the door opened in the middle of an incident, a stranger's review)."""
 
-    def __init__(self, clock: Clock, on_expire: Callable[[Hold], None] | None = None):
+    def __init__(self, clock: Clock, on_expire: Callable[[Hold], None] | None = None, path: Path | None = None,
+                 wall: Clock = time.time):
         self.clock = clock
         self.on_expire = on_expire
         self.holds: dict[str, Hold] = {}
+        self.path = path
+        self.wall = wall
 
     def put(self, hold: Hold) -> None:
         self.holds[hold.holder] = hold
+        self._save()
 
     def remove(self, holder: str) -> bool:
-        return self.holds.pop(holder, None) is not None
+        gone = self.holds.pop(holder, None) is not None
+        if gone:
+            self._save()
+        return gone
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        shift = self.wall() - self.clock()
+        data = {"holds": [{**asdict(h), "expires": h.expires + shift} for h in self.holds.values()]}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            log.error("cannot write the holds to %s: %s (they hold until this process ends)", self.path, e)
+
+    def load(self) -> list[Hold]:
+        """The unexpired holds of ``path`` (kept from the process before), taken back; a
+        missing file is none, an unreadable one is said and ignored."""
+        if self.path is None or not self.path.exists():
+            return []
+        try:
+            raw = json.loads(self.path.read_text())
+            shift = self.clock() - self.wall()
+            loaded = [Hold(str(h["holder"]), str(h["mode"]), None if h.get("session_cap") is None
+                           else int(h["session_cap"]), float(h["expires"]) + shift, str(h.get("reason", "")))
+                      for h in raw["holds"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.error("cannot read the holds of %s (%s): started without them", self.path, e)
+            return []
+        now = self.clock()
+        kept = [h for h in loaded if h.expires > now and h.mode in ("waiting_room", "session_cap")]
+        for h in kept:
+            self.holds[h.holder] = h
+        return kept
 
     def prune(self) -> list[Hold]:
         now = self.clock()

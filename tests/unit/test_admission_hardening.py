@@ -590,3 +590,28 @@ async def test_a_previous_process_session_not_readmitted_for_lack_of_room_is_not
         assert second.value("promreflex_admission_sessions_readmitted_total") == 0
         assert second.value("promreflex_admission_cookie_rejections_total", reason="not_readmitted") == 1
         assert second.value("promreflex_admission_cookie_rejections_total", reason="ended") == 0
+
+
+async def test_holds_survive_a_restart_with_a_holds_file(tmp_path: Path) -> None:
+    """A restart dropped every hold: one set by hand for good, the controller's until its next
+    renewal; the door opened in the middle of an incident (a stranger's review, Q F2)."""
+    holds = tmp_path / "state" / "holds.json"
+    async with rig(control__holds_file=str(holds)) as first, client() as c:
+        async with c.put(f"{first.control}/api/v1/holds/flash", json={"mode": "waiting_room", "lease": 600}) as resp:
+            assert resp.status == 200
+        async with c.put(f"{first.control}/api/v1/holds/short", json={"mode": "session_cap", "session_cap": 5,
+                                                                       "lease": 0.2}) as resp:
+            assert resp.status == 200
+    await asyncio.sleep(0.3)  # the short lease ends while no proxy runs
+    async with rig(control__holds_file=str(holds)) as second, client() as c:
+        assert set(second.proxy.holds.holds) == {"flash"}
+        assert 590 < second.proxy.holds.holds["flash"].expires - second.proxy.clock() <= 600
+        async with c.get(f"{second.url}/login") as resp:
+            assert resp.status == 503 and "lets no new visitors in" in await resp.text()
+        async with c.delete(f"{second.control}/api/v1/holds/flash") as resp:
+            assert resp.status == 200
+    async with rig(control__holds_file=str(holds)) as third:
+        assert third.proxy.holds.holds == {}
+    holds.write_text("{not json")
+    async with rig(control__holds_file=str(holds)) as fourth:  # said in the log, started without
+        assert fourth.proxy.holds.holds == {}
