@@ -116,6 +116,11 @@ HEADER_NAMES_LEARNT = 1024
 RESPONSE_DROP = HOP_BY_HOP
 RESPONSE_DROP_BUFFERED = HOP_BY_HOP | {"content-length"}
 MAX_BUFFERED_REQUEST = 1 << 20
+#: The request bodies held in memory at once, every queued and forwarded request together: each
+#: reads up to MAX_BUFFERED_REQUEST before it queues, and past this sum a request reads only what
+#: already arrived (one chunk) and streams the rest once let in. 500 cookieless 1 MB POSTs queued
+#: for a session took 550 MB, and every page queue as much again (a stranger's review, Q F8).
+MAX_BUFFERED_TOTAL = 64 << 20
 MAX_BUFFERED_RESPONSE = 64 << 10
 #: Request headers the proxy accepts (nginx's default large_client_header_buffers: 4 x 8k): one
 #: line at most MAX_HEADER_LINE bytes, all of them at most MAX_HEADER_BYTES; beyond -> 431.
@@ -530,6 +535,7 @@ class AdmissionProxy:
         self._timeouts = {name: aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=page.timeout)
                           for name, page in self.pages.items()}
         self._tasks: list[asyncio.Task[None]] = []
+        self.buffered = 0  # request body bytes held in memory now (MAX_BUFFERED_TOTAL)
         # Requests whose client left while the app worked on them: they keep their page slot
         # until the app answers (or its page timeout ends the wait), see through_page.
         self._lingering: set[ClientWatch] = set()
@@ -817,6 +823,7 @@ class AdmissionProxy:
         cookie: str | None = None
         admitted_first = False
         reserved = False  # an Expect request's place in its session's max_in_flight, taken before its body
+        held = 0  # bytes of its body this request holds in memory (MAX_BUFFERED_TOTAL)
         try:
             if request.body_exists:
                 if not _chunked_only(request.headers):
@@ -838,7 +845,12 @@ class AdmissionProxy:
                     request.writer.output_size = 0  # (as aiohttp's own: the answer has not begun)
                 timeout = request.app.get(LIMITS, Limits()).body_timeout
                 try:  # the first MiB of any body before it queues: a slow uploader holds no page slot
-                    head, whole = await read_head(request, MAX_BUFFERED_REQUEST, timeout)
+                    # the allowance is taken before the read (requests read side by side), then trued up
+                    held = allowance = max(0, min(MAX_BUFFERED_REQUEST, MAX_BUFFERED_TOTAL - self.buffered))
+                    self.buffered += allowance
+                    head, whole = (await read_head(request, allowance, timeout)) if allowance else (b"", False)
+                    self.buffered += len(head) - allowance
+                    held = len(head)
                 except BodyError as e:
                     self._count_bad({413: "body_too_large", 408: "body_timeout"}.get(e.status, "malformed"))
                     return self._with_cookie(_plain(e.status, str(e), close=True), cookie)
@@ -857,6 +869,7 @@ class AdmissionProxy:
             reserved = False  # (handed on: through_page releases it)
             answer = await self.through_page(request, page, session, cookie, body, watch, reserved=admitted_first)
         finally:
+            self.buffered -= held
             if reserved and session is not None:
                 session.in_flight -= 1
                 self.sessions.touch(session)

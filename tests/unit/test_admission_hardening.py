@@ -615,3 +615,37 @@ async def test_holds_survive_a_restart_with_a_holds_file(tmp_path: Path) -> None
     holds.write_text("{not json")
     async with rig(control__holds_file=str(holds)) as fourth:  # said in the log, started without
         assert fourth.proxy.holds.holds == {}
+
+
+@pytest.mark.parametrize("budget", [0, 300_000])
+async def test_request_bodies_held_in_memory_are_bounded_across_requests(monkeypatch, budget: int) -> None:
+    """Each queued request read up to 1 MiB of its body first: 500 cookieless 1 MB POSTs in the
+    session queue took 550 MB (a stranger's review, Q F8). Past MAX_BUFFERED_TOTAL a request
+    streams its body once let in; every body still reaches the app whole."""
+    import hashlib
+
+    from controllers.admission import proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "MAX_BUFFERED_TOTAL", budget)
+    bodies = [os.urandom(400_000) for _ in range(4)]
+    peak = 0
+    async with rig() as r, client() as c:
+        async def post(body: bytes) -> dict:
+            async with c.post(f"{r.url}/login/raw", data=body) as resp:
+                assert resp.status == 200
+                return await resp.json()
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, r.proxy.buffered)
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            got = await asyncio.gather(*(post(b) for b in bodies))
+        finally:
+            watcher.cancel()
+        assert [g["sha256"] for g in got] == [hashlib.sha256(b).hexdigest() for b in bodies]
+        assert r.proxy.buffered == 0
+    assert peak <= budget + 4 * 256 * 1024  # the budget, plus at most a first chunk per request beyond it
