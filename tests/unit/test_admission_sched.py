@@ -5,6 +5,7 @@ page-queue threshold and shrinks below it, holds cap or close admission and expi
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import pytest
@@ -387,3 +388,18 @@ def test_event_loop_not_needed_for_holds_and_regulator():
     # The pure parts run without a loop (the proxy's /metrics thread reads them).
     with pytest.raises(RuntimeError):
         asyncio.get_running_loop()
+
+
+def test_the_waiting_rooms_estimate_follows_the_admissions_measured_not_the_swinging_interval() -> None:
+    """Position x the interval of the moment told visitors to come back in 59-221 s while those
+    arriving then were let in within 10 s: the interval swings by 8x within seconds (a stranger's
+    review, Q F4). The estimate is over the admissions of the last periods."""
+    from controllers.admission import sched as s
+
+    sc = Scheduler.__new__(Scheduler)
+    sc.periods = deque(maxlen=120)
+    sc.interval = 0.4  # the top of a swing
+    assert sc.position_estimate(100) == pytest.approx(40.0)  # nothing measured yet: the interval
+    for admissions in (15.0, 2.5, 16.0, 2.0, 14.5):  # admitted per second, period by period
+        sc.periods.append(s.Period(0, 0, admissions, 0, 0, 0.1, ""))
+    assert sc.position_estimate(100) == pytest.approx(100 / 10.0)
