@@ -125,6 +125,7 @@ or label_replace(site:promreflex_copy_guard_asked:rps, "promreflex_q", "asked", 
 or label_replace(site:promreflex_copy_guard_demand_floor:rps, "promreflex_q", "floor", "", "")
 or label_replace(site:promreflex_copy_guard_crowd:bool, "promreflex_q", "crowd", "", "")
 or label_replace(site:promreflex_copy_guard_rate_window:seconds, "promreflex_q", "window", "", "")
+or label_replace(120 / (count_over_time(site:promreflex_http_requests_served:rate1s[2m]) - 1 > 0), "promreflex_q", "evaluation", "", "")
 or label_replace(
   max by (site) (1 + 0 * (count_over_time(promreflex_http_requests_total[1s]) >= 4))
   or max by (site) (5 + 0 * (count_over_time(promreflex_http_requests_total[5s]) >= 4))
@@ -377,7 +378,7 @@ def parse_signals(result: list[dict[str, Any]]) -> dict[str, Signal]:
             values.setdefault(site, {})[q] = value
     return {site: Signal(served=v.get("served"), threshold=v.get("threshold"), demand=v.get("demand"),
                          floor=v.get("floor"), at=v.get("at", 0.0), window=v.get("window", 1.0), asked=v.get("asked"),
-                         crowd=v.get("crowd"))
+                         crowd=v.get("crowd"), evaluation=v.get("evaluation", 0.0))
             for site, v in values.items()}
 
 

@@ -1024,3 +1024,39 @@ async def test_max_pause_counts_from_the_first_pause_of_a_copy_held(copies, tmp_
     await a.tick()
     assert copies.paused() == set()
     assert metric(a, "promreflex_copy_guard_forced_resumes_total", site="shop") == 1
+
+
+@pytest.mark.parametrize(("evaluation", "expected"), [("200ms", 0.2), ("30s", 30.0), ("1m", 60.0)])
+def test_the_signal_carries_the_rules_evaluation_interval_and_a_sample_that_old_is_fresh(
+        tmp_path: Path, evaluation: str, expected: float) -> None:
+    """A stranger ran the rules in their own Prometheus (evaluation_interval 30 s) beside the
+    snippets' 200 ms jobs: a served sample was "stale" 10 s after it was taken, and for the other
+    20 s of each evaluation the throttle followed the alert's bit, cutting the copies of a shop
+    that had gone quiet to 10 % (review R6). The query's evaluation term, on the shipped rules."""
+    import re as re_mod
+    import shutil
+    import subprocess
+
+    import yaml
+
+    term = re_mod.search(r'label_replace\((120 / .*?), "promreflex_q", "evaluation"', action_mod.SIGNAL_QUERY)
+    assert term is not None
+    test = {"rule_files": [str(Path(action_mod.__file__).resolve().parents[2] / "rules" / "copy-guard.rules.yml")],
+            "evaluation_interval": evaluation,
+            "tests": [{"interval": "15s", "input_series": [
+                {"series": 'promreflex_http_requests_total{job="accesslog", instance="a:1", site="shop", '
+                           'status_class="2xx"}', "values": "0+150x15"},
+                {"series": 'promreflex_copy_guard_rps_threshold{job="node", instance="n:1", site="shop"}',
+                 "values": "10x15"}],
+                "promql_expr_test": [{"expr": term.group(1), "eval_time": "3m",
+                                      "exp_samples": [{"labels": '{site="shop"}', "value": expected}]}]}]}
+    path = tmp_path / "evaluation.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    run = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sig = action_mod.parse_signals([{"metric": {"site": "shop", "promreflex_q": q}, "value": [0, str(v)]}
+                                    for q, v in (("served", 0), ("threshold", 26), ("at", 1000.0),
+                                                 ("evaluation", expected))])["shop"]
+    assert sig.evaluation == expected
+    assert sig.fresh(1000.0 + expected * 1.5) and not sig.fresh(1000.0 + max(10.0, 2 * expected) + 1)
