@@ -47,9 +47,13 @@ def unreachable_routes(bound: list[Any]) -> list[str]:
         on_name = [m for m in b.matchers if m.name == "alertname"]
         if not names or not on_name:
             continue
-        if not any(all(m.matches({"alertname": n}) for m in on_name) for n in names):
+        through = [n for n in names if all(m.matches({"alertname": n}) for m in on_name)]
+        if len(through) < len(names):
+            missed = [n for n in names if n not in through]
             out.append(f"route {b.route.name!r} runs {b.action.name} but its matchers "
-                       f"({', '.join(map(str, on_name))}) let none of its alerts through ({', '.join(names)}): "
+                       f"({', '.join(map(str, on_name))}) let {'none' if not through else 'not'} "
+                       f"{'of its alerts' if not through else ', '.join(missed)} through "
+                       f"({'expected ' + ', '.join(names) if not through else 'only ' + ', '.join(through)}): "
                        "a regex must match the whole name (=~ is anchored, as in Alertmanager)")
     return out
 

@@ -8,13 +8,14 @@ discovered through entry points: this module names none of them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,15 @@ def _find(names: Sequence[str], capabilities: Sequence[Capability]) -> list[Capa
     return [by_name[w] for w in wanted]
 
 
+def _on_host(job: Mapping[str, Any], host: str) -> dict[str, Any]:
+    """A user scrape job with its targets' host set to ``host`` (their port kept), as the other
+    jobs of the snippets (a review: --host moved every job but this one)."""
+    out = json.loads(json.dumps(job))
+    for sc in out.get("static_configs", []):
+        sc["targets"] = [f"{host}:{t.rsplit(':', 1)[1]}" for t in sc.get("targets", [])]
+    return out
+
+
 def snippets(chosen: Sequence[Capability], host: str, token_file: str, rules_dir: Path,
              capabilities: Sequence[Capability]) -> str:
     """What a user with their own Prometheus and Alertmanager pastes to add ``chosen``: rule
@@ -207,7 +217,7 @@ def snippets(chosen: Sequence[Capability], host: str, token_file: str, rules_dir
         ("prometheus.yml: rule_files (`promtool check config` checks them)",
          {"rule_files": [str(r if Path(r).is_absolute() else rules_dir / r) for cap in chosen for r in cap.rules]}),
         ("prometheus.yml: scrape_configs", {"scrape_configs": scrape_configs(ctx, chosen)
-                                            + [dict(j) for cap in chosen for j in cap.user_scrape_jobs]}),
+                                            + [_on_host(j, host) for cap in chosen for j in cap.user_scrape_jobs]}),
         ("alertmanager.yml: the controller's receiver (bearer token from a file)", {"receivers": am["receivers"]}),
         ("alertmanager.yml: under your top-level `route:`, the alerts the controller answers",
          {"routes": am_routes}),

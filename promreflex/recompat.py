@@ -2,7 +2,8 @@
 
 The log parsers bound their backtracking with possessive quantifiers (``X*+``, ``X++``, ``X?+``,
 ``X{m,n}+``) and atomic groups (``(?>X)``), new in Python 3.11. Before 3.11.5 CPython matched
-some of them wrongly (gh-100061, fixed by gh-108004): on Debian 12's own Python, 3.11.2, which
+some of them wrongly (gh-100061, fixed by gh-108004; a reviewer found other rarer cases still
+wrong in 3.11.7, none of them in the patterns built here): on Debian 12's own Python, 3.11.2, which
 ``requires-python`` accepts and uv picks when it is the only one, the access-log exporter
 rejected every line of the promreflex log format as ``no_match`` (a stranger's review), and the
 Envoy format reader split fields wrongly.
@@ -12,7 +13,7 @@ rewrites each possessive or atomic construct into the classic emulation, a look-
 captures and a back-reference to the capture: ``(?>X)`` becomes ``(?:(?=(?P<_atomicN>X))(?P=_atomicN))``
 (the look-ahead finds the match ``X`` prefers and is never backtracked into; the reference then
 consumes exactly that text). The same matches, the same named groups (more of them: the
-``_atomicN`` ones, which nothing reads), slower. ``PROMREFLEX_RE_EMULATE=1`` forces the rewrite
+``_atomicN`` ones, which nothing reads), slower (3-20x on long hostile lines, still linear). ``PROMREFLEX_RE_EMULATE=1`` forces the rewrite
 (the tests run the parsers so on a fixed Python too: tests/unit/test_recompat.py). Patterns built
 from others read the text they were written as with :func:`source`.
 """
@@ -105,7 +106,10 @@ def _class_end(p: str, i: int) -> int:
 
 
 def _group_end(p: str, i: int) -> int:
-    """The end of the group starting at ``p[i] == '('`` (its closing parenthesis + 1)."""
+    """The end of the group starting at ``p[i] == '('`` (its closing parenthesis + 1); a
+    comment ``(?#...)`` ends at its first ``)``, whatever it holds."""
+    if p.startswith("(?#", i):
+        return p.index(")", i) + 1
     depth, j = 0, i
     while j < len(p):
         c = p[j]
@@ -114,6 +118,9 @@ def _group_end(p: str, i: int) -> int:
             continue
         if c == "[":
             j = _class_end(p, j)
+            continue
+        if c == "(" and p.startswith("(?#", j):
+            j = p.index(")", j) + 1
             continue
         if c == "(":
             depth += 1

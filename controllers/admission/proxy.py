@@ -64,6 +64,7 @@ from functools import partial
 from html import escape as html_escape
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote_plus
 
 import aiohttp
 from aiohttp import http_writer, web
@@ -723,7 +724,9 @@ class AdmissionProxy:
         for i, rx, qrx, qpage in self.query_patterns:
             if i >= rank:
                 break
-            if rx.search(path) and qrx.search(query):
+            # as sent, or decoded as the app reads it: `?%73=shoes` is `?s=shoes` to PHP, and took
+            # a search out of its class (a review)
+            if rx.search(path) and (qrx.search(query) or qrx.search(unquote_plus(query))):
                 return qpage
         return page
 

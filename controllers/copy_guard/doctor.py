@@ -704,9 +704,32 @@ def alert_labels(t: Target) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
         _, body, _ = http_get(f"{base}/api/v1/status/config")
         config = yaml.safe_load(json.loads(body)["data"]["yaml"]) or {}
         external = {str(k): str(v) for k, v in ((config.get("global") or {}).get("external_labels") or {}).items()}
+        external = _alert_relabel(external, (config.get("alerting") or {}).get("alert_relabel_configs") or [])
     except Exception:  # noqa: BLE001 - check_prometheus says what is wrong with Prometheus
         external = {}
     return rules, external
+
+
+def _alert_relabel(labels: dict[str, str], configs: list[Any]) -> dict[str, str]:
+    """``labels`` after the simple steps of Prometheus' ``alert_relabel_configs`` (applied after
+    external labels, before sending): a label set to a constant (``replace`` with no source
+    labels), and ``labeldrop``/``labelkeep`` of the labels known here. Other steps depend on an
+    alert's own labels and are left out (a review: `target_label: env, replacement: prod` sent
+    every copy-guard alert to a route on env="prod" while the doctor said OK)."""
+    import re as re_mod
+
+    out = dict(labels)
+    for c in configs:
+        if not isinstance(c, dict):
+            continue
+        action = str(c.get("action", "replace")).lower()
+        if action == "replace" and not c.get("source_labels") and c.get("target_label"):
+            out[str(c["target_label"])] = str(c.get("replacement", "$1")).replace("$1", "")
+        elif action in ("labeldrop", "labelkeep") and c.get("regex"):
+            rx = re_mod.compile(f"(?:{c['regex']})")
+            keep = action == "labelkeep"
+            out = {k: v for k, v in out.items() if bool(rx.fullmatch(k)) == keep}
+    return out
 
 
 def check_alertmanager(t: Target) -> list[Check]:

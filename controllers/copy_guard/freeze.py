@@ -94,7 +94,7 @@ def leave_parent_cgroup(name: str = WATCHDOG_CGROUP) -> Path | None:
     """Move this process into a cgroup of its own, outside its parent's, where cgroup v2 lets
     us (root); the cgroup, or None (left where it was: the reason is logged by the caller).
     Whatever kills the controller's whole cgroup (``systemctl kill``, ``systemctl stop`` after
-    its timeout, an OOM kill of the unit, a pod's eviction) then spares the watchdog, which
+    its timeout, an OOM kill of the unit; not a pod's eviction: the pod goes) then spares the watchdog, which
     resumes the adopted copies when their lease ends: killed with the controller, it left two
     backups frozen until the controller was started again (a stranger's review, R4)."""
     root = v2_root()

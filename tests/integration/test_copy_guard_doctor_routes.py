@@ -23,14 +23,14 @@ ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 RULES = yaml.safe_load((Path(__file__).resolve().parents[2] / "rules" / "copy-guard.rules.yml").read_text())
 
 
-def prometheus_api(external: dict[str, str]) -> tuple[ThreadingHTTPServer, str]:
+def prometheus_api(external: dict[str, str], relabel: list[dict] | None = None) -> tuple[ThreadingHTTPServer, str]:
     """The two answers the doctor reads here, from the shipped rules file and ``external``."""
     rules = [{"name": r["alert"], "labels": r.get("labels", {}), "type": "alerting"}
              for g in RULES["groups"] for r in g["rules"] if "alert" in r]
     answers = {
         "/api/v1/rules": {"status": "success", "data": {"groups": [{"name": "copy-guard.alerts", "rules": rules}]}},
         "/api/v1/status/config": {"status": "success", "data": {"yaml": yaml.safe_dump(
-            {"global": {"external_labels": external}})}},
+            {"global": {"external_labels": external}, "alerting": {"alert_relabel_configs": relabel or []}})}},
     }
 
     class Handler(BaseHTTPRequestHandler):
@@ -59,6 +59,7 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
         "route": {"receiver": "ops", "routes": [
             {"receiver": "ops", "matchers": ['monitor="shop-prod"', 'severity="warning"']},
             {"receiver": "ops", "matchers": ['severity="info"']},
+            {"receiver": "ops", "matchers": ['env="prod"']},
             {"receiver": "promreflex", "continue": True,
              "matchers": ['alertname=~"CopyGuardSiteOverloaded|CopyGuardSiteOverloadPredicted|CopyGuardSiteCrowded"']},
         ]},
@@ -77,14 +78,19 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
         child.stop()
 
 
+def route_checks(tmp: Path, prom: str, am: str, controller: str) -> dict[str, doctor.Check]:
+    """The doctor's route checks against these addresses, by alert name."""
+    t = doctor.Target(site="shop", site_url="http://127.0.0.1:9/", stub_status_url="http://127.0.0.1:9/s",
+                      access_log=tmp / "a.log", prometheus_url=prom, alertmanager_url=am,
+                      controller_url=controller, token_file=None, registry_dir=None, min_floor=2.0)
+    return {c.detail.split("{")[0]: c for c in doctor.check_alertmanager(t) if c.link == "route"}
+
+
 def test_each_alert_is_tested_with_its_rules_labels_and_prometheus_external_labels(alertmanager) -> None:
     am, controller, tmp = alertmanager
     server, prom = prometheus_api({"monitor": "shop-prod"})
     try:
-        t = doctor.Target(site="shop", site_url="http://127.0.0.1:9/", stub_status_url="http://127.0.0.1:9/s",
-                          access_log=tmp / "a.log", prometheus_url=prom, alertmanager_url=am,
-                          controller_url=controller, token_file=None, registry_dir=None, min_floor=2.0)
-        routes = {c.detail.split("{")[0]: c for c in doctor.check_alertmanager(t) if c.link == "route"}
+        routes = route_checks(tmp, prom, am, controller)
     finally:
         server.shutdown()
     # Overloaded is a warning: the external label's route takes it; Predicted and Crowded are
@@ -95,3 +101,18 @@ def test_each_alert_is_tested_with_its_rules_labels_and_prometheus_external_labe
     assert "monitor=shop-prod" in routes["CopyGuardSiteOverloaded"].detail
     assert "severity=info" in routes["CopyGuardSiteOverloadPredicted"].detail
     assert all("a route above the promreflex sub-route catches it" in c.detail for c in routes.values())
+
+
+def test_labels_alert_relabel_configs_set_are_in_the_route_test(alertmanager) -> None:
+    """Prometheus applies alerting.alert_relabel_configs after the external labels: a constant
+    `env: prod` sent every copy-guard alert to a route on env="prod" while the doctor said OK
+    (a review of the external-labels fix)."""
+    am, controller, tmp = alertmanager
+    server, prom = prometheus_api({"replica": "a"}, [{"target_label": "env", "replacement": "prod"},
+                                                     {"action": "labeldrop", "regex": "replica"}])
+    try:
+        routes = route_checks(tmp, prom, am, controller)
+    finally:
+        server.shutdown()
+    overloaded = routes["CopyGuardSiteOverloaded"]
+    assert overloaded.status == doctor.FAIL and "env=prod" in overloaded.detail and "replica" not in overloaded.detail

@@ -27,6 +27,7 @@ CASES = [
     (r"(?P<a>[a-b]?+)b(?P=a)", "ab", 5),
     (r"[*+?]{2,}+\+", "*+?", 5),
     (r"(?i:A)++\x41", "aA", 5),
+    (r"(?#a(b)a*+b", "ab", 5),  # a comment ends at its first ')' (a review)
 ]
 
 
