@@ -483,6 +483,10 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
     return out
 
 
+#: Set in :func:`_exporter_samples`' answer when nothing listens at a loopback exporter.
+REFUSED = "promreflex_doctor_connection_refused"
+
+
 def _exporter_samples(instance: str, site: str) -> dict[str, float] | None:
     """The access-log exporter's own /metrics for ``site``, summed by sample name (None: not
     reachable from here)."""
@@ -492,6 +496,15 @@ def _exporter_samples(instance: str, site: str) -> dict[str, float] | None:
         status, body, _ = http_get(f"http://{instance}/metrics", timeout=2.0)
         if status != 200:
             return None
+    except (OSError, ValueError) as e:
+        host = instance.rsplit(":", 1)[0].strip("[]")
+        refused = isinstance(e, ConnectionRefusedError) or isinstance(getattr(e, "reason", None), ConnectionRefusedError)
+        # nothing listens there: on this host, the exporter is not running (Prometheus' last
+        # scrape, up to an interval old, still says up: a reviewer killed it at a 60 s scrape and
+        # was told every link works)
+        loopback = host in ("localhost", "::1") or host.startswith("127.")
+        return {REFUSED: 1.0} if refused and loopback else None
+    try:
         out: dict[str, float] = {}
         for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
             for smp in fam.samples:
@@ -513,13 +526,18 @@ def check_exporter_reads(t: Target, instances: list[dict[str, str]], targets: st
     addresses = [lb.get("instance", "") for lb in instances if lb.get("instance")]
     deadline = time.monotonic() + wait_s
     while True:
-        pages = [p for p in (_exporter_samples(a, t.site) for a in addresses) if p is not None]
+        results = {a: _exporter_samples(a, t.site) for a in addresses}
+        refused = [a for a, p in results.items() if p is not None and REFUSED in p]
+        pages = [p for p in results.values() if p is not None and REFUSED not in p]
         stamps = [p["promreflex_accesslog_last_line_timestamp_seconds"] for p in pages
                   if "promreflex_accesslog_last_line_timestamp_seconds" in p]
         last = max(stamps) if stamps else None
         if not pages or (last is not None and last >= t.probe_at - 1) or time.monotonic() > deadline:
             break
         time.sleep(0.25)
+    if refused and not pages:
+        return Check(FAIL, link, f"nothing listens at {', '.join(refused)}: the exporter is not running (Prometheus "
+                     "still has its last scrape, up to an interval old)")
     if not pages:
         return Check(OK, link, f"scraped: {targets} (its /metrics not reachable from here: that it reads "
                      f"{t.access_log} is not checked)")
@@ -529,9 +547,16 @@ def check_exporter_reads(t: Target, instances: list[dict[str, str]], targets: st
         ago = "has read no line of it" if last is None else f"last read a line {_ago(time.time() - last)} ago"
         restart = (f" (`promreflex stack reload{t.extra.get('flags', '')}` restarts it with the configuration's log)"
                    if t.stack_dir else "")
+        try:
+            private = not os.stat(t.access_log).st_mode & stat.S_IROTH
+        except OSError:
+            private = False
+        perms = (f", or it cannot read {t.access_log} as its user (the file is not readable by others: a "
+                 "rotation with `create 0640 www-data adm` leaves a `prometheus` user out; its log says "
+                 "Permission denied)") if private else ""
         return Check(FAIL, link, f"scraped ({targets}) but it did not read the doctor's request to {t.site_url} from "
                      f"{t.access_log} within {wait_s:g}s (it {ago}): it follows another file or another site label "
-                     f"than {t.site!r}{restart}")
+                     f"than {t.site!r}{restart}{perms}")
     if lines > 0 and errors >= lines:
         return Check(FAIL, link, f"scraped ({targets}) and reading {t.access_log}, but it rejected every one of its "
                      f"{lines:.0f} lines (promreflex_accesslog_parse_errors_total): not the promreflex format")

@@ -315,5 +315,13 @@ def test_the_accesslog_exporter_must_read_the_doctors_own_request(tmp_path):
     with exporter_metrics(page(now + 0.5, 82, 3)) as inst:
         good = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
     assert good.status == doctor.OK and "read the doctor's request" in good.detail
-    unreachable = doctor.check_exporter_reads(t, [{"instance": "127.0.0.1:9"}], "accesslog/x", wait_s=0.5)
-    assert unreachable.status == doctor.OK and "not checked" in unreachable.detail
+    # nothing listens at a loopback exporter: it is not running, although Prometheus' last scrape
+    # (up to an interval old) still said up (a stranger's review, R9: "every link works")
+    refused = doctor.check_exporter_reads(t, [{"instance": "127.0.0.1:9"}], "accesslog/x", wait_s=0.5)
+    assert refused.status == doctor.FAIL and "nothing listens at 127.0.0.1:9" in refused.detail
+    # a log its exporter's user may not read (a rotation with create 0640): said as a cause (R8)
+    (tmp_path / "a.log").write_text("")
+    (tmp_path / "a.log").chmod(0o640)
+    with exporter_metrics(page(now - 600, 82, 3)) as inst:
+        private = doctor.check_exporter_reads(t, [{"instance": inst}], "accesslog/x", wait_s=0.5)
+    assert private.status == doctor.FAIL and "Permission denied" in private.detail
