@@ -398,6 +398,23 @@ def active_jobs(prom: str) -> set[str] | None:
         return None
 
 
+def not_scraped_yet(prom: str, job: str) -> str | None:
+    """Job ``job``'s active targets that Prometheus has not scraped yet (health "unknown": just
+    added, before their first scrape), said with their interval; None when there are none."""
+    try:
+        status, body, _ = http_get(f"{prom.rstrip('/')}/api/v1/targets?state=active")
+        targets = json.loads(body)["data"]["activeTargets"] if status == 200 else []
+    except Exception:  # noqa: BLE001 - the checks around stand
+        return None
+    waiting = [tg for tg in targets if str(tg.get("labels", {}).get("job", "")) == job and tg.get("health") == "unknown"]
+    if not waiting:
+        return None
+    where = ", ".join(str(tg.get("labels", {}).get("instance", "?")) for tg in waiting)
+    every = sorted({str(tg.get("scrapeInterval", "")) for tg in waiting} - {""})
+    return (f"job {job} ({where}) is among Prometheus' targets but not scraped yet"
+            + (f" (every {', '.join(every)})" if every else "") + ": run the doctor again after its first scrape")
+
+
 def not_scraped(t: Target, metric: str, present: list[dict[str, str]], jobs: set[str] | None) -> str | None:
     """Why the series ``present`` (job, instance) of ``metric`` are not scraped NOW, or None. The
     last samples of a target dropped from scrape_configs stay in every instant query for 5
@@ -469,7 +486,11 @@ def check_prometheus(t: Target, settle_s: float = 20.0) -> list[Check]:
                              + (f"; {_stack_fix(t, comp)}" if comp in t.stack_dead else ": is the exporter running?")))
             continue
         if not present:
-            out.append(Check(FAIL, link, f"Prometheus has no {metric}: {_stack_fix(t, comp) or how[comp]}"))
+            # just added to a shop's own Prometheus: its first scrape is up to an interval away (a
+            # stranger at 30 s was told to run exporters that were running)
+            waiting = not_scraped_yet(prom, job)
+            out.append(Check(WARN, link, waiting) if waiting else
+                       Check(FAIL, link, f"Prometheus has no {metric}: {_stack_fix(t, comp) or how[comp]}"))
             continue
         gone = not_scraped(t, metric, [lb for lb, _ in present], jobs)
         if gone:

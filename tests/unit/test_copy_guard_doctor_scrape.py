@@ -21,7 +21,7 @@ Answer = Callable[[str], list[tuple[dict[str, str], float]]]
 
 
 @contextmanager
-def fake_prometheus(answer: Answer, active_jobs: list[str] | None) -> Iterator[str]:
+def fake_prometheus(answer: Answer, active_jobs: list[str] | None, health: str = "up") -> Iterator[str]:
     """A Prometheus whose /api/v1/query answers ``answer(expr)`` and whose /api/v1/targets lists
     one active target per job of ``active_jobs`` (None: no targets API, 404)."""
 
@@ -34,7 +34,7 @@ def fake_prometheus(answer: Answer, active_jobs: list[str] | None) -> Iterator[s
                 body: dict[str, Any] = {"status": "success", "data": {"resultType": "vector", "result": result}}
             elif url.path == "/api/v1/targets" and active_jobs is not None:
                 body = {"status": "success", "data": {"droppedTargets": [], "activeTargets": [
-                    {"labels": {"job": j, "instance": f"127.0.0.1:{9100 + i}"}, "health": "up", "scrapeInterval": "15s",
+                    {"labels": {"job": j, "instance": f"127.0.0.1:{9100 + i}"}, "health": health, "scrapeInterval": "15s",
                      "lastScrape": "2026-11-27T17:07:18.123456789Z"} for i, j in enumerate(active_jobs)]}}
             else:
                 self.send_error(404)
@@ -191,3 +191,21 @@ def test_every_alertmanager_peer_and_prometheus_replica_of_the_controller_is_che
     assert len(replicas) == 1 and replicas[0].status == doctor.FAIL and "127.0.0.1:7" in replicas[0].detail
     # given by flag, one server is checked, as asked
     assert doctor.target_from(_args(*OWN)).other_alertmanagers == []
+
+
+def test_exporters_just_added_and_not_scraped_yet_are_a_warning_to_wait(tmp_path: Path) -> None:
+    """R9: right after adding the jobs to a shop's own Prometheus (30 s scrape), before their first
+    scrape, the doctor told a stranger to run the exporters that were running."""
+    def nothing_yet(expr: str) -> list[tuple[dict[str, str], float]]:
+        return [({}, 1.0)] if expr == "vector(1)" else []
+
+    with fake_prometheus(nothing_yet, ["nginx", "accesslog"], health="unknown") as prom:
+        checks = {c.link: c for c in doctor.check_prometheus(target("http://127.0.0.1:9", tmp_path / "a.log",
+                                                                    prometheus_url=prom), settle_s=0)}
+    for link, job in (("nginx exporter", "nginx"), ("accesslog exporter", "accesslog")):
+        assert checks[link].status == doctor.WARN, checks[link]
+        assert f"job {job} (127.0.0.1:" in checks[link].detail and "not scraped yet (every 15s)" in checks[link].detail
+    with fake_prometheus(nothing_yet, ["node"]) as prom:  # not among the targets at all: run it and add it
+        checks = {c.link: c for c in doctor.check_prometheus(target("http://127.0.0.1:9", tmp_path / "a.log",
+                                                                    prometheus_url=prom), settle_s=0)}
+    assert checks["nginx exporter"].status == doctor.FAIL and "add it to scrape_configs" in checks["nginx exporter"].detail
