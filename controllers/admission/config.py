@@ -94,10 +94,11 @@ class Page(Strict):
     name: str = Field(pattern=NAME, description="the `page` label (bounded: one per class)")
     pattern: str = Field(description="regular expression searched in the request's normalised path (decoded, "
                                      "dot segments resolved, empty segments merged; no query string)")
-    query: str | None = Field(default=None, description="regular expression searched in the query string as the "
-                                                        "client sent it (after `?`, percent-encoded): the class "
-                                                        "needs both to match (apps that route by the query: "
-                                                        "DokuWiki's `do=logout`, WordPress' `action=logout`)")
+    query: str | None = Field(default=None, description="regular expression searched in the query string (after "
+                                                        "`?`) as the client sent it or percent-decoded as the app "
+                                                        "reads it: the class needs both to match (apps that route "
+                                                        "by the query: DokuWiki's `do=logout`, WordPress' "
+                                                        "`action=logout`)")
     timeout: Duration | None = Field(default=None, gt=0, description="upstream timeout (default page_scheduler.timeout)")
     logout: bool = Field(default=False, description="a served request of this class ends the session (completed)")
 
