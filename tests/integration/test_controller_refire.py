@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 import urllib.request
 from datetime import datetime, timedelta, UTC
-from pathlib import Path
 
 import pytest
-import yaml
 
 from controllers.audit import read_audit
 from promreflex.clients import iso
-from promreflex.proc import Child, free_port, http_ok, wait_until
+from promreflex.proc import free_port, wait_until
+from tests.alertmanager_process import running_alertmanager
 from tests.controller_process import ControllerProcess
 
 pytestmark = pytest.mark.integration
 
-ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 
 
 def api(url: str, method: str = "GET", body: object | None = None) -> object:
@@ -32,7 +30,6 @@ def api(url: str, method: str = "GET", body: object | None = None) -> object:
 
 @pytest.fixture
 def alertmanager(tmp_path):
-    port = free_port()
     controller_port = free_port()
     config = {
         "route": {"receiver": "promreflex", "group_by": ["alertname"], "group_wait": "0s",
@@ -40,17 +37,8 @@ def alertmanager(tmp_path):
         "receivers": [{"name": "promreflex", "webhook_configs": [
             {"url": f"http://127.0.0.1:{controller_port}/webhook", "send_resolved": True}]}],
     }
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    child = Child("alertmanager", [
-        str(ALERTMANAGER), f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-    ], tmp_path / "alertmanager.log").start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(f"{url}/-/ready"), timeout=30, what="alertmanager ready")
+    with running_alertmanager(tmp_path, config) as url:
         yield url, controller_port
-    finally:
-        child.stop()
 
 
 def test_a_silenced_alert_resolves_and_fires_again_when_the_silence_expires(tmp_path, alertmanager):

@@ -7,24 +7,26 @@ link works)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 from controllers.copy_guard import doctor
-from promreflex.proc import Child, free_port, http_ok, wait_until
+from promreflex.proc import free_port
+from tests.alertmanager_process import running_alertmanager
+from tests.unit.test_copy_guard_doctor import Quiet, serving
 
 pytestmark = pytest.mark.integration
-ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 RULES = yaml.safe_load((Path(__file__).resolve().parents[2] / "rules" / "copy-guard.rules.yml").read_text())
 
 
-def prometheus_api(external: dict[str, str], relabel: list[dict] | None = None) -> tuple[ThreadingHTTPServer, str]:
-    """The two answers the doctor reads here, from the shipped rules file and ``external``."""
+@contextmanager
+def prometheus_api(external: dict[str, str], relabel: list[dict] | None = None) -> Iterator[str]:
+    """The two answers the doctor reads here, from the shipped rules file, ``external`` and
+    ``relabel``; its URL while the block runs."""
     rules = [{"name": r["alert"], "labels": r.get("labels", {}), "type": "alerting"}
              for g in RULES["groups"] for r in g["rules"] if "alert" in r]
     answers = {
@@ -33,28 +35,23 @@ def prometheus_api(external: dict[str, str], relabel: list[dict] | None = None) 
             {"global": {"external_labels": external}, "alerting": {"alert_relabel_configs": relabel or []}})}},
     }
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
-            self.send_response(200 if self.path.split("?")[0] in answers else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            answer = answers.get(self.path.split("?")[0])
+            if answer is None:
+                self.send_error(404)
+                return
+            self.reply(json.dumps(answer).encode())
 
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(Handler) as address:
+        yield f"http://{address}"
 
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     """A real Alertmanager whose own routes come first: one on an external label, one on
     severity info, both without `continue`, then the promreflex sub-route (as the snippet)."""
-    port, controller = free_port(), f"http://127.0.0.1:{free_port()}"
+    controller = f"http://127.0.0.1:{free_port()}"
     config = {
         "route": {"receiver": "ops", "routes": [
             {"receiver": "ops", "matchers": ['monitor="shop-prod"', 'severity="warning"']},
@@ -65,17 +62,8 @@ def alertmanager(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
         ]},
         "receivers": [{"name": "ops"}, {"name": "promreflex", "webhook_configs": [{"url": f"{controller}/webhook"}]}],
     }
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    child = Child("alertmanager", [
-        str(ALERTMANAGER), f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
-        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-    ], tmp_path / "alertmanager.log").start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_ok(f"{url}/-/ready"), timeout=30, what="alertmanager ready")
+    with running_alertmanager(tmp_path, config) as url:
         yield url, controller, tmp_path
-    finally:
-        child.stop()
 
 
 def route_checks(tmp: Path, prom: str, am: str, controller: str) -> dict[str, doctor.Check]:
@@ -88,11 +76,8 @@ def route_checks(tmp: Path, prom: str, am: str, controller: str) -> dict[str, do
 
 def test_each_alert_is_tested_with_its_rules_labels_and_prometheus_external_labels(alertmanager) -> None:
     am, controller, tmp = alertmanager
-    server, prom = prometheus_api({"monitor": "shop-prod"})
-    try:
+    with prometheus_api({"monitor": "shop-prod"}) as prom:
         routes = route_checks(tmp, prom, am, controller)
-    finally:
-        server.shutdown()
     # Overloaded is a warning: the external label's route takes it; Predicted and Crowded are
     # info: the severity route takes them. Every one is a FAIL that names the fix.
     assert {name: c.status for name, c in routes.items()} == {
@@ -108,11 +93,8 @@ def test_labels_alert_relabel_configs_set_are_in_the_route_test(alertmanager) ->
     `env: prod` sent every copy-guard alert to a route on env="prod" while the doctor said OK
     (a review of the external-labels fix)."""
     am, controller, tmp = alertmanager
-    server, prom = prometheus_api({"replica": "a"}, [{"target_label": "env", "replacement": "prod"},
-                                                     {"action": "labeldrop", "regex": "replica"}])
-    try:
+    with prometheus_api({"replica": "a"}, [{"target_label": "env", "replacement": "prod"},
+                                            {"action": "labeldrop", "regex": "replica"}]) as prom:
         routes = route_checks(tmp, prom, am, controller)
-    finally:
-        server.shutdown()
     overloaded = routes["CopyGuardSiteOverloaded"]
     assert overloaded.status == doctor.FAIL and "env=prod" in overloaded.detail and "replica" not in overloaded.detail
